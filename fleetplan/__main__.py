@@ -1,0 +1,3 @@
+from fleetplan.cli import main
+
+main()

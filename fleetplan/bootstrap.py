@@ -1,0 +1,41 @@
+"""Build a :class:`~fleetplan.models.planner.Planner` from files, failing fast.
+
+Every entry point (plan, simulate, worker, audit) starts here, so a config,
+a profile or a warm-up trace is read and validated the same way everywhere,
+and a bad one stops the program at start with the file and field named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetplan.models.config import PlannerConfig, load_config
+from fleetplan.models.forecast import bucket_traffic
+from fleetplan.models.planner import Planner
+
+
+def load_warmup(config: PlannerConfig):
+    """Traffic observations from ``load_predictor_warmup_trace``, bucketed at the throughput interval."""
+    if not config.load_predictor_warmup_trace:
+        return []
+    from fleetplan.sim.traces import read_trace, trace_arrivals
+
+    requests = read_trace(config.load_predictor_warmup_trace)
+    return bucket_traffic(trace_arrivals(requests), config.throughput_adjustment_interval_seconds)
+
+
+def load_profile_for(config: PlannerConfig, profile: str | Path | None = None):
+    """The profile named on the command line, else the config's ``profile_results_dir``."""
+    source = profile if profile is not None else config.profile_results_dir
+    if source is None:
+        return None
+    from fleetplan.sim.profiles import load_profile
+
+    return load_profile(source, tp=config.profile_tp)
+
+
+def build_planner(
+    config: PlannerConfig | str | Path | None, profile: str | Path | None = None
+) -> Planner:
+    cfg = config if isinstance(config, PlannerConfig) else load_config(config)
+    return Planner(cfg, profile=load_profile_for(cfg, profile), warmup=load_warmup(cfg))

@@ -1,0 +1,59 @@
+"""Local event logs: JSONL files that stand in for topics.
+
+``fleetplan simulate`` writes its whole run (inputs, decisions, acks) to one
+such file, ``fleetplan plan`` folds one, and ``fleetplan audit`` checks one
+like a topic. Lines are the events' canonical JSON, one per line.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from fleetplan.schemas.codec import SchemaError, decode_event, encode_event
+
+
+class EventLogError(ValueError):
+    """A line of a local event log that is not a valid event: names file:line and field."""
+
+
+def _open(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+
+
+def read_events(path: str | Path, *, skip_invalid: bool = False, errors: list | None = None) -> Iterator:
+    """Yield the events of a JSONL log in file order.
+
+    A bad line raises :class:`EventLogError` naming ``file:line`` and the
+    field, unless ``skip_invalid``: then it is appended to ``errors`` as
+    ``(line, message)`` and skipped, and nothing read before it is lost.
+    """
+    p = Path(path)
+    try:
+        fh = _open(p)
+    except OSError as err:
+        raise EventLogError(f"{p}: cannot open event log ({err.strerror})") from None
+    with fh:
+        for n, raw in enumerate(fh, start=1):
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                yield decode_event(line)
+            except SchemaError as err:
+                message = f"{p}:{n}: {err}"
+                if not skip_invalid:
+                    raise EventLogError(message) from None
+                if errors is not None:
+                    errors.append((n, message))
+
+
+def write_events(events: Iterable, out: IO[bytes]) -> int:
+    """Write events as JSONL; returns how many were written."""
+    count = 0
+    for event in events:
+        out.write(encode_event(event) + b"\n")
+        count += 1
+    return count

@@ -1,0 +1,226 @@
+"""Planner configuration, with Dynamo Planner's field names and defaults.
+
+A Dynamo user can carry a planner config over: every field keeps its name
+and default (reference notes §3). Dynamo fields that only matter to its own
+runtime (Prometheus endpoints, report paths, plugin lists) are accepted and
+ignored, so such a file still loads; any other unknown field fails at start
+with its name, as does every invalid value.
+
+One deliberate difference: ``optimization_target`` defaults to ``"sla"``.
+Dynamo's bare default, ``"throughput"``, silently switches to threshold
+scaling and ignores ``ttft_ms``/``itl_ms``, which surprises anyone who set an
+SLA. Set it explicitly to get Dynamo's behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleetplan.schemas.events import Role
+
+Mode = Literal["disagg", "prefill", "decode", "agg"]
+
+ROLES_OF_MODE: dict[str, tuple[Role, ...]] = {
+    "disagg": ("prefill", "decode"),
+    "prefill": ("prefill",),
+    "decode": ("decode",),
+    "agg": ("agg",),
+}
+
+DYNAMO_RUNTIME_FIELDS = frozenset({
+    "environment", "backend", "namespace", "model_name", "global_planner_namespace",
+    "throughput_metrics_source", "metric_pulling_prometheus_endpoint",
+    "metric_pulling_prometheus_token", "metric_pulling_prometheus_token_file",
+    "metric_pulling_prometheus_ssl_verify", "metric_pulling_prometheus_extra_query_params",
+    "metric_pulling_prometheus_ca_bundle", "request_timeout_seconds",
+    "metric_reporting_prometheus_port", "report_interval_hours", "report_output_dir",
+    "report_filename", "report_write_gzip_log", "live_dashboard_port", "control_api_port",
+    "pre_deployment_sweeping_mode", "aic_interpolation", "ais_perf_model", "scheduling",
+    "plugin_registration", "enable_power_awareness", "total_gpu_power_limit", "no_operation",
+})
+"""Dynamo fields that configure its own runtime, not the planning algorithm."""
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field and what was expected."""
+
+
+class PlannerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    # topology and target
+    mode: Mode = "disagg"
+    optimization_target: Literal["sla", "throughput", "latency", "load"] = "sla"
+    advisory: bool = False
+
+    # loops
+    throughput_adjustment_interval_seconds: int = Field(180, gt=0)
+    load_adjustment_interval_seconds: int = Field(5, gt=0)
+    enable_throughput_scaling: bool = True
+    enable_load_scaling: bool = False
+    max_throughput_scaling_replicas: int = Field(8, ge=1)
+
+    # SLA
+    ttft_ms: float = Field(500.0, gt=0, alias="ttft")
+    itl_ms: float = Field(50.0, gt=0, alias="itl")
+
+    # predictors
+    load_predictor: Literal["constant", "arima", "arima_frozen", "kalman", "prophet"] = "arima"
+    load_predictor_log1p: bool = False
+    load_predictor_warmup_trace: str | None = None
+    prophet_window_size: int = Field(50, ge=5)
+    kalman_q_level: float = Field(1.0, gt=0)
+    kalman_q_trend: float = Field(0.1, gt=0)
+    kalman_r: float = Field(10.0, gt=0)
+    kalman_min_points: int = Field(5, ge=1)
+
+    # load model
+    max_num_fpm_samples: int = Field(64, ge=8)
+    fpm_sample_bucket_size: int = Field(16, ge=1)
+    load_scaling_down_sensitivity: float = Field(80.0, ge=0, le=100)
+    load_min_observations: int = Field(5, ge=2)
+    prefill_scale_up_queue_tokens: int | None = Field(None, ge=0)
+    prefill_scale_down_queue_tokens: int | None = Field(None, ge=0)
+    decode_scale_up_kv_rate: float | None = Field(None, ge=0, le=100)
+    decode_scale_down_kv_rate: float | None = Field(None, ge=0, le=100)
+
+    # replicas and budget
+    min_endpoint: int = Field(1, ge=0)
+    prefill_min_endpoint: int | None = Field(None, ge=0)
+    decode_min_endpoint: int | None = Field(None, ge=0)
+    max_endpoint: int | None = Field(None, ge=0)
+    prefill_max_endpoint: int | None = Field(None, ge=0)
+    decode_max_endpoint: int | None = Field(None, ge=0)
+    max_gpu_budget: int = Field(8, ge=-1)
+    min_gpu_budget: int = Field(-1, ge=-1)
+    prefill_engine_num_gpu: int | None = Field(None, ge=1)
+    decode_engine_num_gpu: int | None = Field(None, ge=1)
+
+    # engine limits (Dynamo reads these from the model deployment card)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_kv_tokens: int | None = Field(None, ge=1)
+    context_length: int | None = Field(None, ge=1)
+
+    # perf model bootstrap
+    profile_results_dir: str | None = None
+    profile_tp: int | None = Field(None, ge=1)
+
+    # event time and actuation (fleetplan's own)
+    grace_seconds: float = Field(2.0, ge=0, allow_inf_nan=False)
+    ack_timeout_seconds: float = Field(1800.0, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _check(self) -> PlannerConfig:
+        if self.load_adjustment_interval_seconds >= self.throughput_adjustment_interval_seconds:
+            raise ValueError(
+                "load_adjustment_interval_seconds must be less than "
+                "throughput_adjustment_interval_seconds"
+            )
+        root = math.isqrt(self.fpm_sample_bucket_size)
+        if root * root != self.fpm_sample_bucket_size:
+            raise ValueError("fpm_sample_bucket_size must be a perfect square")
+        if 0 <= self.max_gpu_budget < self.min_gpu_budget:
+            raise ValueError("min_gpu_budget must not exceed max_gpu_budget")
+        if self.optimization_target == "load" and None in (
+            self.prefill_scale_up_queue_tokens, self.prefill_scale_down_queue_tokens,
+            self.decode_scale_up_kv_rate, self.decode_scale_down_kv_rate,
+        ):
+            raise ValueError(
+                "optimization_target 'load' needs prefill_scale_{up,down}_queue_tokens and "
+                "decode_scale_{up,down}_kv_rate"
+            )
+        return self
+
+    # --- derived views -----------------------------------------------------
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        return ROLES_OF_MODE[self.mode]
+
+    @property
+    def sla_mode(self) -> bool:
+        return self.optimization_target == "sla"
+
+    @property
+    def throughput_enabled(self) -> bool:
+        """Threshold targets force the throughput loop off, as in Dynamo."""
+        return self.enable_throughput_scaling and self.sla_mode
+
+    @property
+    def load_enabled(self) -> bool:
+        """Threshold targets force the load loop on, as in Dynamo."""
+        return self.enable_load_scaling or not self.sla_mode
+
+    @property
+    def tick_interval_seconds(self) -> int:
+        """The base tick: the gcd of the enabled loop intervals."""
+        intervals = []
+        if self.throughput_enabled:
+            intervals.append(self.throughput_adjustment_interval_seconds)
+        if self.load_enabled:
+            intervals.append(self.load_adjustment_interval_seconds)
+        if not intervals:
+            return self.load_adjustment_interval_seconds
+        return math.gcd(*intervals)
+
+    def min_endpoints(self, role: Role) -> int:
+        per_role = {"prefill": self.prefill_min_endpoint, "decode": self.decode_min_endpoint}
+        value = per_role.get(role)
+        return self.min_endpoint if value is None else value
+
+    def max_endpoints(self, role: Role) -> int | None:
+        per_role = {"prefill": self.prefill_max_endpoint, "decode": self.decode_max_endpoint}
+        value = per_role.get(role)
+        return self.max_endpoint if value is None else value
+
+    def gpus_per_engine(self, role: Role) -> int | None:
+        """Configured GPUs per engine; agg uses the decode slot as in Dynamo."""
+        if role == "prefill":
+            return self.prefill_engine_num_gpu
+        return self.decode_engine_num_gpu
+
+    def with_changes(self, changes: dict[str, object]) -> PlannerConfig:
+        """A validated copy with some fields changed (run-time control events)."""
+        data = self.model_dump(by_alias=False)
+        data.update(changes)
+        return config_from_dict(data, source="set_config")
+
+
+def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
+    """Validate a config mapping; fail with the field name and the expectation."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of config fields, got {type(data).__name__}")
+    if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
+        data = data["planner"]
+    known = {k: v for k, v in data.items() if k not in DYNAMO_RUNTIME_FIELDS}
+    try:
+        return PlannerConfig.model_validate(known)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"]) or "config"
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"{source}: {field}: unknown field") from None
+        raise ConfigError(f"{source}: {field}: {first['msg']}") from None
+
+
+def load_config(path: str | Path | None) -> PlannerConfig:
+    """Read a YAML or JSON config file; ``None`` gives the defaults."""
+    if path is None:
+        return PlannerConfig()
+    p = Path(path)
+    try:
+        text = p.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read config ({err.strerror})") from None
+    try:
+        data = orjson.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (orjson.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+    return config_from_dict(data or {}, source=str(p))

@@ -1,0 +1,126 @@
+"""Constraints every target passes through: replica bounds and the GPU budget.
+
+The budget guard preserves direction (Dynamo 1.6.1, fixing its issue
+#12428): each role ends between its current count and its proposal, so a
+guard can slow a move down but never reverse it, and an opposing rebalance
+(one role up, the other down) moves both legs or neither. The budget is
+never exceeded: at the ceiling an upward proposal holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fleetplan.schemas.events import Role
+
+
+def clamp_to_bounds(
+    proposed: Mapping[Role, int],
+    minimums: Mapping[Role, int],
+    maximums: Mapping[Role, int | None],
+) -> tuple[dict[Role, int], str | None]:
+    """Clamp each role into [min, max]; say which side bound, if any."""
+    out: dict[Role, int] = {}
+    reason = None
+    for role, value in proposed.items():
+        lo = minimums.get(role, 0)
+        hi = maximums.get(role)
+        if value < lo:
+            value, reason = lo, "reconcile_clamped_to_floor"
+        if hi is not None and value > hi:
+            value, reason = hi, "reconcile_clamped_to_ceiling"
+        out[role] = value
+    return out, reason
+
+
+def gpu_total(counts: Mapping[Role, int], gpus: Mapping[Role, int]) -> int:
+    return sum(n * gpus[r] for r, n in counts.items())
+
+
+def _shrink_to_fit(
+    counts: dict[Role, int], gpus: Mapping[Role, int], budget: int, floors: Mapping[Role, int]
+) -> dict[Role, int]:
+    """Remove replicas, largest GPU user first, until the budget holds.
+
+    Floors are kept while possible; the budget wins over floors because a
+    budget is a hard limit and a floor is a preference.
+    """
+    out = dict(counts)
+    for respect_floors in (True, False):
+        while gpu_total(out, gpus) > budget:
+            candidates = [
+                r for r in sorted(out)
+                if out[r] > (floors.get(r, 0) if respect_floors else 0)
+            ]
+            if not candidates:
+                break
+            role = max(candidates, key=lambda r: (out[r] * gpus[r], r))
+            out[role] -= 1
+    return out
+
+
+def _grow_to_fit(
+    counts: dict[Role, int], gpus: Mapping[Role, int], budget: int,
+    ceiling: int, maximums: Mapping[Role, int | None],
+) -> dict[Role, int]:
+    """Add replicas, smallest GPU user first, until the floor budget holds."""
+    out = dict(counts)
+    while gpu_total(out, gpus) < budget:
+        candidates = [
+            r for r in sorted(out)
+            if (maximums.get(r) is None or out[r] < maximums[r])
+            and (ceiling < 0 or gpu_total(out, gpus) + gpus[r] <= ceiling)
+        ]
+        if not candidates:
+            break
+        role = min(candidates, key=lambda r: (out[r] * gpus[r], r))
+        out[role] += 1
+    return out
+
+
+def fit_gpu_budget(
+    current: Mapping[Role, int],
+    proposed: Mapping[Role, int],
+    gpus: Mapping[Role, int],
+    max_budget: int,
+    min_budget: int = -1,
+    floors: Mapping[Role, int] | None = None,
+    maximums: Mapping[Role, int | None] | None = None,
+) -> tuple[dict[Role, int], str | None]:
+    """Fit ``proposed`` into the GPU band [min_budget, max_budget].
+
+    A negative budget disables that side. Returns the targets and a reason
+    code when the budget changed anything: ``gpu_budget_guard_hold`` when a
+    move was held or slowed, ``gpu_budget_reconcile`` when the current state
+    itself was outside the band and had to be brought back.
+    """
+    floors = floors or {}
+    maximums = maximums or {}
+    target = dict(proposed)
+    if max_budget >= 0 and gpu_total(target, gpus) > max_budget:
+        if gpu_total(current, gpus) > max_budget:
+            start = {r: min(current[r], target[r]) for r in target}
+            return _shrink_to_fit(start, gpus, max_budget, floors), "gpu_budget_reconcile"
+        # Downward legs take their full move; upward legs get what is left.
+        fitted = {r: min(current[r], target[r]) for r in target}
+        up = sorted(r for r in target if target[r] > current[r])
+        progress = True
+        while progress:
+            progress = False
+            for role in up:
+                if fitted[role] < target[role] and gpu_total(fitted, gpus) + gpus[role] <= max_budget:
+                    fitted[role] += 1
+                    progress = True
+        moved_up = any(fitted[r] > current[r] for r in up)
+        moved_down = any(target[r] < current[r] for r in target)
+        if up and moved_down and not moved_up:
+            # an opposing rebalance whose upward leg cannot move: hold both legs
+            return dict(current), "gpu_budget_guard_hold"
+        return fitted, "gpu_budget_guard_hold"
+    if min_budget >= 0 and gpu_total(target, gpus) < min_budget:
+        ceiling = max_budget
+        if gpu_total(current, gpus) < min_budget and gpu_total(target, gpus) < gpu_total(current, gpus):
+            target = {r: max(current[r], target[r]) for r in target}
+        grown = _grow_to_fit(target, gpus, min_budget, ceiling, maximums)
+        return grown, "gpu_budget_reconcile"
+    return target, None

@@ -1,0 +1,171 @@
+"""The load loop: ±1 replica from each engine's latest forward pass.
+
+Scale-up needs *every* engine of a role over the SLA (one hot engine is a
+routing problem, not a capacity problem). Scale-down is consolidation-aware
+(Dynamo PR #9294): it asks what each engine would look like carrying its
+share of a removed engine's load, ``N/(N-1)`` times its queue, and goes down
+only if every engine would still be within the SLA with margin
+``load_scaling_down_sensitivity``. This removes the 2↔1 oscillation of a
+flat threshold (reference notes §2d).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleetplan.models.config import PlannerConfig
+from fleetplan.schemas.events import ForwardPassMetrics
+
+
+@dataclass(frozen=True)
+class LoadSignal:
+    """One role's verdict: -1, 0 or +1, with the worst estimates behind it."""
+
+    step: int
+    reason: str
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+
+
+def _worst(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def prefill_signal(
+    config: PlannerConfig, model, engines: Sequence[ForwardPassMetrics], kv_hit_rate: float
+) -> LoadSignal:
+    """TTFT-driven verdict for prefill (or the prefill side of agg)."""
+    n = len(engines)
+    est = [model.estimate_ttft_ms(f, kv_hit_rate) for f in engines]
+    if any(v is None for v in est):
+        return LoadSignal(0, "insufficient_data")
+    worst = _worst(est)
+    if all(v > config.ttft_ms for v in est):
+        return LoadSignal(+1, "scale_up", ttft_ms=worst)
+    if n > 1:
+        s = config.load_scaling_down_sensitivity / 100.0
+        scale = n / (n - 1)
+        for f in engines:
+            own = model.estimate_ttft_ms(f, kv_hit_rate, queue_scale=0.0)
+            post = model.estimate_ttft_ms(f, kv_hit_rate, queue_scale=scale)
+            if not post - own < (config.ttft_ms - own) * s:
+                return LoadSignal(0, "scale_down_refused_consolidation", ttft_ms=worst)
+        return LoadSignal(-1, "scale_down", ttft_ms=worst)
+    return LoadSignal(0, "no_change", ttft_ms=worst)
+
+
+def decode_signal(
+    config: PlannerConfig, model, engines: Sequence[ForwardPassMetrics],
+    accept_length: float, extra_kv: Sequence[int] | None = None,
+) -> LoadSignal:
+    """ITL-driven verdict for decode (or the decode side of agg).
+
+    ``extra_kv`` adds per-engine KV that the decode check must count (agg
+    counts queued prefill as KV, as Dynamo does).
+    """
+    n = len(engines)
+    est = [model.estimate_itl_ms(f, accept_length) for f in engines]
+    if any(v is None for v in est):
+        return LoadSignal(0, "insufficient_data")
+    worst = _worst(est)
+    if all(v > config.itl_ms for v in est):
+        return LoadSignal(+1, "scale_up", itl_ms=worst)
+    if n > 1:
+        s = config.load_scaling_down_sensitivity / 100.0
+        scale = n / (n - 1)
+        max_kv = model.limits.max_kv_tokens
+        for i, f in enumerate(engines):
+            kv = f.scheduled.sum_decode_kv_tokens + f.queued.sum_decode_kv_tokens
+            if extra_kv is not None:
+                kv += extra_kv[i]
+            if max_kv is not None and not kv * scale < max_kv:
+                return LoadSignal(0, "scale_down_refused_consolidation", itl_ms=worst)
+            post = model.estimate_itl_ms(f, accept_length, load_scale=scale)
+            if not post < config.itl_ms * s:
+                return LoadSignal(0, "scale_down_refused_consolidation", itl_ms=worst)
+        return LoadSignal(-1, "scale_down", itl_ms=worst)
+    return LoadSignal(0, "no_change", itl_ms=worst)
+
+
+def agg_signal(
+    config: PlannerConfig, model, engines: Sequence[ForwardPassMetrics],
+    kv_hit_rate: float, accept_length: float,
+) -> LoadSignal:
+    """Aggregated engines: up if either side says up, down only if both agree."""
+    pre = prefill_signal(config, model, engines, kv_hit_rate)
+    queued_prefill = [f.queued.sum_prefill_tokens for f in engines]
+    dec = decode_signal(config, model, engines, accept_length, extra_kv=queued_prefill)
+    ttft, itl = pre.ttft_ms, dec.itl_ms
+    if pre.reason == "insufficient_data" and dec.reason == "insufficient_data":
+        return LoadSignal(0, "insufficient_data")
+    if pre.step > 0 or dec.step > 0:
+        return LoadSignal(+1, "scale_up", ttft, itl)
+    if pre.step < 0 and dec.step < 0:
+        return LoadSignal(-1, "scale_down", ttft, itl)
+    if pre.step < 0 or dec.step < 0:
+        return LoadSignal(0, "scale_down_refused_consolidation", ttft, itl)
+    return LoadSignal(0, "no_change", ttft, itl)
+
+
+# --- threshold ("easy") targets: throughput, latency, load -------------------
+
+_PREFILL_THRESHOLDS = {"throughput": (1.0, 0.1), "latency": (0.1, 0.0)}
+_DECODE_THRESHOLDS = {"throughput": (1.0, 0.6), "latency": (0.4, 0.1)}
+
+
+def threshold_signal(
+    config: PlannerConfig, role: str, engines: Sequence[ForwardPassMetrics],
+    context_length: int | None, max_kv_tokens: int | None,
+) -> LoadSignal:
+    """Static-threshold scaling that needs no perf model (Dynamo's easy modes).
+
+    Prefill looks at queued prompt tokens per context length, decode at KV
+    utilisation; up if any engine is over, down if all are under and the
+    remaining engines would not cross the up threshold (consolidation guard).
+    """
+    target = config.optimization_target
+    n = len(engines)
+    votes: list[int] = []
+    if role in ("prefill", "agg") and context_length:
+        if target == "load":
+            up = config.prefill_scale_up_queue_tokens / context_length
+            down = config.prefill_scale_down_queue_tokens / context_length
+        else:
+            up, down = _PREFILL_THRESHOLDS[target]
+        ratios = [f.queued.sum_prefill_tokens / context_length for f in engines]
+        votes.append(_threshold_vote(ratios, up, down, n, strict_zero=(target == "latency")))
+    if role in ("decode", "agg") and max_kv_tokens:
+        if target == "load":
+            up = config.decode_scale_up_kv_rate / 100.0
+            down = config.decode_scale_down_kv_rate / 100.0
+        else:
+            up, down = _DECODE_THRESHOLDS[target]
+        utils = []
+        for f in engines:
+            kv = f.scheduled.sum_decode_kv_tokens + f.queued.sum_decode_kv_tokens
+            if role == "agg":
+                kv += f.queued.sum_prefill_tokens
+            utils.append(kv / max_kv_tokens)
+        votes.append(_threshold_vote(utils, up, down, n, strict_zero=False, up_inclusive=False))
+    if not votes:
+        return LoadSignal(0, "insufficient_data")
+    if any(v > 0 for v in votes):
+        return LoadSignal(+1, "scale_up")
+    if all(v < 0 for v in votes):
+        return LoadSignal(-1, "scale_down")
+    return LoadSignal(0, "no_change")
+
+
+def _threshold_vote(
+    values: Sequence[float], up: float, down: float, n: int,
+    *, strict_zero: bool, up_inclusive: bool = True,
+) -> int:
+    over = (lambda v: v >= up) if up_inclusive else (lambda v: v > up)
+    if any(over(v) for v in values):
+        return +1
+    under = all(v == 0 for v in values) if strict_zero else all(v < down for v in values)
+    if under and n > 1 and not over(max(values) * n / (n - 1)):
+        return -1
+    return 0

@@ -1,0 +1,477 @@
+"""The planning core: ``apply(state, event)`` and ``tick(state, t)``.
+
+Pure Python, no I/O, no clock: the live Kafka worker, the simulator and the
+audit all call exactly these two functions, so the same events give the
+same decisions everywhere (design principle 1).
+
+``apply`` folds one input event into a deployment's state. ``tick`` runs the
+loops that are due at event time ``t`` — the throughput loop every
+``throughput_adjustment_interval_seconds``, the load loop every
+``load_adjustment_interval_seconds`` — reconciles their proposals (the
+throughput result is a floor the load loop scales above), passes the result
+through replica bounds and the GPU budget, and emits a decision when the
+targets change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetplan.models.config import PlannerConfig
+from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
+from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
+from fleetplan.models.load import LoadSignal, agg_signal, decode_signal, prefill_signal, threshold_signal
+from fleetplan.models.perf_models import make_perf_models
+from fleetplan.models.state import DeploymentState, PendingDecision, TrafficWindow, Worker
+from fleetplan.models.throughput import propose_throughput
+from fleetplan.schemas.events import (
+    Ack,
+    ClockEvent,
+    ControlEvent,
+    Decision,
+    DeadLetter,
+    FpmBatch,
+    ForwardPassMetrics,
+    InventoryEvent,
+    PredictedLoad,
+    RequestRecord,
+    Role,
+    RoleEstimate,
+    SetAdvisory,
+    SetConfig,
+    SetMinEndpoints,
+)
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """Diagnostics of one tick, emitted whether or not a decision was made."""
+
+    deployment: str
+    time: float
+    throughput_reason: str
+    load_reason: str
+    load_reasons: dict[Role, str]
+    ready: dict[Role, int]
+    baseline: dict[Role, int]
+    targets: dict[Role, int]
+    lower_bound: dict[Role, int]
+    estimates: dict[Role, RoleEstimate]
+    predicted: PredictedLoad | None
+    observed: TrafficObservation | None
+    decision: Decision | None
+    advisory: bool
+    pending_decision_id: int | None
+    late_events: int
+
+    def to_dict(self) -> dict:
+        return {
+            "deployment": self.deployment, "time": self.time,
+            "throughput_reason": self.throughput_reason, "load_reason": self.load_reason,
+            "load_reasons": dict(self.load_reasons), "ready": dict(self.ready),
+            "baseline": dict(self.baseline), "targets": dict(self.targets),
+            "lower_bound": dict(self.lower_bound),
+            "estimates": {r: e.model_dump(mode="json") for r, e in self.estimates.items()},
+            "predicted": None if self.predicted is None else self.predicted.model_dump(mode="json"),
+            "observed": None if self.observed is None else self.observed.__dict__.copy(),
+            "decision_id": None if self.decision is None else self.decision.decision_id,
+            "advisory": self.advisory, "pending_decision_id": self.pending_decision_id,
+            "late_events": self.late_events,
+        }
+
+
+@dataclass
+class _Scratch:
+    """Per-tick intermediate results, gathered into the report at the end."""
+
+    throughput_reason: str = "not_due"
+    load_reason: str = "not_due"
+    load_reasons: dict[Role, str] = field(default_factory=dict)
+    throughput_targets: dict[Role, int] | None = None
+    load_targets: dict[Role, int] | None = None
+    predicted: PredictedLoad | None = None
+    observed: TrafficObservation | None = None
+    capacity: dict[Role, float] = field(default_factory=dict)
+    signals: dict[Role, LoadSignal] = field(default_factory=dict)
+
+
+class Planner:
+    """The pure planning core for deployments that share one base config.
+
+    ``profile`` (a :class:`fleetplan.models.perf.ProfileData`) seeds the perf
+    models of every new deployment; ``warmup`` (traffic observations bucketed
+    at the throughput interval) warms every new deployment's forecaster.
+    """
+
+    def __init__(
+        self, config: PlannerConfig, profile=None,
+        warmup: list[TrafficObservation] | None = None,
+    ) -> None:
+        self.config = config
+        self.profile = profile
+        self.warmup = list(warmup or [])
+
+    # --- state -------------------------------------------------------------
+
+    def new_state(self, deployment: str) -> DeploymentState:
+        cfg = self.config
+        forecaster = TrafficForecaster(cfg.load_predictor, **_predictor_params(cfg))
+        if self.warmup:
+            forecaster.warm(self.warmup)
+        return DeploymentState(
+            deployment=deployment, config=cfg,
+            perf=make_perf_models(cfg, self.profile), forecaster=forecaster,
+        )
+
+    # --- apply -------------------------------------------------------------
+
+    def apply(self, state: DeploymentState, event) -> DeploymentState:
+        """Fold one input event into the state (in place; returns it)."""
+        handler = _APPLY.get(type(event))
+        if handler is not None:
+            handler(state, event)
+        return state
+
+    # --- tick --------------------------------------------------------------
+
+    def tick(self, state: DeploymentState, now: float) -> TickReport:
+        """Run the loops due at event time ``now`` and decide."""
+        cfg = state.config
+        roles = cfg.roles
+        scratch = _Scratch()
+        if state.pending is not None and now - state.pending.time >= cfg.ack_timeout_seconds:
+            state.pending = None  # the connector never answered: proceed (Dynamo: 1800 s)
+
+        ready = _count_workers(state, roles, "ready")
+        starting = _count_workers(state, roles, "starting")
+        actual = {r: ready[r] + starting[r] for r in roles}
+        baseline = dict(state.desired) if state.desired is not None else actual
+        minimums = {r: state.min_overrides.get(r, cfg.min_endpoints(r)) for r in roles}
+        maximums = {r: cfg.max_endpoints(r) for r in roles}
+        in_progress = state.pending is not None or any(starting.values())
+        kv_hit = state.last_kv_hit_rate or 0.0
+        accept = state.last_accept_length or 1.0
+
+        interval_t = cfg.throughput_adjustment_interval_seconds
+        interval_l = cfg.load_adjustment_interval_seconds
+        if not cfg.throughput_enabled:
+            scratch.throughput_reason = "disabled"
+        elif _due(now, interval_t):
+            self._throughput_loop(state, now, baseline, minimums, kv_hit, accept, scratch)
+        if not cfg.load_enabled:
+            scratch.load_reason = "disabled"
+        elif _due(now, interval_l):
+            self._load_loop(state, baseline, ready, in_progress, kv_hit, accept, scratch)
+
+        proposed, reason_t, reason_l = self._reconcile(state, baseline, scratch)
+        proposed, bound_reason = clamp_to_bounds(proposed, minimums, maximums)
+        if bound_reason and proposed != baseline and scratch.load_targets is not None:
+            reason_l = bound_reason
+        gpus = _gpus_per_role(state, roles)
+        proposed, budget_reason = fit_gpu_budget(
+            baseline, proposed, gpus, cfg.max_gpu_budget, cfg.min_gpu_budget, minimums, maximums
+        )
+        if budget_reason:
+            if scratch.load_targets is not None:
+                reason_l = budget_reason
+            if scratch.throughput_targets is not None:
+                reason_t = budget_reason
+
+        decision = None
+        if proposed != baseline:
+            if state.pending is not None:
+                if scratch.throughput_targets is not None and not cfg.load_enabled:
+                    reason_t = "scaling_in_progress"
+            else:
+                decision = self._decide(state, now, baseline, proposed, reason_t, reason_l, scratch)
+        elif scratch.throughput_targets is not None and reason_t == "scale":
+            reason_t = "no_change"
+
+        estimates = self._estimates(state, scratch)
+        return TickReport(
+            deployment=state.deployment, time=now,
+            throughput_reason=reason_t, load_reason=reason_l,
+            load_reasons=dict(scratch.load_reasons), ready=ready, baseline=baseline,
+            targets=proposed, lower_bound=dict(state.lower_bound), estimates=estimates,
+            predicted=scratch.predicted, observed=scratch.observed, decision=decision,
+            advisory=state.advisory,
+            pending_decision_id=None if state.pending is None else state.pending.decision_id,
+            late_events=state.late_events,
+        )
+
+    # --- the two loops -------------------------------------------------------
+
+    def _throughput_loop(self, state, now, baseline, minimums, kv_hit, accept, scratch) -> None:
+        cfg = state.config
+        interval = cfg.throughput_adjustment_interval_seconds
+        start = state.window_start if state.window_start is not None else now - interval
+        duration = min(max(now - start, 1e-9), interval)
+        obs = state.window.observation(duration)
+        state.window = TrafficWindow()
+        state.window_start = now
+        if not state.seen_traffic:
+            scratch.throughput_reason = "no_traffic_data"
+            return
+        # A partial first window is scaled up to a full one so the count is a rate.
+        full = TrafficObservation(
+            duration_s=interval, num_req=obs.num_req * interval / duration, isl=obs.isl,
+            osl=obs.osl, kv_hit_rate=obs.kv_hit_rate, accept_length=obs.accept_length,
+        )
+        scratch.observed = full
+        if obs.kv_hit_rate is not None:
+            state.last_kv_hit_rate = obs.kv_hit_rate
+            kv_hit = obs.kv_hit_rate
+        if obs.accept_length is not None:
+            state.last_accept_length = obs.accept_length
+            accept = obs.accept_length
+        state.forecaster.observe(full)
+        forecast = state.forecaster.forecast()
+        proposal = propose_throughput(cfg, baseline, minimums, forecast, kv_hit, accept, state.perf)
+        scratch.predicted = proposal.predicted
+        scratch.capacity = proposal.capacity_rps
+        if proposal.targets is None:
+            scratch.throughput_reason = proposal.reason
+            return
+        if cfg.load_enabled:
+            state.lower_bound = dict(proposal.targets)
+            scratch.throughput_reason = "set_lower_bound"
+        else:
+            scratch.throughput_targets = proposal.targets
+            scratch.throughput_reason = "scale"
+
+    def _load_loop(self, state, baseline, ready, in_progress, kv_hit, accept, scratch) -> None:
+        cfg = state.config
+        if in_progress:
+            scratch.load_reason = "scaling_in_progress"
+            return
+        targets: dict[Role, int] = {}
+        for role in cfg.roles:
+            engines, coverage = _engines_of(state, role)
+            if not engines:
+                scratch.load_reasons[role] = "no_fpm_data"
+                continue
+            if not coverage:
+                scratch.load_reasons[role] = "worker_count_mismatch"
+                continue
+            signal = self._signal(state, role, engines, kv_hit, accept)
+            scratch.signals[role] = signal
+            scratch.load_reasons[role] = signal.reason
+            if signal.step:
+                targets[role] = max(baseline[role] + signal.step, 0)
+        reasons = list(scratch.load_reasons.values())
+        for code in ("scale_up", "scale_down"):
+            if code in reasons:
+                scratch.load_reason = code
+                break
+        else:
+            scratch.load_reason = reasons[0] if reasons else "no_fpm_data"
+        scratch.load_targets = {r: targets.get(r, baseline[r]) for r in cfg.roles}
+
+    def _signal(self, state, role, engines, kv_hit, accept) -> LoadSignal:
+        cfg = state.config
+        model = state.perf[role]
+        if not cfg.sla_mode:
+            limits = model.limits
+            return threshold_signal(
+                cfg, role, engines, cfg.context_length or limits.max_context_length,
+                cfg.max_kv_tokens or limits.max_kv_tokens,
+            )
+        if not model.ready:
+            return LoadSignal(0, "insufficient_data")
+        if role == "prefill":
+            return prefill_signal(cfg, model, engines, kv_hit)
+        if role == "decode":
+            return decode_signal(cfg, model, engines, accept)
+        return agg_signal(cfg, model, engines, kv_hit, accept)
+
+    def _reconcile(self, state, baseline, scratch) -> tuple[dict[Role, int], str, str]:
+        """Combine the loops: the throughput result is a floor under the load loop."""
+        cfg = state.config
+        reason_t, reason_l = scratch.throughput_reason, scratch.load_reason
+        if not cfg.load_enabled:
+            return dict(scratch.throughput_targets or baseline), reason_t, reason_l
+        proposed = dict(scratch.load_targets or baseline)
+        for role, floor in state.lower_bound.items():
+            if role in proposed and proposed[role] < floor:
+                if scratch.load_reasons.get(role) == "scale_down":
+                    reason_l = "scale_down_capped_by_throughput"
+                proposed[role] = floor
+        return proposed, reason_t, reason_l
+
+    def _decide(self, state, now, baseline, targets, reason_t, reason_l, scratch) -> Decision | None:
+        advisory = state.advisory
+        if advisory and state.advised == targets:
+            return None
+        decision = Decision(
+            deployment=state.deployment, time=now, decision_id=state.next_decision_id,
+            targets=targets, previous=baseline, throughput_reason=reason_t,
+            load_reason=reason_l, predicted=scratch.predicted,
+            estimates=self._estimates(state, scratch), config_version=state.config_version,
+            advisory=advisory,
+        )
+        state.next_decision_id += 1
+        if advisory:
+            # Advisory decisions are recorded, not executed: the fleet keeps its
+            # counts, so only a change of advice is worth a new decision.
+            state.advised = dict(targets)
+        else:
+            state.pending = PendingDecision(decision.decision_id, now, dict(targets))
+        return decision
+
+    def _estimates(self, state, scratch) -> dict[Role, RoleEstimate]:
+        out: dict[Role, RoleEstimate] = {}
+        for role in state.config.roles:
+            sig = scratch.signals.get(role)
+            out[role] = RoleEstimate(
+                ttft_ms=None if sig is None else sig.ttft_ms,
+                itl_ms=None if sig is None else sig.itl_ms,
+                engine_capacity_rps=scratch.capacity.get(role),
+                throughput_lower_bound=state.lower_bound.get(role),
+            )
+        return out
+
+
+# --- apply handlers ---------------------------------------------------------
+
+
+def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
+    model = state.perf.get(fpm.role)
+    if model is None:
+        return  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
+    worker = state.workers.get(fpm.worker_id)
+    if worker is None:
+        # Discovery: an engine that reports metrics exists, even before inventory says so.
+        gpus = state.config.gpus_per_engine(fpm.role) or 1
+        state.workers[fpm.worker_id] = Worker(fpm.role, "ready", gpus, fpm.time)
+    elif worker.state == "gone":
+        return
+    state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
+    model.observe(fpm)
+
+
+def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch) -> None:
+    for fpm in batch.fpms:
+        _apply_fpm(state, fpm)
+
+
+def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
+    w = state.window
+    w.count += 1
+    w.sum_isl += req.input_tokens
+    w.sum_osl += req.output_tokens
+    kv = req.kv_hit_rate
+    if kv is None and req.cached_tokens and req.input_tokens:
+        kv = min(req.cached_tokens / req.input_tokens, 1.0)
+    if kv is not None:
+        w.sum_kv_hit += kv
+        w.n_kv_hit += 1
+    if req.accept_length is not None:
+        w.sum_accept += req.accept_length
+        w.n_accept += 1
+    if req.ttft_ms is not None:
+        w.sum_ttft_ms += req.ttft_ms
+        w.n_ttft += 1
+    if req.avg_itl_ms is not None:
+        w.sum_itl_ms += req.avg_itl_ms
+        w.n_itl += 1
+    state.seen_traffic = True
+
+
+def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
+    if ev.role not in state.config.roles:
+        return
+    if ev.state == "gone":
+        state.workers.pop(ev.worker_id, None)
+        prefix = f"{ev.worker_id}/"
+        for key in [k for k in state.latest_fpm if k.startswith(prefix)]:
+            del state.latest_fpm[key]
+        return
+    state.workers[ev.worker_id] = Worker(ev.role, ev.state, ev.gpus, ev.time)
+
+
+def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
+    body = ev.body
+    if isinstance(body, SetMinEndpoints):
+        state.min_overrides.update(body.minimums)
+    elif isinstance(body, SetAdvisory):
+        state.advisory_override = body.advisory
+    elif isinstance(body, SetConfig):
+        state.config = state.config.with_changes(body.changes)
+    state.config_version += 1
+
+
+def _apply_ack(state: DeploymentState, ack: Ack) -> None:
+    pending = state.pending
+    if pending is None or ack.decision_id != pending.decision_id:
+        return  # an ack for an older or unknown decision changes nothing
+    if ack.status == "applied":
+        state.desired = dict(pending.targets)
+    state.pending = None
+
+
+_APPLY = {
+    ForwardPassMetrics: _apply_fpm,
+    FpmBatch: _apply_fpm_batch,
+    RequestRecord: _apply_request,
+    InventoryEvent: _apply_inventory,
+    ControlEvent: _apply_control,
+    Ack: _apply_ack,
+    ClockEvent: None,
+    Decision: None,
+    DeadLetter: None,
+}
+
+
+# --- helpers ----------------------------------------------------------------
+
+
+def _due(now: float, interval: int) -> bool:
+    return now % interval == 0
+
+
+def _count_workers(state: DeploymentState, roles, which: str) -> dict[Role, int]:
+    counts = {r: 0 for r in roles}
+    for w in state.workers.values():
+        if w.state == which and w.role in counts:
+            counts[w.role] += 1
+    return counts
+
+
+def _gpus_per_role(state: DeploymentState, roles) -> dict[Role, int]:
+    out: dict[Role, int] = {}
+    for role in roles:
+        configured = state.config.gpus_per_engine(role)
+        if configured is not None:
+            out[role] = configured
+            continue
+        seen = [w.gpus for w in state.workers.values() if w.role == role]
+        out[role] = max(seen) if seen else 1
+    return out
+
+
+def _engines_of(state: DeploymentState, role: Role) -> tuple[list[ForwardPassMetrics], bool]:
+    """The latest FPM of each ready engine of ``role``, and whether all are covered."""
+    ready = sorted(w for w, v in state.workers.items() if v.role == role and v.state == "ready")
+    engines: list[ForwardPassMetrics] = []
+    covered = True
+    by_worker: dict[str, list[str]] = {}
+    for key in state.latest_fpm:
+        by_worker.setdefault(key.rsplit("/", 1)[0], []).append(key)
+    for worker in ready:
+        keys = by_worker.get(worker)
+        if not keys:
+            covered = False
+            continue
+        engines.extend(state.latest_fpm[k] for k in sorted(keys))
+    return engines, covered
+
+
+def _predictor_params(cfg: PlannerConfig) -> dict:
+    return {
+        "log1p": cfg.load_predictor_log1p,
+        "prophet_window_size": cfg.prophet_window_size,
+        "kalman_q_level": cfg.kalman_q_level,
+        "kalman_q_trend": cfg.kalman_q_trend,
+        "kalman_r": cfg.kalman_r,
+        "kalman_min_points": cfg.kalman_min_points,
+    }

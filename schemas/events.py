@@ -1,0 +1,267 @@
+"""Every event on fleetplan's log, as pydantic v2 models.
+
+One envelope for all of them: ``type`` (the discriminator), ``deployment``
+(the partition key), ``time`` (event time in seconds since the Unix epoch,
+when the thing happened, never when it arrived) and ``schema_version``.
+Models are frozen and reject unknown fields, non-finite numbers and
+negative counts, so anything the core sees is already well formed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Role = Literal["prefill", "decode", "agg"]
+"""Engine roles: disaggregated prefill and decode pools, or one aggregated pool."""
+
+ROLES: tuple[Role, ...] = ("prefill", "decode", "agg")
+
+Count = Annotated[int, Field(ge=0)]
+Tokens = Annotated[int, Field(ge=0)]
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _Envelope(_Model):
+    deployment: Name
+    time: NonNegative = Field(description="event time, seconds since the Unix epoch")
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+# --- engine forward-pass metrics (Dynamo FPM v1) ---------------------------
+
+
+class ScheduledRequests(_Model):
+    """Work the engine ran in this iteration (FPM v1 ``scheduled_requests``)."""
+
+    num_prefill_requests: Count = 0
+    sum_prefill_tokens: Tokens = Field(0, description="fresh prefill tokens computed, excluding cache hits")
+    var_prefill_length: NonNegative = 0.0
+    sum_prefill_kv_tokens: Tokens = Field(0, description="cached or earlier-chunk tokens read")
+    num_decode_requests: Count = 0
+    sum_decode_kv_tokens: Tokens = 0
+    var_decode_kv_tokens: NonNegative = 0.0
+
+
+class QueuedRequests(_Model):
+    """Work waiting in the engine after this iteration (FPM v1 ``queued_requests``)."""
+
+    num_prefill_requests: Count = 0
+    sum_prefill_tokens: Tokens = Field(0, description="raw prompt tokens; cache hits unknown yet")
+    var_prefill_length: NonNegative = 0.0
+    num_decode_requests: Count = Field(0, description="preempted decode requests")
+    sum_decode_kv_tokens: Tokens = 0
+    var_decode_kv_tokens: NonNegative = 0.0
+
+
+class ForwardPassMetrics(_Envelope):
+    """One engine iteration. ``wall_time == 0`` is an idle heartbeat."""
+
+    type: Literal["fpm"] = "fpm"
+    role: Role
+    worker_id: Name
+    dp_rank: Count = 0
+    counter_id: Count = Field(0, description="monotonic per (worker_id, dp_rank)")
+    wall_time: NonNegative = Field(0.0, description="iteration time in seconds")
+    scheduled: ScheduledRequests = ScheduledRequests()
+    queued: QueuedRequests = QueuedRequests()
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return self.wall_time == 0.0
+
+
+class FpmBatch(_Envelope):
+    """Several FPMs of one deployment packed in one record to cut per-message cost.
+
+    ``time`` is the latest event time in the batch; each FPM keeps its own.
+    """
+
+    type: Literal["fpm_batch"] = "fpm_batch"
+    fpms: list[ForwardPassMetrics] = Field(min_length=1, max_length=10_000)
+
+
+# --- finished requests (dynamo.request.trace.v1 request_end) ----------------
+
+
+class RequestRecord(_Envelope):
+    """A finished request. ``time`` is when it ended; ``request_received_ms`` when it arrived."""
+
+    type: Literal["request"] = "request"
+    request_id: Name
+    model: str | None = None
+    input_tokens: Tokens
+    output_tokens: Tokens
+    cached_tokens: Tokens = 0
+    request_received_ms: NonNegative
+    prefill_wait_time_ms: NonNegative | None = None
+    prefill_time_ms: NonNegative | None = None
+    ttft_ms: NonNegative | None = None
+    total_time_ms: NonNegative | None = None
+    avg_itl_ms: NonNegative | None = None
+    kv_hit_rate: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    accept_length: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] | None = None
+    queue_depth: Count | None = None
+    prefill_worker_id: str | None = None
+    decode_worker_id: str | None = None
+
+    @property
+    def arrival_s(self) -> float:
+        return self.request_received_ms / 1000.0
+
+
+# --- worker inventory, operator control, clock -----------------------------
+
+WorkerState = Literal["starting", "ready", "draining", "gone"]
+
+
+class InventoryEvent(_Envelope):
+    """A worker's lifecycle step, as the orchestrator sees it."""
+
+    type: Literal["inventory"] = "inventory"
+    worker_id: Name
+    role: Role
+    state: WorkerState
+    gpus: Annotated[int, Field(ge=1, le=4096)] = 1
+    decision_id: int | None = Field(None, description="the decision that caused this step, if known")
+
+
+class SetMinEndpoints(_Model):
+    command: Literal["set_min_endpoints"] = "set_min_endpoints"
+    minimums: dict[Role, Count]
+
+
+class SetAdvisory(_Model):
+    command: Literal["set_advisory"] = "set_advisory"
+    advisory: bool
+
+
+class SetConfig(_Model):
+    """Change config fields at run time; the core validates them like a config file."""
+
+    command: Literal["set_config"] = "set_config"
+    changes: dict[str, object]
+
+
+ControlCommand = Annotated[
+    SetMinEndpoints | SetAdvisory | SetConfig, Field(discriminator="command")
+]
+
+
+class ControlEvent(_Envelope):
+    """An operator command."""
+
+    type: Literal["control"] = "control"
+    issued_by: str | None = None
+    body: ControlCommand
+
+
+class ClockEvent(_Envelope):
+    """A heartbeat that moves event time forward when sources are idle."""
+
+    type: Literal["clock"] = "clock"
+    source: Name = "bridge"
+
+
+# --- decisions and acks ------------------------------------------------------
+
+ThroughputReason = Literal[
+    "disabled", "not_due", "no_traffic_data", "predict_failed", "model_not_ready",
+    "set_lower_bound", "scale", "no_change", "scaling_in_progress",
+    "gpu_budget_guard_hold", "gpu_budget_reconcile",
+]
+LoadReason = Literal[
+    "disabled", "not_due", "no_fpm_data", "scaling_in_progress", "worker_count_mismatch",
+    "insufficient_data", "no_change", "scale_up", "scale_down",
+    "scale_down_capped_by_throughput", "scale_down_refused_consolidation",
+    "reconcile_clamped_to_floor", "reconcile_clamped_to_ceiling",
+    "gpu_budget_guard_hold", "gpu_budget_reconcile",
+]
+
+
+class PredictedLoad(_Model):
+    num_req: NonNegative
+    isl: NonNegative
+    osl: NonNegative
+    rps: NonNegative
+    kv_hit_rate: NonNegative = 0.0
+    accept_length: NonNegative = 1.0
+
+
+class RoleEstimate(_Model):
+    """What the perf model believes about one role at the tick."""
+
+    ttft_ms: NonNegative | None = None
+    itl_ms: NonNegative | None = None
+    engine_capacity_rps: NonNegative | None = None
+    throughput_lower_bound: Count | None = None
+
+
+class Decision(_Envelope):
+    """A scaling decision: the target replica count of every role.
+
+    ``time`` is the tick time. ``decision_id`` is monotonic per deployment,
+    starting at 0.
+    """
+
+    type: Literal["decision"] = "decision"
+    decision_id: Count
+    targets: dict[Role, Count]
+    previous: dict[Role, Count]
+    throughput_reason: ThroughputReason
+    load_reason: LoadReason
+    predicted: PredictedLoad | None = None
+    estimates: dict[Role, RoleEstimate] = {}
+    config_version: Count = 0
+    advisory: bool = False
+
+
+AckStatus = Literal["applied", "failed", "superseded"]
+
+
+class Ack(_Envelope):
+    """The connector's answer to one decision."""
+
+    type: Literal["ack"] = "ack"
+    decision_id: Count
+    status: AckStatus
+    observed: dict[Role, Count] = {}
+    error: str | None = None
+
+
+class DeadLetter(_Envelope):
+    """An input that could not be used, and why. ``deployment`` is "unknown" when unreadable."""
+
+    type: Literal["deadletter"] = "deadletter"
+    reason: Literal["invalid", "late", "oversize", "unknown_deployment"]
+    detail: str
+    source_topic: str | None = None
+    payload: str = Field("", description="the original bytes, utf-8 with replacement, truncated to 4 KiB")
+
+
+Event = Annotated[
+    ForwardPassMetrics | FpmBatch | RequestRecord | InventoryEvent | ControlEvent
+    | ClockEvent | Decision | Ack | DeadLetter,
+    Field(discriminator="type"),
+]
+
+EVENT_MODELS: dict[str, type[BaseModel]] = {
+    "fpm": ForwardPassMetrics,
+    "fpm_batch": FpmBatch,
+    "request": RequestRecord,
+    "inventory": InventoryEvent,
+    "control": ControlEvent,
+    "clock": ClockEvent,
+    "decision": Decision,
+    "ack": Ack,
+    "deadletter": DeadLetter,
+}

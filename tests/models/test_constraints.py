@@ -1,0 +1,68 @@
+"""Bounds and the GPU budget: never exceeded, never reversing a move."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget, gpu_total
+
+G = {"prefill": 1, "decode": 2}
+
+
+def test_bounds():
+    out, reason = clamp_to_bounds({"prefill": 0, "decode": 9}, {"prefill": 1, "decode": 1}, {"prefill": None, "decode": 4})
+    assert out == {"prefill": 1, "decode": 4}
+    assert reason == "reconcile_clamped_to_ceiling"
+
+
+def test_within_budget_unchanged():
+    assert fit_gpu_budget({"prefill": 1, "decode": 1}, {"prefill": 2, "decode": 2}, G, 8) == (
+        {"prefill": 2, "decode": 2}, None)
+
+
+def test_upward_move_slowed_to_fit():
+    out, reason = fit_gpu_budget({"prefill": 1, "decode": 1}, {"prefill": 5, "decode": 3}, G, 8)
+    assert gpu_total(out, G) <= 8 and reason == "gpu_budget_guard_hold"
+    assert out["prefill"] >= 1 and out["decode"] >= 1
+
+
+def test_hold_at_ceiling():
+    out, reason = fit_gpu_budget({"prefill": 2, "decode": 3}, {"prefill": 3, "decode": 3}, G, 8)
+    assert out == {"prefill": 2, "decode": 3} and reason == "gpu_budget_guard_hold"
+
+
+def test_opposing_rebalance_moves_both_or_neither():
+    # decode wants down 3->2 (frees 2), prefill wants up 2->5 (needs 3): prefill can take 2 of them
+    out, _ = fit_gpu_budget({"prefill": 2, "decode": 3}, {"prefill": 5, "decode": 2}, G, 8)
+    assert out == {"prefill": 4, "decode": 2}
+    # at the ceiling, prefill up by 3 but decode frees nothing usable -> neither moves
+    out, reason = fit_gpu_budget({"prefill": 2, "decode": 3}, {"prefill": 3, "decode": 3}, G, 8)
+    assert out == {"prefill": 2, "decode": 3}
+
+
+def test_out_of_band_reconciles_down():
+    out, reason = fit_gpu_budget({"prefill": 4, "decode": 4}, {"prefill": 4, "decode": 4}, G, 8,
+                                 floors={"prefill": 1, "decode": 1})
+    assert gpu_total(out, G) <= 8 and reason == "gpu_budget_reconcile"
+    assert out["prefill"] >= 1 and out["decode"] >= 1
+
+
+def test_min_budget_grows():
+    out, reason = fit_gpu_budget({"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 1}, G, 20, min_budget=7)
+    assert gpu_total(out, G) >= 7 and reason == "gpu_budget_reconcile"
+
+
+sizes = st.integers(0, 12)
+
+
+@given(sizes, sizes, sizes, sizes, st.integers(0, 30))
+def test_budget_never_exceeded_and_direction_kept(cp, cd, pp, pd, budget):
+    current = {"prefill": cp, "decode": cd}
+    proposed = {"prefill": pp, "decode": pd}
+    out, _ = fit_gpu_budget(current, proposed, G, budget)
+    assert gpu_total(out, G) <= budget
+    if gpu_total(current, G) <= budget:
+        for r in out:  # between current and proposal
+            lo, hi = sorted((current[r], proposed[r]))
+            assert lo <= out[r] <= hi

@@ -1,0 +1,123 @@
+"""Codec: every event round-trips; every kind of bad input gets one clear error."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleetplan.schemas import (
+    MAX_EVENT_BYTES,
+    Ack,
+    ControlEvent,
+    Decision,
+    ForwardPassMetrics,
+    FpmBatch,
+    InventoryEvent,
+    RequestRecord,
+    ScheduledRequests,
+    SchemaError,
+    SetMinEndpoints,
+    decode_event,
+    encode_event,
+)
+
+counts = st.integers(min_value=0, max_value=2**40)
+finite = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def fpms(draw):
+    return ForwardPassMetrics(
+        deployment=draw(st.sampled_from(["a", "b-2", "ünïcode"])),
+        time=draw(finite),
+        role=draw(st.sampled_from(["prefill", "decode", "agg"])),
+        worker_id=draw(st.text(min_size=1, max_size=20)),
+        dp_rank=draw(st.integers(0, 64)),
+        counter_id=draw(counts),
+        wall_time=draw(finite),
+        scheduled=ScheduledRequests(
+            num_prefill_requests=draw(counts), sum_prefill_tokens=draw(counts),
+            num_decode_requests=draw(counts), sum_decode_kv_tokens=draw(counts),
+            var_decode_kv_tokens=draw(finite),
+        ),
+    )
+
+
+@given(fpms())
+def test_fpm_round_trips_exactly(fpm):
+    assert decode_event(encode_event(fpm)) == fpm
+
+
+def test_every_event_type_round_trips():
+    events = [
+        RequestRecord(deployment="d", time=10.0, request_id="r1", input_tokens=3000,
+                      output_tokens=150, request_received_ms=9000.5, ttft_ms=80.0, avg_itl_ms=9.5,
+                      kv_hit_rate=0.25),
+        InventoryEvent(deployment="d", time=1.0, worker_id="w1", role="decode", state="starting", gpus=2),
+        ControlEvent(deployment="d", time=2.0, body=SetMinEndpoints(minimums={"prefill": 2})),
+        Decision(deployment="d", time=180.0, decision_id=0, targets={"prefill": 2, "decode": 1},
+                 previous={"prefill": 1, "decode": 1}, throughput_reason="scale", load_reason="disabled"),
+        Ack(deployment="d", time=181.0, decision_id=0, status="applied", observed={"prefill": 2}),
+        FpmBatch(deployment="d", time=3.0, fpms=[
+            ForwardPassMetrics(deployment="d", time=3.0, role="prefill", worker_id="w", wall_time=0.1)]),
+    ]
+    for event in events:
+        assert decode_event(encode_event(event)) == event
+
+
+def _fpm_json(**overrides) -> bytes:
+    import orjson
+
+    base = {"type": "fpm", "deployment": "d", "time": 1.0, "role": "prefill", "worker_id": "w"}
+    base.update(overrides)
+    return orjson.dumps(base)
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "expected"),
+    [
+        (b"\x00garbage", "", "valid JSON"),
+        (b"", "", "empty message"),
+        (b'{"type": "nope"}', "type", "one of ack, clock"),
+        (b'{"deployment": "d"}', "type", "one of"),
+        (_fpm_json(role="cook"), "role", "'prefill', 'decode' or 'agg'"),
+        (_fpm_json(wall_time=-1), "wall_time", "greater than or equal to 0"),
+        (_fpm_json(scheduled={"num_decode_requests": -3}), "scheduled.num_decode_requests", ">= 0"),
+        (_fpm_json(worker_id=None), "worker_id", "valid string"),
+        (_fpm_json(time="soon"), "time", "valid number"),
+        (_fpm_json(surprise=1), "surprise", "Extra inputs"),
+        (b'{"type":"fpm","deployment":"d","time":1,"role":"prefill"}', "worker_id", "required"),
+        (b'{"type":"control","deployment":"d","time":1,"body":{"command":"reboot"}}', "body.command", "set_min_endpoints"),
+    ],
+)
+def test_bad_input_names_field_and_expectation(raw, field, expected):
+    with pytest.raises(SchemaError) as info:
+        decode_event(raw)
+    err = info.value
+    assert err.field == field
+    assert expected.replace(">= 0", "greater than or equal to 0") in str(err)
+    assert str(err).startswith(f"{field or 'message'}:")
+
+
+def test_non_finite_numbers_rejected():
+    for bad in (b"NaN", b"Infinity", b"1e999"):
+        raw = b'{"type":"fpm","deployment":"d","role":"prefill","worker_id":"w","time":' + bad + b"}"
+        with pytest.raises(SchemaError) as info:
+            decode_event(raw)
+        assert info.value.field in ("time", "")
+
+
+def test_python_side_rejects_non_finite():
+    with pytest.raises(ValueError):
+        ForwardPassMetrics(deployment="d", time=math.inf, role="prefill", worker_id="w")
+
+
+def test_oversize_message_is_flagged():
+    raw = _fpm_json(worker_id="x" * 10) + b" " * MAX_EVENT_BYTES
+    with pytest.raises(SchemaError) as info:
+        decode_event(raw)
+    assert info.value.oversize
+    assert f"at most {MAX_EVENT_BYTES} bytes" in str(info.value)

@@ -22,6 +22,11 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """SLA-driven autoscaling planner for LLM inference fleets."""
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print a one-line error (no traceback) and exit: bad input is the user's to fix."""
     typer.echo(f"fleetplan: error: {message}", err=True)

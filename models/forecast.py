@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .predictors import Predictor, make_predictor, predictor_from_state
+from fleetplan.models.predictors import Predictor, make_predictor, predictor_from_state
 
 __all__ = [
     "TrafficForecaster",
@@ -204,9 +204,7 @@ def bucket_traffic(
     return observations
 
 
-def window_loss(
-    pred: tuple[float, float, float], actual: tuple[float, float, float]
-) -> float:
+def window_loss(pred: tuple[float, float, float], actual: tuple[float, float, float]) -> float:
     """The reference's predictor loss for one window (lower is better).
 
     Weighted absolute log errors: 0.4 each on prefill tokens (n·isl) and

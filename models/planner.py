@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
 from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
-from fleetplan.models.load import LoadSignal, agg_signal, decode_signal, prefill_signal, threshold_signal
+from fleetplan.models.load import (
+    EngineLoads,
+    LoadSignal,
+    agg_signal,
+    decode_signal,
+    prefill_signal,
+    threshold_signal,
+)
+from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.state import DeploymentState, PendingDecision, TrafficWindow, Worker
 from fleetplan.models.throughput import propose_throughput
@@ -28,10 +36,10 @@ from fleetplan.schemas.events import (
     Ack,
     ClockEvent,
     ControlEvent,
-    Decision,
     DeadLetter,
-    FpmBatch,
+    Decision,
     ForwardPassMetrics,
+    FpmBatch,
     InventoryEvent,
     PredictedLoad,
     RequestRecord,
@@ -278,11 +286,12 @@ class Planner:
             )
         if not model.ready:
             return LoadSignal(0, "insufficient_data")
+        loads = EngineLoads.of(engines)
         if role == "prefill":
-            return prefill_signal(cfg, model, engines, kv_hit)
+            return prefill_signal(cfg, model, loads, kv_hit)
         if role == "decode":
-            return decode_signal(cfg, model, engines, accept)
-        return agg_signal(cfg, model, engines, kv_hit, accept)
+            return decode_signal(cfg, model, loads, accept)
+        return agg_signal(cfg, model, loads, kv_hit, accept)
 
     def _reconcile(self, state, baseline, scratch) -> tuple[dict[Role, int], str, str]:
         """Combine the loops: the throughput result is a floor under the load loop."""
@@ -350,8 +359,26 @@ def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
 
 
 def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch) -> None:
+    """The hot path: one vectorised regression update per role for the whole batch.
+
+    Equivalent to applying the FPMs one by one in batch order (the perf
+    model's batched observe keeps the same state as observing each).
+    """
+    by_role: dict[Role, list[ForwardPassMetrics]] = {}
     for fpm in batch.fpms:
-        _apply_fpm(state, fpm)
+        model = state.perf.get(fpm.role)
+        if model is None:
+            continue
+        worker = state.workers.get(fpm.worker_id)
+        if worker is None:
+            gpus = state.config.gpus_per_engine(fpm.role) or 1
+            state.workers[fpm.worker_id] = Worker(fpm.role, "ready", gpus, fpm.time)
+        elif worker.state == "gone":
+            continue
+        state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
+        by_role.setdefault(fpm.role, []).append(fpm)
+    for role, fpms in by_role.items():
+        state.perf[role].observe_batch(FpmColumns.from_fpms(fpms))
 
 
 def _apply_request(state: DeploymentState, req: RequestRecord) -> None:

@@ -80,9 +80,7 @@ class PredictorParams:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - names)
         if unknown:
-            raise ValueError(
-                f"unknown predictor parameter(s) {unknown}; valid: {sorted(names)}"
-            )
+            raise ValueError(f"unknown predictor parameter(s) {unknown}; valid: {sorted(names)}")
         return cls(**params)
 
     def __post_init__(self) -> None:
@@ -542,7 +540,7 @@ class FrozenArimaPredictor(ArimaPredictor):
 
     Like pmdarima's auto_arima as the Dynamo Planner uses it: the order is
     chosen once, at the first forecast with at least ``arima_min_points``
-    points, and never again; if that order is (0, d, 0) in raw mode it is
+    points whose window is not flat, and never again; if that order is (0, d, 0) in raw mode it is
     chosen again on log1p(y) and the model stays in log space. Afterwards
     each forecast refits the coefficients starting from the previous ones
     (as ``model.update`` does), so they drift slowly while the order stays.
@@ -554,7 +552,9 @@ class FrozenArimaPredictor(ArimaPredictor):
         return self.params.arima_max_history
 
     def _ensure_selected(self) -> None:
-        if self._selected_at is not None:
+        # Until a model exists (a flat or unfittable start) keep trying, as
+        # the reference does; once one exists its order never changes.
+        if self._order is not None:
             return
         self._select(self._window(self._count), self._count)
         if self._order is not None and self._order[0] == self._order[2] == 0 and not self._log_mode:
@@ -594,8 +594,7 @@ def _import_prophet():
         from prophet import Prophet
     except ImportError as exc:
         raise PredictorUnavailable(
-            "the 'prophet' predictor needs the optional extra: "
-            "pip install 'fleetplan[prophet]'"
+            "the 'prophet' predictor needs the optional extra: pip install 'fleetplan[prophet]'"
         ) from exc
     stan_log = logging.getLogger("cmdstanpy")
     if stan_log.level == logging.NOTSET:

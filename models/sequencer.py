@@ -44,8 +44,12 @@ def offer(state: DeploymentState, event) -> bool:
     if state.last_tick is not None and t < state.last_tick:
         state.late_events += 1
         return False
-    if state.next_tick is None:
-        state.next_tick = first_tick_after(t, state.config.tick_interval_seconds)
+    if state.last_tick is None:
+        # Before the first tick fires, its time follows the earliest event so far,
+        # not the first to arrive: arrival order across topics must not move it.
+        first = first_tick_after(t, state.config.tick_interval_seconds)
+        if state.next_tick is None or first < state.next_tick:
+            state.next_tick = first
     state.buffer.append(event)
     if state.max_time is None or t > state.max_time:
         state.max_time = t

@@ -68,7 +68,7 @@ def propose_throughput(
             if not model.ready:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)
             cap = model.capacity_rps(
-                isl=max(isl, 1.0), osl=max(osl, 1.0), ttft_ms=config.ttft_ms,
+                isl=max(round(isl), 1), osl=max(round(osl), 1), ttft_ms=config.ttft_ms,
                 itl_ms=config.itl_ms, kv_hit_rate=kv_hit_rate, accept_length=accept_length,
             )
             if cap is None or cap.rps <= 0:

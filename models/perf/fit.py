@@ -12,6 +12,15 @@ range crosses zero slightly above x=0 and its intercept is negative. A free
 intercept is solved exactly by centring: for fixed slopes the best intercept
 is ``mean(y) - mean(X)·slopes``, so the slopes solve an NNLS on centred data.
 
+A free intercept has one hazard: below the sampled range the line can go to
+zero or negative (the H100 70B TP2 profile crosses zero at 579 prefill
+tokens), and a pass predicted to take ~0 s makes a capacity search report
+absurd rates. So predictions are floored at the fastest forward pass among
+the retained samples (never below 1e-6 s): no pass is faster than the
+engine's fixed per-iteration cost, and the fastest observed pass is the best
+estimate of that cost the data offers. Inside the sampled range the floor
+never binds for the shipped profiles, so Dynamo's figures are unchanged.
+
 Predictions are evaluated as ``intercept + c0*x0 + c1*x1`` left to right, in
 both the scalar and the numpy path, so both give the same bits.
 """
@@ -25,34 +34,40 @@ import numpy as np
 from scipy.optimize import nnls
 
 MIN_WALL_TIME_S = 1e-6
-"""Predictions are clamped here: a negative intercept must not yield negative time."""
+"""No prediction is ever below this, whatever the samples (Dynamo's clamp)."""
 
 
 @dataclass(frozen=True)
 class LinearFit:
     intercept: float
     coef: tuple[float, ...]
+    floor: float = MIN_WALL_TIME_S
+    """Smallest prediction: the fastest retained pass, at least ``MIN_WALL_TIME_S``."""
 
     def predict(self, *x: float) -> float:
-        """Wall time in seconds for one feature vector, clamped at 1e-6 s."""
+        """Wall time in seconds for one feature vector, never below ``floor``."""
         y = self.intercept
         for c, v in zip(self.coef, x, strict=True):
             y = y + c * v
-        return y if y > MIN_WALL_TIME_S else MIN_WALL_TIME_S
+        return y if y > self.floor else self.floor
 
     def predict_many(self, *x: np.ndarray | float) -> np.ndarray:
         """Vectorised :meth:`predict`; each argument is one feature column."""
         y = np.asarray(self.intercept, dtype=np.float64)
         for c, v in zip(self.coef, x, strict=True):
             y = y + c * np.asarray(v, dtype=np.float64)
-        return np.maximum(y, MIN_WALL_TIME_S)
+        return np.maximum(y, self.floor)
 
     def to_state(self) -> dict[str, Any]:
-        return {"intercept": self.intercept, "coef": list(self.coef)}
+        return {"intercept": self.intercept, "coef": list(self.coef), "floor": self.floor}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> LinearFit:
-        return cls(float(state["intercept"]), tuple(float(c) for c in state["coef"]))
+        return cls(
+            float(state["intercept"]),
+            tuple(float(c) for c in state["coef"]),
+            float(state["floor"]),
+        )
 
 
 def fit_nonnegative(x: np.ndarray, y: np.ndarray, *, nonnegative_intercept: bool = False) -> LinearFit:
@@ -66,8 +81,9 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray, *, nonnegative_intercept: bool
     y = np.asarray(y, dtype=np.float64)
     if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"bad fit input shapes x={x.shape} y={y.shape}")
+    floor = max(MIN_WALL_TIME_S, float(y.min()))
     if nonnegative_intercept:
-        return _fit_with_nonnegative_intercept(x, y)
+        return _fit_with_nonnegative_intercept(x, y, floor)
     d = x.shape[1]
     x_mean = x.mean(axis=0)
     y_mean = float(y.mean())
@@ -81,14 +97,14 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray, *, nonnegative_intercept: bool
     intercept = y_mean
     for c, m in zip(coef.tolist(), x_mean.tolist(), strict=True):
         intercept = intercept - c * m
-    return LinearFit(float(intercept), tuple(float(c) for c in coef))
+    return LinearFit(float(intercept), tuple(float(c) for c in coef), floor)
 
 
-def _fit_with_nonnegative_intercept(x: np.ndarray, y: np.ndarray) -> LinearFit:
+def _fit_with_nonnegative_intercept(x: np.ndarray, y: np.ndarray, floor: float) -> LinearFit:
     design = np.column_stack([x, np.ones(x.shape[0])])
     norms = np.sqrt((design * design).sum(axis=0))
     active = norms > 0.0
     solution = np.zeros(design.shape[1])
     sol, _ = nnls(design[:, active] / norms[active], y)
     solution[active] = sol / norms[active]
-    return LinearFit(float(solution[-1]), tuple(float(c) for c in solution[:-1]))
+    return LinearFit(float(solution[-1]), tuple(float(c) for c in solution[:-1]), floor)

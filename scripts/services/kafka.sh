@@ -52,7 +52,9 @@ need_java() {
   command -v java >/dev/null 2>&1 || die "java not found: Kafka 4 needs Java 17+ (apt-get install -y openjdk-17-jre-headless)"
   local v
   v="$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')"
-  [[ "${v%%.*}" =~ ^[0-9]+$ ]] && ((${v%%.*} >= 17)) || die "Kafka 4 needs Java 17+, found java.specification.version=${v:-unknown}"
+  if ! [[ "${v%%.*}" =~ ^[0-9]+$ ]] || ((${v%%.*} < 17)); then
+    die "Kafka 4 needs Java 17+, found java.specification.version=${v:-unknown}"
+  fi
 }
 
 pom_hash() { sha256sum "$POM" | cut -d' ' -f1; }
@@ -235,8 +237,10 @@ stop() {
 
 start() {
   mkdir -p "$SVC"
+  # fd 9 holds the lock; it is closed for the broker process (9>&- below) so the
+  # lock ends with this script, not with the broker.
   exec 9>"$SVC/.lock"
-  flock -w 600 9 || die "timed out waiting for another kafka.sh to finish (lock ${SVC#"$ROOT"/}/.lock)"
+  flock -w 300 9 || die "timed out waiting for another kafka.sh to finish (lock ${SVC#"$ROOT"/}/.lock)"
 
   local pid
   if pid="$(running_pid)" && probe; then
@@ -262,12 +266,13 @@ start() {
   : >"$OUT"
   # setsid detaches the broker from the caller's terminal and process group (make, CI),
   # and the inner shell writes its own pid before exec'ing the JVM.
+  # shellcheck disable=SC2016  # $$ and $1 are expanded by the inner shell
   setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PIDFILE" \
     java -Xms256m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
     -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$LOG4J" -Dkafka.logs.dir="$SVC" \
     -cp "$LIBS/*" kafka.Kafka "$CONF" \
-    </dev/null >>"$OUT" 2>&1 &
+    </dev/null >>"$OUT" 2>&1 9>&- &
   local i
   for ((i = 0; i < 50; i++)); do
     [[ -s "$PIDFILE" ]] && break

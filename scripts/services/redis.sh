@@ -94,8 +94,10 @@ stop() {
 
 start() {
   mkdir -p "$SVC"
+  # fd 9 holds the lock; it is closed for redis-server (9>&- below) so the
+  # lock ends with this script, not with the server.
   exec 9>"$SVC/.lock"
-  flock -w 600 9 || die "timed out waiting for another redis.sh to finish (lock .services/redis/.lock)"
+  flock -w 300 9 || die "timed out waiting for another redis.sh to finish (lock .services/redis/.lock)"
 
   install
   local pid
@@ -115,7 +117,7 @@ start() {
   : >"$LOG"
   redis-server --bind "$HOST" --port "$PORT" --daemonize yes \
     --dir "$SVC" --pidfile "$PIDFILE" --logfile "$LOG" \
-    --save '' --appendonly no --databases 16 ||
+    --save '' --appendonly no --databases 16 9>&- ||
     die "redis-server failed to start (see .services/redis/redis.log)"
 
   local deadline=$((SECONDS + TIMEOUT))

@@ -1,0 +1,99 @@
+"""Benchmark the planning core: tick time and apply throughput.
+
+    .venv/bin/python bench/bench_core.py
+
+Tick time is measured for one deployment of 1, 100 and 1,000 engines (both
+loops due: a 180 s boundary, load loop on, every engine reporting) and for
+100 deployments of 10 engines each. Apply throughput is FPM events folded
+per second, one event at a time and as FpmBatch records of 500.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+
+from fleetplan.models.config import config_from_dict
+from fleetplan.models.planner import Planner
+from fleetplan.schemas import FpmBatch, ForwardPassMetrics, InventoryEvent, QueuedRequests, RequestRecord, ScheduledRequests
+from fleetplan.sim.profiles import load_profile
+
+T0 = 1_800_000_000.0
+PROFILE = load_profile("h200-llama3.1-8b")
+CONFIG = config_from_dict({"enable_load_scaling": True, "max_gpu_budget": -1, "load_predictor": "constant"})
+
+
+def _fpm(dep: str, worker: str, role: str, i: int) -> ForwardPassMetrics:
+    return ForwardPassMetrics(
+        deployment=dep, time=T0 + 1 + i * 1e-3, role=role, worker_id=worker, counter_id=i,
+        wall_time=0.02 + (i % 7) * 1e-3,
+        scheduled=ScheduledRequests(num_prefill_requests=1, sum_prefill_tokens=1000 + (i * 37) % 7000,
+                                    num_decode_requests=8 + i % 32, sum_decode_kv_tokens=20_000 + (i * 131) % 90_000),
+        queued=QueuedRequests(sum_prefill_tokens=(i * 53) % 9000, sum_decode_kv_tokens=(i * 17) % 3000),
+    )
+
+
+def _deployment(planner: Planner, dep: str, engines: int):
+    state = planner.new_state(dep)
+    half = max(engines // 2, 1)
+    for k in range(engines):
+        role = "prefill" if k < half else "decode"
+        w = f"{role}-{k}"
+        planner.apply(state, InventoryEvent(deployment=dep, time=T0, worker_id=w, role=role, state="ready"))
+        planner.apply(state, _fpm(dep, w, role, k))
+    for k in range(200):
+        planner.apply(state, RequestRecord(deployment=dep, time=T0 + k * 0.5, request_id=f"r{k}",
+                                           input_tokens=3000, output_tokens=150, request_received_ms=T0 * 1000))
+    return state
+
+
+def _time_ticks(planner: Planner, states, reps: int) -> list[float]:
+    """Milliseconds per tick round (all ``states`` ticked once at a 180 s boundary)."""
+    out = []
+    for r in range(reps):
+        now = T0 + 180 * (r + 1)
+        started = time.perf_counter()
+        for st in states:
+            planner.tick(st, now)
+            st.pending = None  # keep every round deciding afresh
+            st.desired = None
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def main() -> None:
+    planner = Planner(CONFIG, profile=PROFILE)
+    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
+    print("| case | p50 ms per tick round | p90 ms |")
+    print("|---|---:|---:|")
+    for engines in (1, 100, 1000):
+        st = _deployment(planner, "d", engines)
+        samples = _time_ticks(planner, [st], 30)
+        print(f"| 1 deployment, {engines} engines | {statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
+    states = [_deployment(planner, f"d{k}", 10) for k in range(100)]
+    samples = _time_ticks(planner, states, 10)
+    print(f"| 100 deployments x 10 engines | {statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
+
+    events = [_fpm("d", f"decode-{i % 200}", "decode", i) for i in range(100_000)]
+    st = planner.new_state("d")
+    started = time.perf_counter()
+    for e in events:
+        planner.apply(st, e)
+    single = len(events) / (time.perf_counter() - started)
+    batches = [FpmBatch(deployment="d", time=events[i + 499].time, fpms=events[i:i + 500])
+               for i in range(0, len(events), 500)]
+    st = planner.new_state("d")
+    started = time.perf_counter()
+    for b in batches:
+        planner.apply(st, b)
+    batched = len(events) / (time.perf_counter() - started)
+    print()
+    print("| apply | FPM events/s |")
+    print("|---|---:|")
+    print(f"| one event at a time | {single:,.0f} |")
+    print(f"| FpmBatch of 500 | {batched:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

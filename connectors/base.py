@@ -1,0 +1,87 @@
+"""What a decision applier is: the small interface every backend implements.
+
+A backend (Kubernetes, the Redis-backed virtual orchestrator, log-only) is
+one small file with one class. The connector service owns everything else
+(consuming decisions, the idempotency ledger, acks, metrics), so a backend
+only has to say how a target becomes real and what it observed.
+
+The lifecycle is ``start`` (validate configuration and target, fail fast),
+``apply`` / ``recover`` per decision, ``stop``. ``apply`` either returns the
+observed replica counts or raises one of the exceptions below, which the
+service turns into an ack status.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+from fleetplan.schemas.events import Decision, Role
+
+Observed = dict[Role, int]
+"""Replica counts per role, as the backend saw them after applying."""
+
+
+class ConnectorConfigError(ValueError):
+    """A configuration problem found at start. ``field`` names the option to fix."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class ApplyFailed(Exception):
+    """The decision was not (or not fully) applied; it is acked ``failed`` with this message."""
+
+
+class Superseded(Exception):
+    """A newer decision took over while this one was being applied; acked ``superseded``."""
+
+
+class InDoubt(ApplyFailed):
+    """A previous run may have applied the decision before it died, and the backend
+    cannot tell. It is not applied again (at most once wins over at least once)."""
+
+
+class Applier(abc.ABC):
+    """Turns one decision into replica changes on some backend.
+
+    ``apply`` must be safe to call for decisions of different deployments
+    concurrently; the service never calls it twice at once for one deployment.
+    """
+
+    backend: ClassVar[str]
+    """The ``--backend`` name."""
+
+    async def start(self) -> None:
+        """Check configuration and the target (e.g. that services exist).
+
+        Raise :class:`ConnectorConfigError` so that a bad setup stops the
+        connector before it consumes a single decision.
+        """
+        return None
+
+    @abc.abstractmethod
+    async def apply(self, decision: Decision) -> Observed:
+        """Make ``decision.targets`` real and return what was observed."""
+
+    async def recover(self, decision: Decision) -> Observed:
+        """Settle a decision that a killed run had claimed but not recorded.
+
+        The previous run may or may not have applied it. Backends that can
+        tell (for example by reading back the state they write) override
+        this; the default refuses to guess and never re-applies.
+        """
+        raise InDoubt(
+            f"decision {decision.decision_id} may have been applied by a run that died; "
+            f"not applied again"
+        )
+
+    async def stop(self) -> None:
+        """Release clients and connections."""
+        return None
+
+    def describe(self) -> str:
+        """One line for the startup log."""
+        return self.backend

@@ -1,0 +1,210 @@
+"""``fleetplan connector``: the command that runs the connector service.
+
+Configuration is checked before anything is consumed; every problem exits
+with status 2 and one line that names the option to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleetplan.connectors.base import Applier, ConnectorConfigError
+from fleetplan.schemas import topics
+from fleetplan.schemas.events import ROLES
+
+DEFAULT_BOOTSTRAP = "localhost:9092"
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class Backend(StrEnum):
+    kubernetes = "kubernetes"
+    virtual = "virtual"
+    log = "log"
+
+
+class Engine(StrEnum):
+    vllm = "vllm"
+    sglang = "sglang"
+    trtllm = "trtllm"
+    mocker = "mocker"
+
+
+def _fail(message: str) -> None:
+    from fleetplan.cli import fail
+
+    fail(message)
+
+
+def parse_services(engine: str, overrides: list[str]) -> dict[str, str]:
+    """``role=Service`` overrides on top of the engine's Dynamo component names."""
+    from fleetplan.connectors.kubernetes import SERVICE_NAMES
+
+    services = dict(SERVICE_NAMES[engine])
+    for item in overrides:
+        role, sep, name = item.partition("=")
+        if not sep or not name or role not in ROLES:
+            raise ConnectorConfigError(
+                "--service", f"expected ROLE=SERVICE with ROLE one of {', '.join(ROLES)}, got {item!r}"
+            )
+        services[role] = name
+    return services
+
+
+def parse_dgds(deployments: list[str], dgds: list[str]) -> dict[str, str]:
+    """deployment -> DGD name. ``--dgd NAME`` works alone when there is one deployment."""
+    mapping = {d: d for d in deployments}
+    env_name = os.environ.get("DYN_PARENT_DGD_K8S_NAME")
+    if not dgds and env_name and len(deployments) == 1:
+        mapping[deployments[0]] = env_name
+    for item in dgds:
+        deployment, sep, name = item.partition("=")
+        if not sep:
+            if len(deployments) != 1:
+                raise ConnectorConfigError(
+                    "--dgd", f"use DEPLOYMENT=DGD when there are several deployments, got {item!r}"
+                )
+            deployment, name = deployments[0], item
+        if deployment not in mapping:
+            raise ConnectorConfigError("--dgd", f"{deployment!r} is not one of the --deployment names")
+        if not name:
+            raise ConnectorConfigError("--dgd", f"empty DGD name in {item!r}")
+        mapping[deployment] = name
+    return mapping
+
+
+def default_namespace() -> str:
+    if env := os.environ.get("POD_NAMESPACE"):
+        return env
+    try:
+        return SA_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def connector(
+    backend: Annotated[Backend, typer.Option(help="where decisions go")],
+    bootstrap: Annotated[str, typer.Option(envvar="FLEETPLAN_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers")] = DEFAULT_BOOTSTRAP,
+    redis_url: Annotated[str, typer.Option(envvar="FLEETPLAN_REDIS_URL", help="Redis for the ledger (and the virtual backend)")] = DEFAULT_REDIS_URL,
+    deployment: Annotated[list[str] | None, typer.Option("--deployment", help="only these deployments (repeat); required for kubernetes")] = None,
+    group_id: Annotated[str, typer.Option(help="Kafka consumer group")] = "fleetplan-connector",
+    instance_id: Annotated[str | None, typer.Option(envvar="FLEETPLAN_CONNECTOR_INSTANCE_ID", help="Kafka static member id: a restart takes its partitions back at once")] = None,
+    decisions_topic: Annotated[str, typer.Option(help="topic to read decisions from")] = topics.DECISIONS,
+    acks_topic: Annotated[str, typer.Option(help="topic to write acks to")] = topics.ACKS,
+    deadletter_topic: Annotated[str, typer.Option(help="topic for unusable records")] = topics.DEADLETTER,
+    ledger_prefix: Annotated[str, typer.Option(help="Redis key prefix of the idempotency ledger")] = "fleetplan:ledger",
+    metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port, 0 for none")] = 9465,
+    session_timeout_ms: Annotated[int, typer.Option(help="Kafka group session timeout")] = 10_000,
+    virtual_prefix: Annotated[str, typer.Option(rich_help_panel="virtual backend", help="Redis key prefix of desired state")] = "fleetplan:virtual",
+    completion_timeout: Annotated[float, typer.Option(rich_help_panel="virtual backend", help="seconds to wait for the orchestrator")] = 1800.0,
+    kubeconfig: Annotated[Path | None, typer.Option(rich_help_panel="kubernetes backend", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")] = None,
+    context: Annotated[str | None, typer.Option(rich_help_panel="kubernetes backend", help="kubeconfig context")] = None,
+    namespace: Annotated[str | None, typer.Option(rich_help_panel="kubernetes backend", help="namespace of the DGDs (default: the pod's, else default)")] = None,
+    dgd: Annotated[list[str] | None, typer.Option("--dgd", rich_help_panel="kubernetes backend", help="DEPLOYMENT=DGD (repeat), or DGD with one deployment; default: the deployment name, or $DYN_PARENT_DGD_K8S_NAME")] = None,
+    engine: Annotated[Engine, typer.Option(rich_help_panel="kubernetes backend", help="Dynamo backend, for default service names")] = Engine.vllm,
+    service: Annotated[list[str] | None, typer.Option("--service", rich_help_panel="kubernetes backend", help="ROLE=SERVICE override (repeat)")] = None,
+    ready_timeout: Annotated[float, typer.Option(rich_help_panel="kubernetes backend", help="seconds to wait for Ready / stable")] = 1800.0,
+    ready_poll: Annotated[float, typer.Option(rich_help_panel="kubernetes backend", help="seconds between readiness polls")] = 10.0,
+    max_attempts: Annotated[int, typer.Option(rich_help_panel="kubernetes backend", help="attempts per API call on 409/429/5xx")] = 6,
+    request_timeout: Annotated[float, typer.Option(rich_help_panel="kubernetes backend", help="seconds per API request")] = 10.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+) -> None:
+    """Apply the planner's decisions (each at most once) and acknowledge them."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    deployments = list(deployment or [])
+    try:
+        if not 0 <= metrics_port <= 65535:
+            raise ConnectorConfigError("--metrics-port", f"must be 0..65535, got {metrics_port}")
+        if dgd and backend is not Backend.kubernetes:
+            raise ConnectorConfigError("--dgd", "only applies to --backend kubernetes")
+        if backend is Backend.kubernetes:
+            from fleetplan.connectors.kubernetes import KubernetesSettings, load_configuration
+
+            if not deployments:
+                raise ConnectorConfigError("--deployment", "the kubernetes backend needs at least one")
+            k8s_settings = KubernetesSettings(
+                dgds=parse_dgds(deployments, list(dgd or [])),
+                services=parse_services(engine.value, list(service or [])),
+                namespace=namespace or default_namespace(),
+                ready_timeout_s=ready_timeout, ready_poll_s=ready_poll,
+                max_attempts=max_attempts, request_timeout_s=request_timeout,
+            )
+            k8s_settings.check()
+            k8s_configuration = load_configuration(kubeconfig, context)
+
+        def make_applier(redis_client) -> Applier:
+            if backend is Backend.log:
+                from fleetplan.connectors.log import LogApplier
+
+                return LogApplier()
+            if backend is Backend.virtual:
+                from fleetplan.connectors.virtual import VirtualApplier
+
+                return VirtualApplier(redis_client, prefix=virtual_prefix,
+                                      completion_timeout_s=completion_timeout)
+            from fleetplan.connectors.kubernetes import KubernetesApplier
+
+            return KubernetesApplier(k8s_settings, k8s_configuration)
+
+        from fleetplan.connectors.worker import ServiceSettings
+
+        settings = ServiceSettings(
+            bootstrap=bootstrap, group_id=group_id, instance_id=instance_id,
+            deployments=frozenset(deployments) if deployments else None,
+            decisions_topic=decisions_topic, acks_topic=acks_topic,
+            deadletter_topic=deadletter_topic, session_timeout_ms=session_timeout_ms,
+            metrics_port=metrics_port or None,
+        )
+        asyncio.run(_serve(settings, make_applier, redis_url, ledger_prefix))
+    except ConnectorConfigError as err:
+        _fail(str(err))
+
+
+async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str) -> None:
+    import redis.asyncio as aioredis
+    from aiokafka.errors import KafkaConnectionError
+
+    from fleetplan.connectors.ledger import Ledger
+    from fleetplan.connectors.worker import ConnectorService
+
+    redis_client = aioredis.from_url(redis_url)
+    try:
+        try:
+            await redis_client.ping()
+        except (aioredis.RedisError, OSError, ValueError) as err:
+            raise ConnectorConfigError(
+                "--redis-url", f"cannot reach Redis at {redis_url} ({err})"
+            ) from None
+        claimant = settings.instance_id or f"{os.uname().nodename}:{os.getpid()}"
+        service = ConnectorService(
+            make_applier(redis_client), Ledger(redis_client, prefix=ledger_prefix, claimant=claimant),
+            settings,
+        )
+        try:
+            await service.start()
+        except KafkaConnectionError as err:
+            raise ConnectorConfigError(
+                "--bootstrap", f"cannot reach Kafka at {settings.bootstrap} ({err})"
+            ) from None
+        except OSError as err:
+            raise ConnectorConfigError("--metrics-port", f"cannot listen ({err})") from None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.stop)
+        await service.run()
+    finally:
+        await redis_client.aclose()
+
+
+def register(app: typer.Typer) -> None:
+    """Called by ``fleetplan.cli`` to add the ``connector`` command."""
+    app.command("connector")(connector)

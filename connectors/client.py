@@ -1,0 +1,298 @@
+"""The orchestrator client: the other side of the connector, for your own orchestrator.
+
+The same two calls work over Redis and over Kafka::
+
+    async with RedisOrchestratorClient(redis_url) as client:   # or KafkaOrchestratorClient
+        async for decision in client.decisions("my-deployment"):
+            observed = await my_fleet.scale_to(decision.targets)
+            await client.complete(decision, "applied", observed=observed)
+
+- **Redis** (:class:`RedisOrchestratorClient`) pairs with ``fleetplan connector
+  --backend virtual``: the connector keeps the ledger, writes the desired
+  state and turns your completion into the ack on Kafka. Use it when your
+  orchestrator cannot speak Kafka.
+- **Kafka** (:class:`KafkaOrchestratorClient`) makes your orchestrator the
+  connector: it reads ``fleetplan.decisions.v1`` and writes acks to
+  ``fleetplan.acks.v1`` itself. Do not also run ``fleetplan connector`` for
+  the same deployments.
+
+Both yield only decisions that are still due: advisory decisions are never
+yielded, and a decision with a newer one already behind it is completed as
+``superseded`` for you. A decision is yielded again after a restart until
+it is completed (at least once); targets are absolute counts, so applying
+one twice lands on the same fleet size.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+
+import orjson
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from fleetplan.connectors.virtual import DEFAULT_PREFIX, VirtualKeys, last_stream_id
+from fleetplan.schemas import topics
+from fleetplan.schemas.codec import SchemaError, decode_event, encode_event
+from fleetplan.schemas.events import Ack, AckStatus, Decision
+
+log = logging.getLogger("fleetplan.orchestrator")
+
+
+class OrchestratorClient(abc.ABC):
+    """``decisions(deployment)`` to receive, ``complete(decision, status)`` to answer."""
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    @abc.abstractmethod
+    def decisions(self, deployment: str) -> AsyncIterator[Decision]:
+        """Decisions to act on, oldest first, forever."""
+
+    @abc.abstractmethod
+    async def complete(
+        self, decision: Decision, status: AckStatus = "applied", *,
+        observed: Mapping[str, int] | None = None, error: str | None = None,
+    ) -> bool:
+        """Answer a decision. Returns False if it was no longer current (nothing written)."""
+
+
+def _observed(decision: Decision, status: str, observed: Mapping[str, int] | None) -> dict:
+    if observed is not None:
+        return {str(k): int(v) for k, v in observed.items()}
+    return dict(decision.targets) if status == "applied" else {}
+
+
+# --- Redis -------------------------------------------------------------------------
+
+_COMPLETE = """
+local current = redis.call('HGET', KEYS[1], 'decision_id')
+if not current or tonumber(current) ~= tonumber(ARGV[1]) then return 0 end
+local scaled = redis.call('HGET', KEYS[1], 'scaled_decision_id')
+if scaled and tonumber(scaled) >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'scaled_decision_id', ARGV[1], 'status', ARGV[2],
+           'observed', ARGV[3], 'error', ARGV[4], 'completed_at', ARGV[5])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000', '*', 'decision_id', ARGV[1], 'status', ARGV[2])
+return 1
+"""
+
+
+class RedisOrchestratorClient(OrchestratorClient):
+    """The client of the virtual backend (keys in :mod:`fleetplan.connectors.virtual`)."""
+
+    def __init__(self, redis_url: str | None = None, *, client: aioredis.Redis | None = None,
+                 prefix: str = DEFAULT_PREFIX, poll_s: float = 1.0) -> None:
+        if client is None and redis_url is None:
+            raise ValueError("give redis_url or client")
+        self._own = client is None
+        self._redis = client if client is not None else aioredis.from_url(redis_url)
+        self._prefix = prefix
+        self._poll_ms = max(1, int(poll_s * 1000))
+        self._complete = self._redis.register_script(_COMPLETE)
+
+    async def stop(self) -> None:
+        if self._own:
+            await self._redis.aclose()
+
+    async def decisions(self, deployment: str) -> AsyncIterator[Decision]:
+        keys = VirtualKeys.of(deployment, self._prefix)
+        after = await last_stream_id(self._redis, keys.desired)
+        yielded = -1
+        while True:
+            raw, current, scaled = await self._redis.hmget(
+                keys.state, ["decision", "decision_id", "scaled_decision_id"]
+            )
+            due = -1 if current is None else int(current)
+            done = -1 if scaled is None else int(scaled)
+            if raw is not None and due > max(done, yielded):
+                yielded = due
+                try:
+                    decision = decode_event(raw)
+                except SchemaError as err:
+                    log.error("unreadable desired state for %s: %s", deployment, err)
+                else:
+                    if isinstance(decision, Decision):
+                        yield decision
+                continue
+            got = await self._redis.xread({keys.desired: after}, block=self._poll_ms, count=100)
+            if got:
+                after = got[0][1][-1][0]
+
+    async def complete(
+        self, decision: Decision, status: AckStatus = "applied", *,
+        observed: Mapping[str, int] | None = None, error: str | None = None,
+    ) -> bool:
+        keys = VirtualKeys.of(decision.deployment, self._prefix)
+        written = await self._complete(
+            keys=[keys.state, keys.completed],
+            args=[decision.decision_id, status,
+                  orjson.dumps(_observed(decision, status, observed)), error or "",
+                  f"{time.time():.3f}"],
+        )
+        return bool(written)
+
+
+# --- Kafka ----------------------------------------------------------------------------
+
+
+class KafkaOrchestratorClient(OrchestratorClient):
+    """Reads decisions and writes acks on Kafka directly (the orchestrator is the connector).
+
+    ``deployments`` are the ones this orchestrator manages; records of other
+    deployments are skipped. Offsets are committed when a decision is
+    completed, so an orchestrator that dies before completing sees the
+    decision again.
+    """
+
+    def __init__(
+        self, bootstrap: str, deployments: Iterable[str], *,
+        group_id: str = "fleetplan-orchestrator", instance_id: str | None = None,
+        decisions_topic: str = topics.DECISIONS, acks_topic: str = topics.ACKS,
+        session_timeout_ms: int = 10_000,
+    ) -> None:
+        self._deployments = frozenset(deployments)
+        if not self._deployments:
+            raise ValueError("deployments: name at least one")
+        self._bootstrap = bootstrap
+        self._group_id = group_id
+        self._instance_id = instance_id
+        self._decisions_topic = decisions_topic
+        self._acks_topic = acks_topic
+        self._session_timeout_ms = session_timeout_ms
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._queues: dict[str, asyncio.Queue[Decision]] = {d: asyncio.Queue() for d in self._deployments}
+        self._pending: dict[tuple[str, int], tuple[TopicPartition, int]] = {}
+        self._inflight: dict[TopicPartition, set[int]] = {}
+        self._next: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._fetch_task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True
+        )
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(
+            self._decisions_topic, bootstrap_servers=self._bootstrap, group_id=self._group_id,
+            group_instance_id=self._instance_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=max(500, self._session_timeout_ms // 6),
+        )
+        await self._consumer.start()
+        self._fetch_task = asyncio.create_task(self._fetch(), name="orchestrator-fetch")
+
+    async def stop(self) -> None:
+        if self._fetch_task is not None:
+            self._fetch_task.cancel()
+            await asyncio.gather(self._fetch_task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def decisions(self, deployment: str) -> AsyncIterator[Decision]:
+        if deployment not in self._queues:
+            raise ValueError(f"deployment {deployment!r} is not one of this client's deployments")
+        queue = self._queues[deployment]
+        while True:
+            decision = await queue.get()
+            newer = [d for d in _drain(queue) if not d.advisory]
+            if newer:
+                # Something newer is already here: this one is moot.
+                await self.complete(decision, "superseded",
+                                    error=f"decision {newer[-1].decision_id} supersedes it")
+                for stale in newer[:-1]:
+                    await self.complete(stale, "superseded",
+                                        error=f"decision {newer[-1].decision_id} supersedes it")
+                decision = newer[-1]
+            yield decision
+
+    async def complete(
+        self, decision: Decision, status: AckStatus = "applied", *,
+        observed: Mapping[str, int] | None = None, error: str | None = None,
+    ) -> bool:
+        assert self._producer is not None and self._consumer is not None
+        place = self._pending.pop((decision.deployment, decision.decision_id), None)
+        if place is None:
+            return False
+        ack = Ack(
+            deployment=decision.deployment, time=max(time.time(), decision.time),
+            decision_id=decision.decision_id, status=status,
+            observed=_observed(decision, status, observed), error=error,
+        )
+        await self._producer.send_and_wait(
+            self._acks_topic, encode_event(ack), key=decision.deployment.encode()
+        )
+        tp, offset = place
+        self._mark_done(tp, offset)
+        await self._commit()
+        return True
+
+    async def _fetch(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        while True:
+            batch = await consumer.getmany(timeout_ms=500, max_records=500)
+            for tp, records in batch.items():
+                for record in records:
+                    self._inflight.setdefault(tp, set()).add(record.offset)
+                    self._next[tp] = record.offset + 1
+                    decision = self._parse(record)
+                    if decision is None or decision.advisory:
+                        self._mark_done(tp, record.offset)
+                        continue
+                    self._pending[(decision.deployment, decision.decision_id)] = (tp, record.offset)
+                    self._queues[decision.deployment].put_nowait(decision)
+            if batch:
+                await self._commit()
+
+    def _parse(self, record) -> Decision | None:
+        try:
+            event = decode_event(record.value or b"")
+        except SchemaError as err:
+            log.warning("skipping unreadable decision record at offset %d: %s", record.offset, err)
+            return None
+        if not isinstance(event, Decision) or event.deployment not in self._deployments:
+            return None
+        return event
+
+    def _mark_done(self, tp: TopicPartition, offset: int) -> None:
+        self._inflight.get(tp, set()).discard(offset)
+
+    async def _commit(self) -> None:
+        """Commit each partition up to its oldest decision not yet completed."""
+        async with self._lock:
+            due = {}
+            for tp, nxt in self._next.items():
+                inflight = self._inflight.get(tp)
+                upto = min(inflight) if inflight else nxt
+                if self._committed.get(tp) != upto:
+                    due[tp] = upto
+            if due:
+                assert self._consumer is not None
+                await self._consumer.commit({tp: OffsetAndMetadata(n, "") for tp, n in due.items()})
+                self._committed.update(due)
+
+
+def _drain(queue: asyncio.Queue) -> list:
+    items = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items

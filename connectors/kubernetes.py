@@ -1,0 +1,341 @@
+"""The Kubernetes backend: scale a Dynamo DynamoGraphDeployment (DGD).
+
+It does what Dynamo's KubernetesConnector does, with the official client:
+
+- per changed role, PATCH the Scale subresource of the scaling adapter
+  ``dynamographdeploymentscalingadapters/{dgd}-{service}`` (nvidia.com/v1beta1)
+  with ``{"spec": {"replicas": N}}``; the operator owns the rest;
+- on 404 (no adapter for that service) fall back to an RFC 6902 JSON Patch
+  of the DGD, ``test`` the component name at its index and ``add`` its
+  replicas, so a reordered component list is never scaled by mistake;
+- check at start that every DGD exists and has the services the roles map to;
+- wait until the DGD is Ready before changing it and until the changed
+  services are stable after (desired == updated == available), like
+  Dynamo's blocking mode;
+- retry 409, 429 and 5xx answers and connection errors with exponential
+  backoff; anything else fails the decision with the API's message.
+
+The client is synchronous, so every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.config.config_exception import ConfigException
+
+from fleetplan.connectors.base import (
+    Applier,
+    ApplyFailed,
+    ConnectorConfigError,
+    InDoubt,
+    Observed,
+)
+from fleetplan.schemas.events import Decision, Role
+
+log = logging.getLogger("fleetplan.connector.kubernetes")
+
+GROUP = "nvidia.com"
+VERSION = "v1beta1"
+DGD_PLURAL = "dynamographdeployments"
+ADAPTER_PLURAL = "dynamographdeploymentscalingadapters"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+
+SERVICE_NAMES: dict[str, dict[Role, str]] = {
+    "vllm": {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker", "agg": "VllmWorker"},
+    "sglang": {"prefill": "prefill", "decode": "decode", "agg": "decode"},
+    "trtllm": {"prefill": "prefill", "decode": "decode", "agg": "TRTLLMWorker"},
+    "mocker": {"prefill": "prefill", "decode": "decode", "agg": "decode"},
+}
+"""Dynamo's DGD component names per engine (config/backend_components.py)."""
+
+T = TypeVar("T")
+
+
+@dataclass
+class KubernetesSettings:
+    """Everything the backend needs besides the API client configuration."""
+
+    dgds: dict[str, str]
+    """fleetplan deployment -> DGD name in ``namespace``."""
+    services: dict[Role, str] = field(default_factory=lambda: dict(SERVICE_NAMES["vllm"]))
+    """role -> DGD component (service) name."""
+    namespace: str = "default"
+    ready_timeout_s: float = 1800.0
+    ready_poll_s: float = 10.0
+    max_attempts: int = 6
+    backoff_s: float = 0.5
+    backoff_max_s: float = 10.0
+    request_timeout_s: float = 10.0
+
+    def check(self) -> None:
+        if not self.dgds:
+            raise ConnectorConfigError("--deployment", "the kubernetes backend needs at least one")
+        for name, value in (("--ready-timeout", self.ready_timeout_s),
+                            ("--ready-poll", self.ready_poll_s),
+                            ("--request-timeout", self.request_timeout_s)):
+            if value <= 0:
+                raise ConnectorConfigError(name, f"must be positive, got {value}")
+        if self.max_attempts < 1:
+            raise ConnectorConfigError("--max-attempts", "must be at least 1")
+        if not self.services:
+            raise ConnectorConfigError("--service", "no role is mapped to a DGD service")
+
+
+def load_configuration(kubeconfig: Path | None = None, context: str | None = None) -> k8s.Configuration:
+    """Client configuration: the given kubeconfig, else in-cluster, else ~/.kube/config."""
+    cfg = k8s.Configuration()
+    try:
+        if kubeconfig is not None:
+            k8s_config.load_kube_config(
+                config_file=str(kubeconfig), context=context, client_configuration=cfg
+            )
+            return cfg
+        try:
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        except ConfigException:
+            k8s_config.load_kube_config(context=context, client_configuration=cfg)
+    except (ConfigException, OSError, TypeError, ValueError) as err:
+        raise ConnectorConfigError("--kubeconfig", f"cannot load a Kubernetes config ({err})") from None
+    return cfg
+
+
+def adapter_name(dgd: str, service: str) -> str:
+    """The operator's name for a component's scaling adapter."""
+    return f"{dgd}-{service.lower()}"
+
+
+def components(dgd_obj: Mapping[str, Any]) -> list[dict]:
+    comps = (dgd_obj.get("spec") or {}).get("components")
+    return comps if isinstance(comps, list) else []
+
+
+def spec_replicas(dgd_obj: Mapping[str, Any], service: str) -> int | None:
+    for comp in components(dgd_obj):
+        if comp.get("name") == service:
+            replicas = comp.get("replicas", 1)
+            return replicas if isinstance(replicas, int) else None
+    return None
+
+
+def is_ready(dgd_obj: Mapping[str, Any]) -> bool:
+    conditions = (dgd_obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def serving_replicas(dgd_obj: Mapping[str, Any], service: str) -> tuple[int, bool]:
+    """(replicas serving traffic, stable) from DGD status, as Dynamo reads them."""
+    status = ((dgd_obj.get("status") or {}).get("components") or {}).get(service) or {}
+    available = status.get("availableReplicas")
+    serving = available if available is not None else status.get("readyReplicas", 0)
+    updated = status.get("updatedReplicas", 0)
+    return serving, spec_replicas(dgd_obj, service) == updated == serving
+
+
+def _api_error(err: k8s.ApiException) -> str:
+    body = (err.body or "")[:300]
+    return f"HTTP {err.status} {err.reason or ''}: {body}".strip()
+
+
+class KubernetesApplier(Applier):
+    backend = "kubernetes"
+
+    def __init__(self, settings: KubernetesSettings, configuration: k8s.Configuration) -> None:
+        self.settings = settings
+        self._configuration = configuration
+        self._api_client: k8s.ApiClient | None = None
+        self._api: k8s.CustomObjectsApi | None = None
+        self._roles: dict[str, dict[Role, str]] = {}
+        """deployment -> the roles its DGD has, with their service names."""
+
+    def describe(self) -> str:
+        dgds = ", ".join(f"{d}->{n}" for d, n in sorted(self.settings.dgds.items()))
+        return f"kubernetes ({self._configuration.host}, namespace {self.settings.namespace}; {dgds})"
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        self.settings.check()
+        self._api_client = k8s.ApiClient(self._configuration)
+        self._api = k8s.CustomObjectsApi(self._api_client)
+        for deployment, dgd in sorted(self.settings.dgds.items()):
+            try:
+                obj = await self._get_dgd(dgd)
+            except k8s.ApiException as err:
+                if err.status == 404:
+                    raise ConnectorConfigError(
+                        "--dgd", f"DynamoGraphDeployment {self.settings.namespace}/{dgd} "
+                        f"(for deployment {deployment}) does not exist"
+                    ) from None
+                if err.status in (401, 403):
+                    raise ConnectorConfigError(
+                        "--kubeconfig", f"not allowed to read {dgd}: {_api_error(err)}"
+                    ) from None
+                raise ConnectorConfigError("--kubeconfig", _api_error(err)) from None
+            except ApplyFailed as err:
+                raise ConnectorConfigError("--kubeconfig", str(err)) from None
+            names = [c.get("name") for c in components(obj)]
+            if not names:
+                raise ConnectorConfigError(
+                    "--dgd", f"{dgd} has no v1beta1 spec.components list"
+                )
+            roles = {r: s for r, s in self.settings.services.items() if s in names}
+            if not roles:
+                mapped = ", ".join(f"{r}={s}" for r, s in self.settings.services.items())
+                raise ConnectorConfigError(
+                    "--service", f"none of {mapped} is a component of DGD {dgd} "
+                    f"(it has {', '.join(map(str, names))})"
+                )
+            self._roles[deployment] = roles
+            log.info("DGD %s for %s: roles %s", dgd, deployment, roles)
+
+    async def stop(self) -> None:
+        if self._api_client is not None:
+            await asyncio.to_thread(self._api_client.close)
+            self._api_client = None
+
+    # --- applying --------------------------------------------------------------
+
+    async def apply(self, decision: Decision) -> Observed:
+        dgd, roles = self._target(decision)
+        obj = await self._wait(dgd, lambda o: is_ready(o), "Ready")
+        for role, count in sorted(decision.targets.items()):
+            service = roles[role]
+            if spec_replicas(obj, service) == count:
+                continue
+            await self._scale(dgd, service, count)
+            log.info("%s: %s %s -> %d (decision %d)", decision.deployment, dgd, service,
+                     count, decision.decision_id)
+        return await self._settle(dgd, roles, decision)
+
+    async def recover(self, decision: Decision) -> Observed:
+        """Settled if the DGD spec already holds every target; in doubt otherwise."""
+        dgd, roles = self._target(decision)
+        obj = await self._get_dgd(dgd)
+        spec = {role: spec_replicas(obj, roles[role]) for role in decision.targets}
+        if spec != dict(decision.targets):
+            raise InDoubt(
+                f"a run that died may have applied decision {decision.decision_id} in part; "
+                f"{dgd} spec has {spec}, the decision wanted {dict(decision.targets)}; "
+                f"not applied again"
+            )
+        return await self._settle(dgd, roles, decision)
+
+    def _target(self, decision: Decision) -> tuple[str, dict[Role, str]]:
+        dgd = self.settings.dgds.get(decision.deployment)
+        roles = self._roles.get(decision.deployment)
+        if dgd is None or roles is None:
+            raise ApplyFailed(f"deployment {decision.deployment} is not managed by this connector")
+        missing = sorted(set(decision.targets) - set(roles))
+        if missing:
+            raise ApplyFailed(f"DGD {dgd} has no service for role(s) {', '.join(missing)}")
+        return dgd, roles
+
+    async def _settle(self, dgd: str, roles: dict[Role, str], decision: Decision) -> Observed:
+        services = [roles[r] for r in decision.targets]
+
+        def stable(obj: Mapping[str, Any]) -> bool:
+            return is_ready(obj) and all(serving_replicas(obj, s)[1] for s in services)
+
+        try:
+            obj = await self._wait(dgd, stable, "stable")
+        except ApplyFailed as err:
+            # The spec holds the targets; the fleet is still converging. Report what serves now.
+            log.warning("%s (decision %d applied)", err, decision.decision_id)
+            obj = await self._get_dgd(dgd)
+        return {role: serving_replicas(obj, roles[role])[0] for role in decision.targets}
+
+    async def _wait(self, dgd: str, done: Callable[[Mapping[str, Any]], bool], what: str) -> dict:
+        deadline = time.monotonic() + self.settings.ready_timeout_s
+        while True:
+            obj = await self._get_dgd(dgd)
+            if done(obj):
+                return obj
+            if time.monotonic() >= deadline:
+                raise ApplyFailed(f"DGD {dgd} not {what} within {self.settings.ready_timeout_s:g} s")
+            await asyncio.sleep(self.settings.ready_poll_s)
+
+    async def _scale(self, dgd: str, service: str, replicas: int) -> None:
+        name = adapter_name(dgd, service)
+        try:
+            await self._call(
+                "patch scale of " + name, self._custom.patch_namespaced_custom_object_scale,
+                GROUP, VERSION, self.settings.namespace, ADAPTER_PLURAL, name,
+                {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH,
+            )
+        except k8s.ApiException as err:
+            if err.status != 404:
+                raise ApplyFailed(f"scaling {name}: {_api_error(err)}") from None
+            log.info("no scaling adapter %s; patching DGD %s instead", name, dgd)
+            await self._patch_dgd(dgd, service, replicas)
+
+    async def _patch_dgd(self, dgd: str, service: str, replicas: int) -> None:
+        """JSON Patch with a ``test`` guard; a 422 (the list moved) re-reads and retries."""
+        for _ in range(self.settings.max_attempts):
+            obj = await self._get_dgd(dgd)
+            index = next((i for i, c in enumerate(components(obj)) if c.get("name") == service), None)
+            if index is None:
+                raise ApplyFailed(f"DGD {dgd} has no component {service}")
+            patch = [
+                {"op": "test", "path": f"/spec/components/{index}/name", "value": service},
+                {"op": "add", "path": f"/spec/components/{index}/replicas", "value": replicas},
+            ]
+            try:
+                await self._call(
+                    "JSON patch of " + dgd, self._custom.patch_namespaced_custom_object,
+                    GROUP, VERSION, self.settings.namespace, DGD_PLURAL, dgd, patch,
+                    _content_type=JSON_PATCH,
+                )
+                return
+            except k8s.ApiException as err:
+                if err.status != 422:
+                    raise ApplyFailed(f"patching {dgd}: {_api_error(err)}") from None
+                log.info("JSON patch test of %s failed (components moved); re-reading", dgd)
+        raise ApplyFailed(f"patching {dgd}: component {service} kept moving")
+
+    # --- API calls -----------------------------------------------------------------
+
+    @property
+    def _custom(self) -> k8s.CustomObjectsApi:
+        if self._api is None:
+            raise RuntimeError("KubernetesApplier used before start()")
+        return self._api
+
+    async def _get_dgd(self, dgd: str) -> dict:
+        return await self._call(
+            "get " + dgd, self._custom.get_namespaced_custom_object,
+            GROUP, VERSION, self.settings.namespace, DGD_PLURAL, dgd,
+        )
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """One API call with retries. Non-retryable API errors are raised as they are."""
+        s = self.settings
+        delay = s.backoff_s
+        for attempt in range(1, s.max_attempts + 1):
+            try:
+                return await asyncio.to_thread(
+                    fn, *args, _request_timeout=s.request_timeout_s, **kwargs
+                )
+            except k8s.ApiException as err:
+                if err.status not in RETRYABLE:
+                    raise
+                problem = _api_error(err)
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                problem = f"{type(err).__name__}: {err}"
+            if attempt == s.max_attempts:
+                raise ApplyFailed(f"{what} failed after {attempt} attempts: {problem}")
+            log.warning("%s: %s; retry %d in %.2f s", what, problem, attempt, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, s.backoff_max_s)
+        raise AssertionError("unreachable")

@@ -1,0 +1,171 @@
+"""The idempotency ledger: each decision is applied at most once, per deployment.
+
+Kafka delivers a decision at least once (offsets are committed after the
+ack), and a connector can be killed at any instruction. The ledger in Redis
+closes the gap. Before applying, the connector *claims* the decision; after,
+it *records* the outcome; after the ack is on the topic, it marks it *acked*.
+Redelivery then finds one of:
+
+- an outcome: the ack is (re)sent from it, nothing is applied;
+- a claim with no outcome: the run died mid-apply; the backend's
+  ``recover`` settles it without applying blindly;
+- a newer claimed decision: this one is stale and acked ``superseded``.
+
+Every step is one Lua script on one key, so two connectors racing over a
+rebalance cannot both claim a decision. Layout, one hash per deployment
+(``{prefix}:{deployment}``): ``newest`` (highest decision_id claimed),
+``claimed`` / ``claimed_by`` / ``claimed_at``, ``outcome:{id}`` (JSON) and
+``acked:{id}``. Outcomes older than ``keep`` ids are trimmed as new ones land.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import orjson
+import redis.asyncio as aioredis
+
+from fleetplan.schemas.events import AckStatus, Decision
+
+Verdict = Literal["apply", "recover", "superseded", "done"]
+
+DEFAULT_PREFIX = "fleetplan:ledger"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a decision: the content of its ack."""
+
+    status: AckStatus
+    observed: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"status": self.status, "observed": self.observed, "error": self.error})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Outcome:
+        data = orjson.loads(raw)
+        return cls(data["status"], dict(data.get("observed") or {}), data.get("error"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The ledger's answer to "may I apply this decision?"."""
+
+    verdict: Verdict
+    outcome: Outcome | None = None
+    acked: bool = False
+
+
+# KEYS[1] ledger hash. ARGV: id, claimant, now, superseded-outcome JSON.
+_BEGIN = """
+local id = tonumber(ARGV[1])
+local out = redis.call('HGET', KEYS[1], 'outcome:' .. ARGV[1])
+if out then
+  local acked = redis.call('HEXISTS', KEYS[1], 'acked:' .. ARGV[1])
+  return {'done', out, acked}
+end
+local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
+if newest > id then
+  redis.call('HSET', KEYS[1], 'outcome:' .. ARGV[1], ARGV[4])
+  return {'superseded', ARGV[4], 0}
+end
+local claimed = redis.call('HGET', KEYS[1], 'claimed')
+if claimed and tonumber(claimed) == id then
+  return {'recover', '', 0}
+end
+redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'claimed', ARGV[1],
+           'claimed_by', ARGV[2], 'claimed_at', ARGV[3])
+return {'apply', '', 0}
+"""
+
+# KEYS[1] ledger hash. ARGV: id, outcome JSON, keep. The first outcome wins.
+_RECORD = """
+local key = 'outcome:' .. ARGV[1]
+local existing = redis.call('HGET', KEYS[1], key)
+if existing then return existing end
+redis.call('HSET', KEYS[1], key, ARGV[2])
+if redis.call('HGET', KEYS[1], 'claimed') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'claimed', 'claimed_by', 'claimed_at')
+end
+local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
+if tonumber(ARGV[1]) > newest then redis.call('HSET', KEYS[1], 'newest', ARGV[1]) end
+local old = tonumber(ARGV[1]) - tonumber(ARGV[3])
+if old >= 0 then
+  redis.call('HDEL', KEYS[1], 'outcome:' .. old, 'acked:' .. old)
+end
+return ARGV[2]
+"""
+
+
+class Ledger:
+    """Per-deployment claim/outcome/ack records in Redis (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        claimant: str = "connector",
+        keep: int = 1000,
+    ) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._claimant = claimant
+        self._keep = keep
+        self._begin = client.register_script(_BEGIN)
+        self._record = client.register_script(_RECORD)
+
+    def key(self, deployment: str) -> str:
+        return f"{self._prefix}:{deployment}"
+
+    async def begin(self, decision: Decision) -> Entry:
+        """Claim ``decision`` for applying, or say why not."""
+        stale = Outcome(
+            "superseded", {}, f"a newer decision than {decision.decision_id} was already taken"
+        )
+        verdict, raw, acked = await self._begin(
+            keys=[self.key(decision.deployment)],
+            args=[decision.decision_id, self._claimant, f"{time.time():.3f}", stale.to_json()],
+        )
+        verdict = _text(verdict)
+        outcome = Outcome.from_json(raw) if raw else None
+        return Entry(verdict, outcome, bool(acked))
+
+    async def record(self, decision: Decision, outcome: Outcome) -> Outcome:
+        """Store the outcome; if one was already stored (a racing run), return that one."""
+        raw = await self._record(
+            keys=[self.key(decision.deployment)],
+            args=[decision.decision_id, outcome.to_json(), self._keep],
+        )
+        return Outcome.from_json(raw)
+
+    async def supersede(self, decision: Decision, newer_id: int) -> Entry:
+        """Skip ``decision`` because ``newer_id`` is already waiting behind it.
+
+        An outcome recorded earlier wins (its ack may just not have gone out).
+        """
+        key = self.key(decision.deployment)
+        raw = await self._redis.hget(key, f"outcome:{decision.decision_id}")
+        if raw is not None:
+            acked = await self._redis.hexists(key, f"acked:{decision.decision_id}")
+            return Entry("done", Outcome.from_json(raw), bool(acked))
+        outcome = await self.record(
+            decision, Outcome("superseded", {}, f"decision {newer_id} supersedes it")
+        )
+        return Entry("superseded", outcome, False)
+
+    async def mark_acked(self, decision: Decision) -> None:
+        await self._redis.hset(self.key(decision.deployment), f"acked:{decision.decision_id}", 1)
+
+    async def snapshot(self, deployment: str) -> dict[str, str]:
+        """The raw hash, for operators and tests."""
+        raw = await self._redis.hgetall(self.key(deployment))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,186 @@
+"""The virtual backend: desired counts in Redis for an external orchestrator.
+
+This is Dynamo's VirtualConnector protocol (etcd keys ``num_*_workers``,
+``decision_id``, ``scaled_decision_id``) moved to Redis, which more
+orchestrators can reach. The connector writes the desired state and waits;
+the orchestrator (see :class:`fleetplan.connectors.client.RedisOrchestratorClient`)
+reads it, scales its fleet and completes the decision; the connector then
+acks on Kafka with what the orchestrator observed.
+
+Layout per deployment (:class:`VirtualKeys`):
+
+- ``{prefix}:{deployment}`` hash. Written by the connector: ``decision_id``,
+  ``decision`` (the full event, JSON), ``targets`` (JSON),
+  ``num_{role}_workers``, ``written_at``. Written by the orchestrator:
+  ``scaled_decision_id``, ``status``, ``observed`` (JSON), ``error``,
+  ``completed_at``.
+- ``{prefix}:{deployment}:desired`` stream: one entry per write, so
+  orchestrators can block instead of poll.
+- ``{prefix}:{deployment}:completed`` stream: one entry per completion, so
+  the connector can block instead of poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import orjson
+import redis.asyncio as aioredis
+
+from fleetplan.connectors.base import (
+    Applier,
+    ApplyFailed,
+    ConnectorConfigError,
+    Observed,
+    Superseded,
+)
+from fleetplan.schemas.codec import encode_event
+from fleetplan.schemas.events import Decision
+
+DEFAULT_PREFIX = "fleetplan:virtual"
+STREAM_MAXLEN = 1000
+
+
+@dataclass(frozen=True)
+class VirtualKeys:
+    """Redis key names of one deployment's virtual-connector state."""
+
+    state: str
+    desired: str
+    completed: str
+
+    @classmethod
+    def of(cls, deployment: str, prefix: str = DEFAULT_PREFIX) -> VirtualKeys:
+        base = f"{prefix}:{deployment}"
+        return cls(base, f"{base}:desired", f"{base}:completed")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The orchestrator's answer, read back from the state hash."""
+
+    decision_id: int
+    status: str
+    observed: dict[str, int]
+    error: str | None
+
+
+async def last_stream_id(client: aioredis.Redis, stream: str) -> bytes | str:
+    """The id to XREAD after so that nothing added from now on is missed."""
+    last = await client.xrevrange(stream, count=1)
+    return last[0][0] if last else "0-0"
+
+
+def _int(value: bytes | str | None, default: int = -1) -> int:
+    return default if value is None else int(value)
+
+
+async def read_completion(client: aioredis.Redis, keys: VirtualKeys) -> Completion | None:
+    scaled, status, observed, error = await client.hmget(
+        keys.state, ["scaled_decision_id", "status", "observed", "error"]
+    )
+    if scaled is None:
+        return None
+    return Completion(
+        _int(scaled),
+        (status or b"applied").decode() if isinstance(status, bytes) else (status or "applied"),
+        dict(orjson.loads(observed)) if observed else {},
+        error.decode() if isinstance(error, bytes) else error,
+    )
+
+
+class VirtualApplier(Applier):
+    """Writes desired counts to Redis and waits for the orchestrator to complete them."""
+
+    backend = "virtual"
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        completion_timeout_s: float = 1800.0,
+        poll_s: float = 1.0,
+    ) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._timeout = completion_timeout_s
+        self._poll_ms = max(1, int(poll_s * 1000))
+
+    async def start(self) -> None:
+        if self._timeout <= 0:
+            raise ConnectorConfigError("--completion-timeout", "must be positive")
+        try:
+            await self._redis.ping()
+        except (aioredis.ConnectionError, OSError) as err:
+            raise ConnectorConfigError("--redis-url", f"Redis is not reachable ({err})") from None
+
+    def describe(self) -> str:
+        return f"virtual (Redis keys {self._prefix}:<deployment>)"
+
+    async def apply(self, decision: Decision) -> Observed:
+        """Write the desired state (once per decision_id) and wait for completion."""
+        keys = VirtualKeys.of(decision.deployment, self._prefix)
+        after = await last_stream_id(self._redis, keys.completed)
+        current = _int(await self._redis.hget(keys.state, "decision_id"))
+        if current > decision.decision_id:
+            raise Superseded(f"decision {current} is already the desired state")
+        if current < decision.decision_id:
+            await self._write(keys, decision)
+        return await self._wait(keys, decision, after)
+
+    async def recover(self, decision: Decision) -> Observed:
+        """The desired state in Redis tells whether the dead run got as far as
+        writing, so recovering is applying: a write happens only if none did."""
+        return await self.apply(decision)
+
+    async def _write(self, keys: VirtualKeys, decision: Decision) -> None:
+        fields: dict[str, str | int | bytes] = {
+            "decision_id": decision.decision_id,
+            "decision": encode_event(decision),
+            "targets": orjson.dumps(decision.targets),
+            "written_at": f"{time.time():.3f}",
+        }
+        for role, count in decision.targets.items():
+            fields[f"num_{role}_workers"] = count
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.state, mapping=fields)
+            pipe.xadd(
+                keys.desired, {"decision_id": decision.decision_id},
+                maxlen=STREAM_MAXLEN, approximate=True,
+            )
+            await pipe.execute()
+
+    async def _wait(self, keys: VirtualKeys, decision: Decision, after: bytes | str) -> Observed:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            done = await read_completion(self._redis, keys)
+            if done is not None and done.decision_id >= decision.decision_id:
+                return self._settle(decision, done)
+            current = _int(await self._redis.hget(keys.state, "decision_id"))
+            if current > decision.decision_id:
+                raise Superseded(f"decision {current} replaced it in Redis")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ApplyFailed(
+                    f"the orchestrator did not complete decision {decision.decision_id} "
+                    f"within {self._timeout:g} s"
+                )
+            block = max(1, min(self._poll_ms, int(left * 1000)))
+            got = await self._redis.xread({keys.completed: after}, block=block, count=100)
+            if got:
+                after = got[0][1][-1][0]
+            else:
+                await asyncio.sleep(0)
+
+    @staticmethod
+    def _settle(decision: Decision, done: Completion) -> Observed:
+        if done.decision_id > decision.decision_id:
+            raise Superseded(f"the orchestrator completed decision {done.decision_id} instead")
+        if done.status == "failed":
+            raise ApplyFailed(done.error or "the orchestrator reported failure")
+        if done.status == "superseded":
+            raise Superseded(done.error or "the orchestrator superseded it")
+        return done.observed or dict(decision.targets)

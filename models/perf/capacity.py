@@ -1,0 +1,175 @@
+"""Per-engine capacity: the highest request rate one engine sustains within the SLA.
+
+Dynamo 1.6.1 semantics (reference notes §2b item 4): try batch sizes
+1..max_batch (128 evenly spaced sizes when there are more), model each with
+the fitted forward-pass time, and pick the candidate with the highest rate,
+candidates meeting the SLA first. When none meets it the best one is still
+returned with ``meets_sla=False``: the planner needs a rate to size the fleet
+even when the SLA is out of reach, and it is not a floor. Ties go to the
+smaller batch (lower latency at the same rate). All candidates are evaluated
+at once with numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetplan.models.perf.chunking import chunked_time_many
+from fleetplan.models.perf.fit import LinearFit
+from fleetplan.models.perf.limits import EngineLimits
+from fleetplan.models.perf.request_shape import (
+    decode_context_length,
+    effective_isl,
+    normalize_accept_length,
+)
+
+MAX_BATCH_CANDIDATES = 128
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The chosen operating point of one engine.
+
+    ``rps`` requests per second at batch size ``batch``; the modelled TTFT and
+    ITL there (None where the role has no such latency); whether it meets
+    every SLA that was given.
+    """
+
+    rps: float
+    batch: int
+    ttft_ms: float | None
+    itl_ms: float | None
+    meets_sla: bool
+
+
+def batch_candidates(max_batch: int) -> np.ndarray:
+    """1..max_batch, or 128 sizes spread evenly from 1 to max_batch inclusive."""
+    if max_batch <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if max_batch <= MAX_BATCH_CANDIDATES:
+        return np.arange(1, max_batch + 1, dtype=np.int64)
+    steps = np.arange(MAX_BATCH_CANDIDATES, dtype=np.int64)
+    return 1 + steps * (max_batch - 1) // (MAX_BATCH_CANDIDATES - 1)
+
+
+def decode_max_batch(limits: EngineLimits, context_length: int, kv_fallback: float) -> int:
+    """Sequences that fit: ``max_num_seqs`` and the KV cache (``max_kv_tokens // ctx``).
+
+    Without a known cache size, the largest decode KV ever observed stands in.
+    """
+    max_kv = limits.max_kv_tokens if limits.max_kv_tokens is not None else int(kv_fallback)
+    if max_kv <= 0:
+        return limits.max_num_seqs
+    return min(limits.max_num_seqs, max_kv // context_length)
+
+
+def prefill_capacity(
+    fit: LinearFit,
+    limits: EngineLimits,
+    isl: int,
+    ttft_ms: float | None,
+    kv_hit_rate: float | None,
+) -> Capacity | None:
+    """Prefill engine: a batch of ``bs`` prompts takes ``chunked(bs·eff_isl)`` and
+    serves ``bs`` requests, so ``rps = bs / ttft``."""
+    if isl <= 0:
+        return None
+    mbt = limits.max_num_batched_tokens
+    eff = effective_isl(isl, kv_hit_rate)
+    max_batch = 1 if eff > mbt else min(limits.max_num_seqs, mbt // eff)
+    bs = batch_candidates(max_batch)
+    ttft_s = chunked_time_many((bs * eff).astype(np.float64), mbt, fit.predict_many)
+    rps = bs / ttft_s
+    ok = _within(ttft_s, ttft_ms)
+    i = _best(rps, ok)
+    return Capacity(float(rps[i]), int(bs[i]), float(ttft_s[i] * 1000.0), None, bool(ok[i]))
+
+
+def decode_capacity(
+    fit: LinearFit,
+    limits: EngineLimits,
+    isl: int,
+    osl: int,
+    itl_ms: float | None,
+    accept_length: float | None,
+    kv_fallback: float = 0.0,
+) -> Capacity | None:
+    """Decode engine: ``bs`` streams of context ``ctx``; one pass yields
+    ``accept_length`` tokens each, so ``itl = t(bs, bs·ctx)/accept`` and a request
+    lasts ``osl·itl``: ``rps = bs / (osl·itl)`` (Little's law)."""
+    if isl <= 0 or osl <= 0:
+        return None
+    accept = normalize_accept_length(accept_length)
+    ctx = decode_context_length(isl, osl)
+    bs = batch_candidates(decode_max_batch(limits, ctx, kv_fallback))
+    if bs.size == 0:
+        return None
+    bsf = bs.astype(np.float64)
+    itl_s = fit.predict_many(bsf, bsf * ctx) / accept
+    rps = bsf / (osl * itl_s)
+    ok = _within(itl_s, itl_ms)
+    i = _best(rps, ok)
+    return Capacity(float(rps[i]), int(bs[i]), None, float(itl_s[i] * 1000.0), bool(ok[i]))
+
+
+def agg_capacity(
+    fit: LinearFit,
+    limits: EngineLimits,
+    isl: int,
+    osl: int,
+    ttft_ms: float | None,
+    itl_ms: float | None,
+    kv_hit_rate: float | None,
+    accept_length: float | None,
+    kv_fallback: float = 0.0,
+) -> Capacity | None:
+    """Aggregated engine: decode batch ``bs`` with chunked prefill piggybacked.
+
+    Only balanced batches count: the prefill admitted per pass to replace
+    finishing streams, ``ceil(bs·accept·eff_isl/osl)``, must fit in the token
+    budget left after one token per stream (``MBT − bs``); past that point
+    prefill falls behind and TTFT grows without bound. ITL is the mixed pass
+    ``t(prefill_per_pass, bs·ctx)/accept``; TTFT is the new prompt chunked
+    behind one pass of admitted prefill, with the batch's KV riding along.
+    """
+    if isl <= 0 or osl <= 0 or limits.max_num_batched_tokens <= 1:
+        return None
+    mbt = limits.max_num_batched_tokens
+    accept = normalize_accept_length(accept_length)
+    eff = effective_isl(isl, kv_hit_rate)
+    ctx = decode_context_length(isl, osl)
+    hard_cap = min(decode_max_batch(limits, ctx, kv_fallback), max(1, mbt - 1))
+    bs = batch_candidates(hard_cap)
+    bsf = bs.astype(np.float64)
+    admitted = np.ceil(bsf * accept * eff / osl)
+    balanced = (mbt - bs > 0) & (admitted <= mbt - bs)
+    if not balanced.any():
+        return None
+    bs, bsf, admitted = bs[balanced], bsf[balanced], admitted[balanced]
+    prefill_per_pass = np.minimum(float(mbt), admitted)
+    decode_kv = bsf * ctx
+    itl_s = fit.predict_many(prefill_per_pass, decode_kv) / accept
+    ttft_s = chunked_time_many(
+        prefill_per_pass + eff, mbt, lambda chunk: fit.predict_many(chunk, decode_kv)
+    )
+    rps = bsf / (osl * itl_s)
+    ok = _within(ttft_s, ttft_ms) & _within(itl_s, itl_ms)
+    i = _best(rps, ok)
+    return Capacity(
+        float(rps[i]), int(bs[i]), float(ttft_s[i] * 1000.0), float(itl_s[i] * 1000.0), bool(ok[i])
+    )
+
+
+def _within(latency_s: np.ndarray, sla_ms: float | None) -> np.ndarray:
+    if sla_ms is None:
+        return np.ones(latency_s.shape, dtype=bool)
+    return latency_s <= sla_ms / 1000.0
+
+
+def _best(rps: np.ndarray, ok: np.ndarray) -> int:
+    """Highest rate among SLA-meeting candidates, else among all; first wins ties."""
+    if ok.any():
+        return int(np.argmax(np.where(ok, rps, -np.inf)))
+    return int(np.argmax(rps))

@@ -1,0 +1,309 @@
+"""Read engine profiles (Dynamo's profiler NPZ/JSON) into :class:`ProfileData`.
+
+Layouts understood, as the Dynamo planner and its profiler write them:
+
+- a profiling results directory: ``selected_prefill_interpolation/raw_data.npz``
+  and ``selected_decode_interpolation/raw_data.npz``, or the JSON fallback
+  ``prefill_raw_data.json`` / ``decode_raw_data.json`` with the same keys;
+- a pre-swept pair ``<stem>__prefill.npz`` / ``<stem>__decode.npz`` (or
+  ``prefill.npz`` / ``decode.npz``), whose arrays may be stacked over several
+  parallel configs, shape (n_configs, n); ``tp`` picks one, by default the
+  config with the fewest GPUs (tp·dp·pp);
+- either file of a pair (its partner is found by name), or a bundled name
+  (:data:`BUNDLED_PROFILES`) shipped as package data in ``profile_data/``.
+
+Every problem is a :class:`ProfileError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fleetplan.models.perf import FILE_KEYS, InvalidProfile, ProfileData
+
+BUNDLED_PROFILES = {
+    "h200-llama3.1-8b": "h200_sxm__vllm__nvidia__Llama-3.1-8B-Instruct-FP8",
+    "h100-llama3.3-70b": "h100_sxm__vllm__nvidia__Llama-3.3-70B-Instruct-FP8",
+}
+"""Bundled profile name -> file stem in ``fleetplan.sim/profile_data``."""
+
+_PREFILL_KEYS = ("prefill_isl", "prefill_ttft")
+_DECODE_KEYS = ("x_kv_usage", "y_context_length", "z_itl", "max_kv_tokens")
+_DIR_CANDIDATES = {
+    "prefill": (
+        "selected_prefill_interpolation/raw_data.npz",
+        "prefill_raw_data.json",
+        "selected_prefill_interpolation/prefill_raw_data.json",
+        "prefill.npz",
+    ),
+    "decode": (
+        "selected_decode_interpolation/raw_data.npz",
+        "decode_raw_data.json",
+        "selected_decode_interpolation/decode_raw_data.json",
+        "decode.npz",
+    ),
+}
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read; ``path`` and ``key`` (None if file-level) say where."""
+
+    def __init__(self, path: object, key: str | None, message: str) -> None:
+        where = f"{path}" if key is None else f"{path}: key {key!r}"
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class _Source:
+    label: str  # shown in errors
+    data: dict[str, np.ndarray]
+
+
+def bundled_profile_names() -> tuple[str, ...]:
+    return tuple(BUNDLED_PROFILES)
+
+
+def load_profile(name_or_path: str | os.PathLike[str], tp: int | None = None) -> ProfileData:
+    """Load a bundled profile by name, or a profile file/directory by path."""
+    key = os.fspath(name_or_path)
+    if key in BUNDLED_PROFILES:
+        prefill, decode = _bundled_sources(BUNDLED_PROFILES[key])
+        return _build(prefill, decode, tp, name=key)
+    path = Path(key)
+    if not path.exists():
+        raise ProfileError(
+            path, None, f"no such file or directory (bundled profiles: {', '.join(BUNDLED_PROFILES)})"
+        )
+    if path.is_dir():
+        found = {role: _first_existing(path, names) for role, names in _DIR_CANDIDATES.items()}
+        if found["prefill"] is None and found["decode"] is None:
+            looked = ", ".join(n for names in _DIR_CANDIDATES.values() for n in names)
+            raise ProfileError(path, None, f"no profiling data found (looked for {looked})")
+        prefill = _read(found["prefill"]) if found["prefill"] else None
+        decode = _read(found["decode"]) if found["decode"] else None
+        return _build(prefill, decode, tp, name=path.name)
+    return _load_file(path, tp)
+
+
+# -- locating ------------------------------------------------------------------
+
+
+def _bundled_sources(stem: str) -> tuple[_Source, _Source]:
+    folder = resources.files("fleetplan.sim").joinpath("profile_data")
+    sources = []
+    for role in ("prefill", "decode"):
+        entry = folder.joinpath(f"{stem}__{role}.npz")
+        sources.append(_read_npz_bytes(entry.read_bytes(), str(entry)))
+    return sources[0], sources[1]
+
+
+def _first_existing(folder: Path, names: tuple[str, ...]) -> Path | None:
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
+def _partner(path: Path, role: str) -> Path | None:
+    """The other half of a prefill/decode pair, found by name."""
+    other = "decode" if role == "prefill" else "prefill"
+    if path.name == "raw_data.npz" and path.parent.name == f"selected_{role}_interpolation":
+        candidate = path.parent.parent / f"selected_{other}_interpolation" / "raw_data.npz"
+    else:
+        head, sep, tail = path.name.rpartition(role)
+        if not sep:
+            return None
+        candidate = path.with_name(head + other + tail)
+    return candidate if candidate.is_file() else None
+
+
+def _load_file(path: Path, tp: int | None) -> ProfileData:
+    """One file: it holds one role (its partner, if any, holds the other) or both."""
+    source = _read(path)
+    has_prefill = all(k in source.data for k in _PREFILL_KEYS)
+    has_decode = any(k in source.data for k in _DECODE_KEYS)
+    if not has_prefill and not has_decode:
+        missing = "prefill_ttft" if "prefill_isl" in source.data else "prefill_isl"
+        raise ProfileError(path, missing, "missing key (no prefill or decode data in this file)")
+    own_role = "prefill" if has_prefill else "decode"
+    partner = None if has_prefill and has_decode else _partner(path, own_role)
+    other = _read(partner) if partner is not None else None
+    prefill = source if has_prefill else other
+    decode = source if has_decode else other
+    return _build(prefill, decode, tp, name=_stem(path))
+
+
+def _stem(path: Path) -> str:
+    name = path.name.split(".")[0]
+    for suffix in ("__prefill", "__decode", "_prefill", "_decode"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+# -- reading -------------------------------------------------------------------
+
+
+def _read(path: Path) -> _Source:
+    if path.suffix == ".json":
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProfileError(path, None, f"not a readable JSON file ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ProfileError(path, None, "JSON root must be an object of arrays")
+        data = {}
+        for k, v in raw.items():
+            try:
+                data[k] = np.asarray(v)
+            except (TypeError, ValueError) as exc:
+                raise ProfileError(path, k, f"not an array ({exc})") from None
+        return _Source(str(path), data)
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise ProfileError(path, None, f"cannot read ({exc})") from None
+    return _read_npz_bytes(content, str(path))
+
+
+def _read_npz_bytes(content: bytes, label: str) -> _Source:
+    try:
+        with np.load(io.BytesIO(content), allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ProfileError(label, None, f"not a readable NPZ file ({exc})") from None
+    return _Source(label, data)
+
+
+# -- assembling ----------------------------------------------------------------
+
+
+def _build(prefill: _Source | None, decode: _Source | None, tp: int | None, name: str) -> ProfileData:
+    fields: dict[str, Any] = {"name": name}
+    meta: dict[str, Any] = {}
+    if prefill is not None:
+        row = _config_row(prefill, _PREFILL_KEYS, tp)
+        fields["prefill_isl"] = _pick(prefill, "prefill_isl", row)
+        fields["prefill_ttft_ms"] = _pick(prefill, "prefill_ttft", row)
+        meta = _metadata(prefill, row)
+    else:
+        fields["prefill_isl"] = fields["prefill_ttft_ms"] = np.zeros(0)
+    if decode is not None:
+        row = _config_row(decode, _DECODE_KEYS[:3], tp)
+        fields["x_kv_usage"] = _pick(decode, "x_kv_usage", row)
+        fields["y_context_length"] = _pick(decode, "y_context_length", row)
+        fields["z_itl_ms"] = _pick(decode, "z_itl", row)
+        fields["max_kv_tokens"] = _max_kv_tokens(decode, row)
+        meta = meta or _metadata(decode, row)
+    else:
+        fields["x_kv_usage"] = fields["y_context_length"] = fields["z_itl_ms"] = np.zeros(0)
+    if meta.get("tp") is None:
+        meta["tp"] = tp
+    try:
+        return ProfileData(**fields, **meta)
+    except InvalidProfile as exc:
+        key = FILE_KEYS.get(exc.key, exc.key)
+        source = prefill if exc.key.startswith("prefill") and prefill is not None else decode
+        label = (source or prefill or decode).label  # type: ignore[union-attr]
+        raise ProfileError(label, key, str(exc).split(": ", 1)[-1]) from None
+
+
+def _require(source: _Source, key: str) -> np.ndarray:
+    if key not in source.data:
+        raise ProfileError(source.label, key, "missing key")
+    return source.data[key]
+
+
+def _config_row(source: _Source, keys: tuple[str, ...], tp: int | None) -> int | None:
+    """Which config of a stacked file to use; None for a flat (single-config) file."""
+    arrays = [_require(source, k) for k in keys]
+    ndims = {a.ndim for a in arrays}
+    if ndims == {1}:
+        _check_tp_matches(source, tp, None)
+        return None
+    if ndims != {2}:
+        raise ProfileError(source.label, keys[0], f"expected 1-D or (configs, n) arrays, got {[a.shape for a in arrays]}")
+    n_configs = arrays[0].shape[0]
+    for key, a in zip(keys, arrays, strict=True):
+        if a.shape[0] != n_configs:
+            raise ProfileError(source.label, key, f"has {a.shape[0]} configs, expected {n_configs}")
+    if n_configs == 1:
+        _check_tp_matches(source, tp, 0)
+        return 0
+    tps = _meta_column(source, "tp", n_configs)
+    if tps is None:
+        raise ProfileError(source.label, "tp", f"missing key: needed to choose among {n_configs} configs")
+    if tp is not None:
+        matches = [i for i, v in enumerate(tps) if int(v) == tp]
+        if not matches:
+            raise ProfileError(source.label, "tp", f"no config with tp={tp} (have {[int(v) for v in tps]})")
+        return matches[0]
+    dps = _meta_column(source, "dp", n_configs)
+    pps = _meta_column(source, "pp", n_configs)
+    gpus = [
+        int(tps[i]) * (int(dps[i]) if dps is not None else 1) * (int(pps[i]) if pps is not None else 1)
+        for i in range(n_configs)
+    ]
+    return gpus.index(min(gpus))
+
+
+def _check_tp_matches(source: _Source, tp: int | None, row: int | None) -> None:
+    if tp is None or "tp" not in source.data:
+        return
+    have = _meta_value(source, "tp", row)
+    if have is not None and int(have) != tp:
+        raise ProfileError(source.label, "tp", f"file is tp={int(have)}, asked for tp={tp}")
+
+
+def _meta_column(source: _Source, key: str, n_configs: int) -> list[Any] | None:
+    if key not in source.data:
+        return None
+    column = np.asarray(source.data[key]).reshape(-1)
+    if column.size != n_configs:
+        raise ProfileError(source.label, key, f"expected {n_configs} values, got {column.size}")
+    return column.tolist()
+
+
+def _meta_value(source: _Source, key: str, row: int | None) -> Any:
+    if key not in source.data:
+        return None
+    column = np.asarray(source.data[key]).reshape(-1)
+    if column.size == 0:
+        return None
+    return column[0 if row is None or column.size == 1 else row].item()
+
+
+def _metadata(source: _Source, row: int | None) -> dict[str, Any]:
+    tp = _meta_value(source, "tp", row)
+    gpu = _meta_value(source, "gpu_type", row)
+    model = _meta_value(source, "model", row)
+    return {
+        "gpu": None if gpu is None else str(gpu),
+        "model": None if model is None else str(model),
+        "tp": None if tp is None else int(tp),
+    }
+
+
+def _pick(source: _Source, key: str, row: int | None) -> np.ndarray:
+    array = _require(source, key)
+    if array.dtype.kind not in "iuf":
+        raise ProfileError(source.label, key, f"expected numbers, got dtype {array.dtype}")
+    return array if row is None else array[row]
+
+
+def _max_kv_tokens(source: _Source, row: int | None) -> int:
+    values = np.asarray(_require(source, "max_kv_tokens")).reshape(-1)
+    if values.dtype.kind not in "iuf" or values.size == 0:
+        raise ProfileError(source.label, "max_kv_tokens", "expected a positive integer")
+    value = values[0] if values.size == 1 or row is None else values[row] if row < values.size else None
+    if value is None or not np.isfinite(value) or value <= 0 or value != np.floor(value):
+        raise ProfileError(source.label, "max_kv_tokens", f"expected a positive integer, got {value!r}")
+    return int(value)

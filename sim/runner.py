@@ -1,0 +1,434 @@
+"""The closed loop: a workload replayed against a simulated fleet and a controller.
+
+One run, on one virtual clock:
+
+1. Requests arrive from the workload and flow through the fleet
+   (:mod:`fleetplan.sim.fleet`).
+2. Everything that happens becomes an event in the core's schemas
+   (:mod:`fleetplan.sim.emitter`): a request record when a request ends,
+   inventory events when a worker starts, becomes ready, drains or is gone,
+   sampled FPMs, clock heartbeats every ``heartbeat_s`` and acks from the
+   connector. Each is written to the run's log and handed to the controller
+   in time order.
+3. The controller decides. The planner controller feeds every event through
+   the planning core (``Fleet.feed``) and applies the decisions its ticks
+   return; a policy controller calls ``decide(view)`` on its own cadence.
+4. The simulated connector applies targets (startup time, draining) and
+   acks them, which flows back in as events.
+
+**FPM sampling.** A real engine emits an FPM per iteration, tens per second;
+the simulator emits one per engine every ``fpm_interval_s`` (default 1 s)
+of virtual time, describing the iteration in flight at that instant and
+stamped with that instant, plus one idle heartbeat (``wall_time = 0``) when
+an engine goes idle and one when it becomes ready, so the planner's
+coverage check sees every ready engine at once (Dynamo's FPM capture has
+the same "sampled" mode). The load loop reads the latest FPM per engine
+every 5 s and the regressions keep 64 samples, so a sample a second is
+plenty, and it is what makes ≥ 1,000× real time possible (docs/simulate.md).
+
+The log (inputs, decisions, acks) is what ``fleetplan plan`` reproduces:
+it folds the same inputs in the same order through the same core.
+"""
+
+from __future__ import annotations
+
+import time as wallclock
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO
+
+from fleetplan.models.config import PlannerConfig
+from fleetplan.models.perf import EngineLimits, ProfileData
+from fleetplan.schemas.events import Decision
+from fleetplan.sim import emitter
+from fleetplan.sim.clock import VirtualClock
+from fleetplan.sim.connector import SimConnector
+from fleetplan.sim.engines import Engine, SimRequest
+from fleetplan.sim.fleet import FleetListener, KvTransfer, SimFleet
+from fleetplan.sim.metrics import ReplicaTimeline, RequestLog, Summary, summarize
+from fleetplan.sim.policy import PolicyView, Traffic, check_targets, policy_interval
+from fleetplan.sim.router import make_router
+from fleetplan.sim.startup import StartupTime, parse_startup
+from fleetplan.sim.timing import EngineTiming, engine_timing
+from fleetplan.sim.workload import Workload
+
+KV_BYTES_PER_TOKEN = {
+    # 2 (K and V) · layers · KV heads · head dim · 2 bytes (bf16 KV cache)
+    "Llama-3.1-8B": 2 * 32 * 8 * 128 * 2,
+    "Llama-3.3-70B": 2 * 80 * 8 * 128 * 2,
+}
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    router: str = "least-loaded"
+    startup: str = "120"
+    fpm_interval_s: float = 1.0
+    heartbeat_s: float = 1.0
+    seed: int = 0
+    timing: str = "interp"
+    kv_bytes_per_token: int | None = None
+    kv_bandwidth_gbs: float = 64.0
+    prefix_block_tokens: int = 512
+    deployment: str = "sim"
+    window_s: float = 60.0
+
+
+@dataclass
+class FleetSetup:
+    """Everything about the fleet that does not change between runs."""
+
+    config: PlannerConfig
+    profile: ProfileData
+    options: SimOptions
+    timing: EngineTiming
+    limits: EngineLimits
+    gpus: dict[str, int]
+    roles: tuple[str, ...]
+    transfer: KvTransfer
+
+    def startup(self) -> StartupTime:
+        return parse_startup(self.options.startup, seed=self.options.seed)
+
+
+def make_setup(config: PlannerConfig, profile: ProfileData, options: SimOptions) -> FleetSetup:
+    if config.mode not in ("disagg", "agg"):
+        raise ValueError(f"mode: simulate runs disagg or agg fleets, got {config.mode!r}")
+    max_kv = config.max_kv_tokens or profile.max_kv_tokens
+    if max_kv is None:
+        raise ValueError("max_kv_tokens: set it in the config (the profile has no decode KV size)")
+    limits = EngineLimits(
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        max_kv_tokens=int(max_kv),
+        max_context_length=config.context_length,
+    )
+    timing = engine_timing(profile, options.timing, limits)
+    per_engine = profile.tp or 1
+    roles = ("prefill", "decode") if config.mode == "disagg" else ("agg",)
+    gpus = {r: config.gpus_per_engine(r) or per_engine for r in roles}
+    kv_bytes = options.kv_bytes_per_token
+    if kv_bytes is None:
+        kv_bytes = next(
+            (v for k, v in KV_BYTES_PER_TOKEN.items() if profile.model and k in profile.model),
+            KV_BYTES_PER_TOKEN["Llama-3.1-8B"],
+        )
+    transfer = KvTransfer(kv_bytes, options.kv_bandwidth_gbs * 1e9)
+    parse_startup(options.startup)  # fail early on a bad spec
+    return FleetSetup(config, profile, options, timing, limits, gpus, roles, transfer)
+
+
+@dataclass
+class RunResult:
+    policy: str
+    summary: Summary
+    requests: RequestLog
+    timeline: ReplicaTimeline
+    end_s: float
+    ticks: list[dict] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    events: int = 0
+    late_events: int = 0
+    wall_s: float = 0.0
+    iterations: int = 0
+    fpms: int = 0
+
+
+# --- controllers ------------------------------------------------------------------
+
+
+class PlannerController:
+    """The planning core in the loop: every event through ``Fleet.feed``."""
+
+    needs_events = True
+
+    def __init__(self, planner) -> None:
+        from fleetplan.models.fleet import Fleet, LateEvent
+
+        self.core = Fleet(planner)
+        self._late_type = LateEvent
+        self.late = 0
+        self.ticks: list[dict] = []
+        self.decisions: list[Decision] = []
+        self.name = "planner"
+
+    def initial(self) -> dict[str, int] | None:
+        return None
+
+    def start(self, loop: ClosedLoop) -> None:
+        self.loop = loop
+
+    def observe(self, event) -> None:
+        self._handle(self.core.feed(event), apply=True)
+
+    def request_done(self, req: SimRequest) -> None:
+        pass
+
+    def finish(self) -> None:
+        self._handle(self.core.finish(), apply=False)
+
+    def _handle(self, outputs, apply: bool) -> None:
+        for item in outputs:
+            if isinstance(item, self._late_type):
+                self.late += 1
+                continue
+            self.ticks.append(_tick_row(item))
+            decision = item.decision
+            if decision is None:
+                continue
+            self.decisions.append(decision)
+            self.loop.log.write(decision)
+            if apply and not decision.advisory:
+                self.loop.apply(decision.decision_id, decision.targets)
+
+
+def _tick_row(report) -> dict:
+    row = {
+        "t": report.time, "targets": dict(report.targets), "ready": dict(report.ready),
+        "throughput_reason": report.throughput_reason, "load_reason": report.load_reason,
+        "decision_id": None if report.decision is None else report.decision.decision_id,
+    }
+    if report.predicted is not None:
+        row["predicted_rps"] = report.predicted.rps
+        row["predicted_isl"] = report.predicted.isl
+        row["predicted_osl"] = report.predicted.osl
+    if report.observed is not None:
+        row["observed_rps"] = report.observed.num_req / report.observed.duration_s
+    for role, est in report.estimates.items():
+        if est.ttft_ms is not None:
+            row[f"{role}_est_ttft_ms"] = est.ttft_ms
+        if est.itl_ms is not None:
+            row[f"{role}_est_itl_ms"] = est.itl_ms
+        if est.engine_capacity_rps is not None:
+            row[f"{role}_capacity_rps"] = est.engine_capacity_rps
+    return row
+
+
+class PolicyController:
+    """A policy (baseline or ``MODULE:CLASS``) on its own cadence."""
+
+    def __init__(self, policy, name: str, roles: tuple[str, ...]) -> None:
+        self.policy = policy
+        self.name = name
+        self.roles = roles
+        self.interval_s = policy_interval(policy)
+        self.needs_events = bool(getattr(policy, "needs_fpm", True))
+        self.late = 0
+        self.ticks: list[dict] = []
+        self.decisions: list[Decision] = []
+        self._latest: dict[str, object] = {}
+        self._n = 0
+        self._isl = 0
+        self._osl = 0
+        self._window_start = 0.0
+        self._next_id = 0
+
+    def initial(self) -> dict[str, int] | None:
+        initial = getattr(self.policy, "initial", None)
+        return initial() if callable(initial) else None
+
+    def start(self, loop: ClosedLoop) -> None:
+        self.loop = loop
+        loop.clock.at(self.interval_s, self._tick)
+
+    def observe(self, event) -> None:
+        kind = event.type
+        if kind == "fpm":
+            self._latest[f"{event.worker_id}/{event.dp_rank}"] = event
+        elif kind == "inventory" and event.state in ("draining", "gone"):
+            self._latest.pop(f"{event.worker_id}/0", None)
+
+    def request_done(self, req: SimRequest) -> None:
+        self._n += 1
+        self._isl += req.isl
+        self._osl += req.osl
+
+    def finish(self) -> None:
+        pass
+
+    def _tick(self) -> None:
+        loop = self.loop
+        now = loop.clock.now
+        counts = loop.fleet.counts()
+        n = self._n
+        traffic = Traffic(now - self._window_start, n, self._isl / n if n else 0.0, self._osl / n if n else 0.0)
+        self._n = self._isl = self._osl = 0
+        self._window_start = now
+        view = PolicyView(
+            time=now, traffic=traffic, latest_fpm=dict(self._latest),
+            ready={r: c["ready"] for r, c in counts.items()},
+            expected={r: c["ready"] + c["starting"] for r, c in counts.items()},
+        )
+        targets = check_targets(self.policy, self.policy.decide(view), self.roles)
+        if targets:
+            full = {r: targets.get(r, view.expected[r]) for r in self.roles}
+            if full != dict(view.expected):
+                self._decide(now, full, dict(view.expected))
+        if loop.active():
+            loop.clock.at(now + self.interval_s, self._tick)
+
+    def _decide(self, now: float, targets: dict[str, int], previous: dict[str, int]) -> None:
+        loop = self.loop
+        decision_id = self._next_id
+        self._next_id += 1
+        if loop.log.out is not None:
+            decision = Decision.model_validate({
+                "deployment": loop.deployment, "time": now, "decision_id": decision_id,
+                "targets": targets, "previous": previous,
+                "throughput_reason": "scale", "load_reason": "disabled",
+            })
+            self.decisions.append(decision)
+            loop.log.write(decision)
+        self.ticks.append({"t": now, "targets": dict(targets), "decision_id": decision_id})
+        loop.apply(decision_id, targets)
+
+
+# --- the loop ---------------------------------------------------------------------
+
+
+class ClosedLoop(FleetListener):
+    def __init__(
+        self,
+        workload: Workload,
+        setup: FleetSetup,
+        controller,
+        initial: Mapping[str, int],
+        log: IO[bytes] | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.setup = setup
+        self.controller = controller
+        self.options = setup.options
+        self.deployment = setup.options.deployment
+        self.clock = VirtualClock()
+        self.fleet = SimFleet(
+            self.clock, setup.config.mode, setup.timing, setup.limits, setup.gpus,
+            make_router(setup.options.router), setup.startup(), setup.transfer, self,
+            setup.options.prefix_block_tokens,
+        )
+        self.connector = SimConnector(self.fleet, self._acked)
+        self.log = emitter.EventLog(log)
+        self.requests = RequestLog()
+        self.timeline = ReplicaTimeline(self.fleet.roles)
+        self.initial = dict(initial)
+        self.progress = progress
+        self.emit_events = controller.needs_events or log is not None
+        self._arrivals = iter(workload.requests())
+        self._arrivals_left = True
+        self._index = 0
+        self.fpms = 0
+        self._last_progress = 0.0
+
+    # -- driving ------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        started = wallclock.perf_counter()
+        self.controller.start(self)
+        for role in self.fleet.roles:
+            for _ in range(self.initial.get(role, 0)):
+                self.fleet.add_ready(role)
+        self._record_counts()
+        self._next_arrival()
+        self.clock.at(self.options.heartbeat_s, self._heartbeat)
+        self.clock.at(self.options.fpm_interval_s, self._sample)
+        clock = self.clock
+        while clock.step():
+            if not self.active() and not self._arrivals_left:
+                break
+        end = max(clock.now, self.workload.duration_s)
+        self.controller.finish()
+        if self.progress is not None:
+            self.progress(end)
+        peak = self.timeline.peak()
+        mean = self.timeline.mean_ready(end)
+        summary = summarize(
+            self.controller.name, self.requests, self.setup.config.ttft_ms, self.setup.config.itl_ms,
+            end, self.fleet.gpu_seconds(end), peak, mean, self.connector.applied,
+        )
+        return RunResult(
+            policy=self.controller.name, summary=summary, requests=self.requests,
+            timeline=self.timeline, end_s=end, ticks=self.controller.ticks,
+            decisions=self.controller.decisions, events=self.log.count,
+            late_events=self.controller.late, wall_s=wallclock.perf_counter() - started,
+            iterations=sum(e.iterations for e in self.fleet.engines), fpms=self.fpms,
+        )
+
+    def active(self) -> bool:
+        """Work is left: arrivals to come, requests in flight, or trace time to cover."""
+        return self._arrivals_left or self.fleet.in_flight > 0 or self.clock.now < self.workload.duration_s
+
+    def apply(self, decision_id: int, targets: Mapping[str, int]) -> None:
+        self.connector.apply(decision_id, targets)
+
+    # -- periodic events ------------------------------------------------------------
+
+    def _next_arrival(self) -> None:
+        nxt = next(self._arrivals, None)
+        if nxt is None:
+            self._arrivals_left = False
+            return
+        self.clock.at(nxt.arrival_s, self._arrive, nxt)
+
+    def _arrive(self, trace_req) -> None:
+        req = SimRequest(self._index, self.clock.now, trace_req.input_tokens, trace_req.output_tokens, trace_req.hash_ids)
+        self._index += 1
+        self.fleet.submit(req)
+        self._next_arrival()
+
+    def _heartbeat(self) -> None:
+        now = self.clock.now
+        if self.emit_events:
+            self._emit(emitter.clock_event(self.deployment, now))
+        if self.progress is not None and now - self._last_progress >= 60.0:
+            self._last_progress = now
+            self.progress(now)
+        if self.active():
+            self.clock.at(now + self.options.heartbeat_s, self._heartbeat)
+
+    def _sample(self) -> None:
+        now = self.clock.now
+        if self.emit_events:
+            for engine in self.fleet.engines:
+                if engine.state in ("ready", "draining"):
+                    self._emit_fpm(engine, now)
+        if self.active():
+            self.clock.at(now + self.options.fpm_interval_s, self._sample)
+
+    def _emit_fpm(self, engine: Engine, now: float) -> None:
+        sample = engine.sample(now)
+        if sample is None:
+            return
+        self.fpms += 1
+        self._emit(emitter.fpm_event(self.deployment, now, engine.role, engine.worker_id, sample))
+
+    def _emit(self, event) -> None:
+        self.log.write(event)
+        self.controller.observe(event)
+
+    # -- fleet callbacks ------------------------------------------------------------
+
+    def worker_changed(self, engine: Engine, state: str, decision_id: int | None) -> None:
+        now = self.clock.now
+        if self.emit_events:
+            self._emit(emitter.inventory_event(
+                self.deployment, now, engine.worker_id, engine.role, state, engine.gpus, decision_id,
+            ))
+            if state == "ready":
+                self._emit_fpm(engine, now)  # coverage: the planner sees it at once
+        self._record_counts()
+        if state == "ready":
+            self.connector.worker_ready(engine)
+
+    def request_finished(self, req: SimRequest) -> None:
+        self.requests.add(req)
+        self.controller.request_done(req)
+        if self.emit_events:
+            self._emit(emitter.request_event(self.deployment, req))
+
+    def _acked(self, decision_id: int, status: str, observed: dict[str, int]) -> None:
+        if self.emit_events:
+            self._emit(emitter.ack_event(self.deployment, self.clock.now, decision_id, status, observed))
+
+    def _record_counts(self) -> None:
+        self.timeline.record(self.clock.now, self.fleet.counts(), self.fleet.gpus_in_use())

@@ -1,0 +1,163 @@
+"""How long one forward pass of a simulated engine takes, from its profile.
+
+The profile is read by the same code the planner uses
+(:func:`fleetplan.sim.profiles.load_profile` into
+:class:`fleetplan.models.perf.ProfileData`). Two ways to turn it into pass
+times:
+
+``interp`` (default): the measurements themselves, interpolated. The
+simulated engine then reproduces its profile at every measured point
+(docs/calibration.md), which is what a simulator that judges the planner
+must do: if the engine were the planner's own linear fit, the planner could
+never be wrong about it.
+
+- prefill: TTFT(isl) measured for one prompt, linear between points; a pass
+  of ``T`` prefill tokens (one chunk, any number of prompts) takes
+  ``TTFT(T)``. Beyond the last point the last segment's slope continues;
+  below the first point the first value holds (a pass has a fixed cost).
+- decode: ITL measured at (KV usage, context length) points on a few
+  context levels. A pass of ``b`` sequences holding ``kv`` tokens has usage
+  ``kv / max_kv_tokens`` and context ``kv / b``; the ITL is interpolated
+  linearly in usage on the two nearest context levels, then linearly
+  between them (values clamp at the edges of the measured range).
+- mixed (aggregated): a chunk of prefill riding with a decode batch costs
+  the prefill pass plus what the decode batch adds over the cheapest
+  measured decode pass (the fixed per-pass cost is paid once).
+
+``fit``: the planner's profile-seeded linear fits (:func:`seeded_perf_model`),
+for experiments where the engine should behave exactly as the planner
+believes.
+
+Every function is pure Python on precomputed lists: it runs once per
+simulated iteration (or macro-step), so it must cost microseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from fleetplan.models.perf import EngineLimits, ProfileData, seeded_perf_model
+
+TIMING_MODES = ("interp", "fit")
+
+
+class _Piecewise:
+    """Linear interpolation on sorted x; clamped below, clamped or extended above."""
+
+    __slots__ = ("xs", "ys", "extend")
+
+    def __init__(self, xs, ys, extend: bool) -> None:
+        pairs = sorted(zip((float(x) for x in xs), (float(y) for y in ys), strict=True))
+        # Duplicate x: keep the mean, so the curve stays a function.
+        merged: dict[float, list[float]] = {}
+        for x, y in pairs:
+            merged.setdefault(x, []).append(y)
+        self.xs = list(merged)
+        self.ys = [sum(v) / len(v) for v in merged.values()]
+        self.extend = extend
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        n = len(xs)
+        if n == 1 or x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            if not self.extend:
+                return ys[-1]
+            i = n - 1
+        else:
+            i = bisect.bisect_right(xs, x)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class EngineTiming:
+    """Pass times in seconds: ``prefill_s``, ``decode_s``, ``mixed_s``."""
+
+    mode: str
+    _prefill: object
+    _decode: object
+    _mixed: object
+    decode_floor_s: float
+
+    def prefill_s(self, tokens: float) -> float:
+        """A pass computing ``tokens`` fresh prefill tokens (one chunk)."""
+        return self._prefill(tokens)
+
+    def decode_s(self, seqs: int, kv_tokens: float) -> float:
+        """A pass of ``seqs`` decoding sequences holding ``kv_tokens`` KV tokens."""
+        return self._decode(seqs, kv_tokens)
+
+    def mixed_s(self, prefill_tokens: float, seqs: int, kv_tokens: float) -> float:
+        """A pass with a prefill chunk piggybacked on a decode batch (aggregated)."""
+        return self._mixed(prefill_tokens, seqs, kv_tokens)
+
+
+def engine_timing(profile: ProfileData, mode: str = "interp", limits: EngineLimits | None = None) -> EngineTiming:
+    if mode == "interp":
+        return _interp_timing(profile)
+    if mode == "fit":
+        return _fit_timing(profile, limits)
+    raise ValueError(f"unknown engine timing {mode!r}; valid: {', '.join(TIMING_MODES)}")
+
+
+def _interp_timing(profile: ProfileData) -> EngineTiming:
+    if not profile.has_prefill or not profile.has_decode:
+        raise ValueError("the interp engine timing needs both prefill and decode rows in the profile")
+    prefill = _Piecewise(profile.prefill_isl.tolist(), (profile.prefill_ttft_ms / 1000.0).tolist(), extend=True)
+    max_kv = float(profile.max_kv_tokens or 1)
+    levels: dict[float, tuple[list[float], list[float]]] = {}
+    for u, c, itl in zip(
+        profile.x_kv_usage.tolist(), profile.y_context_length.tolist(), profile.z_itl_ms.tolist(), strict=True
+    ):
+        us, ts = levels.setdefault(float(c), ([], []))
+        us.append(u)
+        ts.append(itl / 1000.0)
+    ctxs = sorted(levels)
+    curves = [_Piecewise(*levels[c], extend=False) for c in ctxs]
+
+    def decode(seqs: int, kv: float) -> float:
+        if seqs <= 0:
+            return 0.0
+        usage = kv / max_kv
+        ctx = kv / seqs
+        if len(ctxs) == 1 or ctx <= ctxs[0]:
+            return curves[0](usage)
+        if ctx >= ctxs[-1]:
+            return curves[-1](usage)
+        i = bisect.bisect_right(ctxs, ctx)
+        c0, c1 = ctxs[i - 1], ctxs[i]
+        t0, t1 = curves[i - 1](usage), curves[i](usage)
+        return t0 + (t1 - t0) * (ctx - c0) / (c1 - c0)
+
+    floor = min(profile.z_itl_ms.tolist()) / 1000.0
+
+    def mixed(prefill_tokens: float, seqs: int, kv: float) -> float:
+        if seqs <= 0:
+            return prefill(prefill_tokens)
+        if prefill_tokens <= 0:
+            return decode(seqs, kv)
+        return prefill(prefill_tokens) + max(0.0, decode(seqs, kv) - floor)
+
+    return EngineTiming("interp", prefill, decode, mixed, floor)
+
+
+def _fit_timing(profile: ProfileData, limits: EngineLimits | None) -> EngineTiming:
+    pre = seeded_perf_model(profile, "prefill", limits).fit()
+    dec = seeded_perf_model(profile, "decode", limits).fit()
+    agg = seeded_perf_model(profile, "agg", limits).fit()
+    if pre is None or dec is None or agg is None:
+        raise ValueError("the profile has too few rows to fit the perf model")
+
+    def prefill(tokens: float) -> float:
+        return pre.predict(tokens)
+
+    def decode(seqs: int, kv: float) -> float:
+        return dec.predict(float(seqs), kv) if seqs > 0 else 0.0
+
+    def mixed(prefill_tokens: float, seqs: int, kv: float) -> float:
+        return agg.predict(prefill_tokens, kv)
+
+    return EngineTiming("fit", prefill, decode, mixed, dec.predict(1.0, 0.0))

@@ -1,0 +1,153 @@
+"""Workloads: what arrives at the simulated fleet, and trace transforms.
+
+A :class:`Workload` is a re-iterable stream of :class:`TraceRequest` in
+arrival order with a known duration. Re-iterable because the runner reads
+the traffic twice (once to size the baselines, once to replay it) and a
+day of generated ServeGen traffic is too big to hold as a list.
+
+Trace transforms keep the arrival times relative to 0 and the rows sorted:
+
+- :func:`slice_trace` cuts a time window and rebases it to 0;
+- :func:`speed` compresses (or stretches) the time axis;
+- :func:`rate_scale` multiplies the request rate while *keeping* the time
+  axis: it superposes ``k`` copies of the trace, each shifted by its own
+  seeded offset and wrapped around, so k times the users arrive with the
+  same daily shape (speeding up would squeeze a 30-minute trace below one
+  throughput interval instead).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from fleetplan.sim.traces import TraceRequest
+
+__all__ = ["Workload", "rate_scale", "slice_trace", "speed", "trace_duration"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named, re-iterable request stream of ``duration_s`` seconds."""
+
+    name: str
+    duration_s: float
+    _factory: Callable[[], Iterable[TraceRequest]]
+
+    def requests(self) -> Iterator[TraceRequest]:
+        return iter(self._factory())
+
+    @classmethod
+    def from_requests(
+        cls, name: str, requests: Sequence[TraceRequest], duration_s: float | None = None
+    ) -> Workload:
+        rows = list(requests)
+        duration = trace_duration(rows) if duration_s is None else float(duration_s)
+        return cls(name, duration, lambda: rows)
+
+
+def trace_duration(requests: Sequence[TraceRequest]) -> float:
+    """The window a trace covers: its last arrival, rounded up to a whole second.
+
+    A 10-minute slice whose last request came at 599.97 s is 600 s long, which
+    is what wrapping copies around (``rate_scale``) needs.
+    """
+    if not requests:
+        return 0.0
+    return float(max(1, math.ceil(requests[-1].arrival_s)))
+
+
+def slice_trace(
+    requests: Sequence[TraceRequest], start_s: float = 0.0, end_s: float | None = None
+) -> list[TraceRequest]:
+    """Requests arriving in ``[start_s, end_s)``, with times rebased to ``start_s``."""
+    out = []
+    for r in requests:
+        if r.arrival_s < start_s:
+            continue
+        if end_s is not None and r.arrival_s >= end_s:
+            break
+        out.append(_moved(r, r.arrival_s - start_s))
+    return out
+
+
+def speed(requests: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:
+    """Play the trace ``factor`` times faster (``factor < 1`` slows it down)."""
+    if not factor > 0:
+        raise ValueError(f"speed factor must be > 0, got {factor}")
+    return [_moved(r, r.arrival_s / factor) for r in requests]
+
+
+def rate_scale(
+    requests: Sequence[TraceRequest],
+    factor: float,
+    seed: int = 0,
+    duration_s: float | None = None,
+) -> list[TraceRequest]:
+    """``factor`` times the request rate over the same time axis.
+
+    Copy 0 is the trace itself; copies 1..k-1 are shifted by a seeded offset
+    drawn uniformly in ``[0, duration)`` and wrapped around the window, so the
+    superposition keeps the trace's shape over time while its bursts no longer
+    line up. A fractional part ``f`` adds one more shifted copy of which each
+    request is kept with probability ``f``. ``factor < 1`` thins the trace
+    (each request kept with probability ``factor``).
+
+    Prefix blocks (``hash_ids``) shared by two or more requests of the trace
+    (system prompts, earlier turns) stay shared across copies; blocks unique
+    to one request are renamed per copy, because a copy stands for other
+    users, whose private prompts do not hit each other's caches.
+    """
+    if not factor > 0:
+        raise ValueError(f"rate scale factor must be > 0, got {factor}")
+    rows = list(requests)
+    if not rows or factor == 1.0:
+        return rows
+    duration = trace_duration(rows) if duration_s is None else float(duration_s)
+    rng = random.Random(seed)
+    whole = math.floor(factor)
+    frac = factor - whole
+    private, stride = _private_blocks(rows)
+    tagged: list[tuple[float, int, int, TraceRequest]] = []
+    copies = whole + (1 if frac > 1e-12 else 0)
+    for c in range(copies):
+        offset = 0.0 if c == 0 else rng.random() * duration
+        keep = 1.0 if c < whole else frac
+        for i, r in enumerate(rows):
+            if keep < 1.0 and rng.random() >= keep:
+                continue
+            t = r.arrival_s + offset
+            if t >= duration:
+                t -= duration
+            hashes = r.hash_ids
+            if c and hashes and private:
+                hashes = tuple(h + c * stride if h in private else h for h in hashes)
+            tagged.append((t, c, i, _moved(r, t, hashes)))
+    tagged.sort(key=lambda x: x[:3])
+    return [x[3] for x in tagged]
+
+
+def _private_blocks(rows: Sequence[TraceRequest]) -> tuple[set[int], int]:
+    """Blocks used by exactly one request, and a stride that renames them uniquely."""
+    seen: dict[int, int] = {}
+    top = 0
+    for i, r in enumerate(rows):
+        for h in set(r.hash_ids):
+            seen[h] = -1 if h in seen and seen[h] != i else i
+            if h > top:
+                top = h
+    private = {h for h, owner in seen.items() if owner >= 0}
+    return private, top + 1
+
+
+def _moved(r: TraceRequest, arrival_s: float, hash_ids: tuple[int, ...] | None = None) -> TraceRequest:
+    return TraceRequest(
+        arrival_s,
+        r.input_tokens,
+        r.output_tokens,
+        r.hash_ids if hash_ids is None else hash_ids,
+        r.cached_tokens,
+        r.request_id,
+    )

@@ -1,0 +1,115 @@
+"""The worker's Prometheus metrics: what the planner sees and decides, and how fast.
+
+Everything here is read off what the core returned (tick reports, the
+state's latest FPMs) or off the runtime's own bookkeeping; nothing is
+computed for the metrics alone. A private registry per worker keeps tests
+and several workers in one process apart.
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, start_http_server
+
+from fleetplan.schemas.events import LoadReason, ThroughputReason
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+PREDICTED_FIELDS = ("num_req", "isl", "osl", "rps", "kv_hit_rate", "accept_length")
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.replica_target = Gauge("fleetplan_replica_target", "replicas the last tick asked for",
+                                    ["deployment", "role"], registry=r)
+        self.replicas_ready = Gauge("fleetplan_replicas_ready", "ready replicas the core counted at the last tick",
+                                    ["deployment", "role"], registry=r)
+        self.lower_bound = Gauge("fleetplan_throughput_lower_bound", "throughput-loop floor per role",
+                                 ["deployment", "role"], registry=r)
+        self.predicted = Gauge("fleetplan_predicted_load", "the throughput loop's predicted load",
+                               ["deployment", "quantity"], registry=r)
+        self.ttft = Gauge("fleetplan_estimated_ttft_ms", "worst engine TTFT estimate at the last load tick",
+                          ["deployment", "role"], registry=r)
+        self.itl = Gauge("fleetplan_estimated_itl_ms", "worst engine ITL estimate at the last load tick",
+                         ["deployment", "role"], registry=r)
+        self.throughput_reason = Enum("fleetplan_throughput_reason", "reason of the throughput loop at the last tick",
+                                      ["deployment"], states=list(get_args(ThroughputReason)), registry=r)
+        self.load_reason = Enum("fleetplan_load_reason", "reason of the load loop at the last tick",
+                                ["deployment"], states=list(get_args(LoadReason)), registry=r)
+        self.queue_depth = Gauge("fleetplan_engine_queue_depth", "queued work of each engine's latest FPM",
+                                 ["deployment", "role", "engine", "kind"], registry=r)
+        self.late = Counter("fleetplan_late_events", "inputs refused because their tick had fired",
+                            ["deployment"], registry=r)
+        self.deadletters = Counter("fleetplan_deadletters", "inputs sent to the dead-letter topic",
+                                   ["reason"], registry=r)
+        self.lag = Gauge("fleetplan_consumer_lag", "records between the consumer position and the partition end",
+                         ["topic", "partition"], registry=r)
+        self.decision_latency = Histogram(
+            "fleetplan_decision_latency_seconds",
+            "wall time from the watermark passing a tick to its decision acknowledged by the broker",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.tick_latency = Histogram(
+            "fleetplan_tick_latency_seconds",
+            "wall time from the watermark passing a tick to its diagnostics acknowledged by the broker",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.decisions = Counter("fleetplan_decisions", "decisions produced", ["deployment"], registry=r)
+        self.ticks = Counter("fleetplan_ticks", "ticks fired", ["deployment"], registry=r)
+        self.events = Counter("fleetplan_input_records", "input records routed", ["topic"], registry=r)
+        self.fpms = Counter("fleetplan_fpm_events", "forward-pass metrics routed (batches expanded)", registry=r)
+        self.mirror_checks = Counter("fleetplan_traffic_mirror_checks",
+                                     "throughput windows compared with the windowed traffic table",
+                                     ["deployment"], registry=r)
+        self.mirror_mismatches = Counter("fleetplan_traffic_mirror_mismatches",
+                                         "windows where the table and the core's window differ",
+                                         ["deployment", "field"], registry=r)
+        self.partition_clock = Gauge("fleetplan_partition_clock_seconds", "event-time clock of each owned partition",
+                                     ["partition"], registry=r)
+        self.batch_seconds = Histogram("fleetplan_batch_seconds", "wall time to route and persist one batch",
+                                       registry=r)
+        self._engines: dict[str, set[tuple[str, str]]] = {}
+
+    def serve(self, port: int, host: str = "0.0.0.0"):
+        """Expose /metrics on ``port`` (a daemon thread); returns the server."""
+        return start_http_server(port, addr=host, registry=self.registry)
+
+    def observe_tick(self, report, state) -> None:
+        """Record one tick report and the engines' queues it saw."""
+        dep = report.deployment
+        self.ticks.labels(dep).inc()
+        self.throughput_reason.labels(dep).state(report.throughput_reason)
+        self.load_reason.labels(dep).state(report.load_reason)
+        for role, n in report.targets.items():
+            self.replica_target.labels(dep, role).set(n)
+        for role, n in report.ready.items():
+            self.replicas_ready.labels(dep, role).set(n)
+        for role, n in report.lower_bound.items():
+            self.lower_bound.labels(dep, role).set(n)
+        for role, est in report.estimates.items():
+            if est.ttft_ms is not None:
+                self.ttft.labels(dep, role).set(est.ttft_ms)
+            if est.itl_ms is not None:
+                self.itl.labels(dep, role).set(est.itl_ms)
+        if report.predicted is not None:
+            for name in PREDICTED_FIELDS:
+                self.predicted.labels(dep, name).set(getattr(report.predicted, name))
+        if report.decision is not None:
+            self.decisions.labels(dep).inc()
+        self._observe_queues(dep, state)
+
+    def _observe_queues(self, dep: str, state) -> None:
+        seen: set[tuple[str, str]] = set()
+        for engine, fpm in state.latest_fpm.items():
+            q = fpm.queued
+            for kind, value in (("prefill_requests", q.num_prefill_requests),
+                                ("decode_requests", q.num_decode_requests),
+                                ("prefill_tokens", q.sum_prefill_tokens)):
+                self.queue_depth.labels(dep, fpm.role, engine, kind).set(value)
+            seen.add((fpm.role, engine))
+        for role, engine in self._engines.get(dep, set()) - seen:
+            for kind in ("prefill_requests", "decode_requests", "prefill_tokens"):
+                try:
+                    self.queue_depth.remove(dep, role, engine, kind)
+                except KeyError:
+                    pass
+        self._engines[dep] = seen

@@ -1,0 +1,308 @@
+"""Route input records into the planning core; collect what it returns.
+
+This is the whole of the worker's logic, kept free of Faust so it can be
+tested in-process (records in, outputs out). It decides nothing about
+scaling: it decodes records, hands events to ``sequencer.offer``, keeps
+each partition's event-time clock, calls ``sequencer.advance`` with the
+resulting watermark, and turns the tick reports into records to write.
+
+Durability bookkeeping lives here too, because it depends on what the core
+did with each record:
+
+* a record whose event is buffered for a future tick is *held*: its offset
+  must not be committed until the tick that folds it has been saved;
+* a record is *released* once it can never be needed again (folded and
+  saved, late and dead-lettered, invalid, or a replay of one already folded);
+* a deployment is *dirty* when its stored record must be rewritten (a tick
+  fired, a late event was counted, its first tick was scheduled).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fleetplan.models.fleet import INPUT_TYPES
+from fleetplan.models.planner import Planner, TickReport
+from fleetplan.models.sequencer import advance, offer
+from fleetplan.models.state import DeploymentState
+from fleetplan.schemas import topics as canonical
+from fleetplan.schemas.codec import SchemaError, decode_event, event_to_dict
+from fleetplan.schemas.events import DeadLetter
+from fleetplan.streams.tables import Output, StoredDeployment, state_without_buffer
+from fleetplan.streams.topics import TICKS
+from fleetplan.streams.watermark import Watermarks
+
+PAYLOAD_LIMIT = 4096
+
+
+@dataclass
+class InputRecord:
+    """One consumed record. ``topic`` is the canonical (unprefixed) name."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    received_at: float = 0.0
+    handle: object = None
+
+
+@dataclass
+class LiveDeployment:
+    """A deployment this worker owns: the core's state plus durability bookkeeping."""
+
+    name: str
+    partition: int
+    state: DeploymentState
+    positions: dict[str, int] = field(default_factory=dict)
+    outbox: list[Output] = field(default_factory=list)
+    held: list[tuple[float, object]] = field(default_factory=list)
+    dirty: bool = False
+    last_throughput_tick: float | None = None
+
+    def stored(self) -> StoredDeployment:
+        return StoredDeployment(self.partition, state_without_buffer(self.state),
+                                dict(self.positions), list(self.outbox))
+
+
+@dataclass
+class TickOutcome:
+    """One fired tick, with the wall time the watermark passed it (for latency)."""
+
+    deployment: LiveDeployment
+    report: TickReport
+    diagnostics: Output
+    watermark_at: float | None
+
+
+@dataclass
+class MirrorAdd:
+    """A request to add to the traffic mirror (applied by the worker)."""
+
+    deployment: str
+    partition: int
+    offset: int
+    event: object
+
+
+@dataclass
+class RoutedBatch:
+    """What one batch of records produced."""
+
+    invalid: list[Output] = field(default_factory=list)
+    saves: list[LiveDeployment] = field(default_factory=list)
+    release: list[object] = field(default_factory=list)
+    ticks: list[TickOutcome] = field(default_factory=list)
+    mirror: list[MirrorAdd] = field(default_factory=list)
+    late: Counter = field(default_factory=Counter)
+    dead: Counter = field(default_factory=Counter)
+    events: Counter = field(default_factory=Counter)
+    fpms: int = 0
+
+    def outputs(self) -> list[Output]:
+        """Everything to send once the saves are durable, in order."""
+        out = list(self.invalid)
+        for dep in self.saves:
+            out.extend(dep.outbox)
+        return out
+
+
+def late_detail(event_time: float, last_tick: float, topic: str, partition: int, offset: int) -> str:
+    """The dead-letter detail of a late event; ``[at topic:partition:offset]`` is parsed by the audit."""
+    return (f"event time {event_time} is before the last fired tick {last_tick}"
+            f" [at {topic}:{partition}:{offset}]")
+
+
+class Router:
+    """Owns the live deployments of this worker's partitions."""
+
+    def __init__(
+        self, planner: Planner, watermarks: Watermarks, *,
+        load: Callable[[str], StoredDeployment | None] = lambda name: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.planner = planner
+        self.watermarks = watermarks
+        self.load = load
+        self.clock = clock
+        self.deployments: dict[str, LiveDeployment] = {}
+        self.by_partition: dict[int, set[str]] = {}
+
+    # --- ownership -----------------------------------------------------------
+
+    def adopt(self, name: str, stored: StoredDeployment) -> LiveDeployment:
+        """Take over a deployment recovered from the table."""
+        dep = LiveDeployment(
+            name=name, partition=stored.partition,
+            state=DeploymentState.from_data(stored.state),
+            positions=dict(stored.positions), outbox=list(stored.outbox),
+        )
+        self._own(dep)
+        return dep
+
+    def drop_partitions(self, partitions: Iterable[int]) -> None:
+        """Forget the deployments of revoked partitions (their held records stay uncommitted)."""
+        for p in list(partitions):
+            for name in self.by_partition.pop(p, set()):
+                self.deployments.pop(name, None)
+        self.watermarks.revoke(partitions)
+
+    def partition_of(self, name: str) -> int | None:
+        dep = self.deployments.get(name)
+        return None if dep is None else dep.partition
+
+    def _own(self, dep: LiveDeployment) -> None:
+        self.deployments[dep.name] = dep
+        self.by_partition.setdefault(dep.partition, set()).add(dep.name)
+
+    def _deployment(self, name: str, partition: int) -> LiveDeployment:
+        dep = self.deployments.get(name)
+        if dep is None:
+            stored = self.load(name)
+            if stored is not None:
+                dep = self.adopt(name, stored)
+            else:
+                dep = LiveDeployment(name, partition, self.planner.new_state(name))
+                self._own(dep)
+        return dep
+
+    # --- routing -------------------------------------------------------------
+
+    def route(self, records: Iterable[InputRecord], now: float) -> RoutedBatch:
+        """Offer every record's event to its deployment, then fire the ticks now due."""
+        batch = RoutedBatch()
+        for rec in records:
+            self._offer(rec, batch)
+        self._fire(now, batch)
+        for dep in self.deployments.values():
+            if dep.dirty:
+                batch.saves.append(dep)
+        return batch
+
+    def _offer(self, rec: InputRecord, batch: RoutedBatch) -> None:
+        try:
+            event = decode_event(rec.value)
+        except SchemaError as err:
+            self._invalid(rec, batch, "oversize" if err.oversize else "invalid", str(err))
+            return
+        kind = event.type
+        if kind not in INPUT_TYPES:
+            self._invalid(rec, batch, "invalid", f"type: an input event ({', '.join(sorted(INPUT_TYPES))}), got {kind!r}")
+            return
+        key = None if rec.key is None else rec.key.decode("utf-8", "replace")
+        if key != event.deployment:
+            self._invalid(rec, batch, "invalid",
+                          f"record key {key!r} is not the event's deployment {event.deployment!r}"
+                          " (records must be keyed by deployment)")
+            return
+        owner = self.partition_of(event.deployment)
+        if owner is not None and owner != rec.partition:
+            self._invalid(rec, batch, "invalid",
+                          f"deployment {event.deployment!r} lives on partition {owner}, record came on "
+                          f"{rec.partition} (producers must use the default murmur2 partitioner)")
+            return
+        dep = self._deployment(event.deployment, rec.partition)
+        state = dep.state
+        batch.events[rec.topic] += 1
+        if kind == "fpm":
+            batch.fpms += 1
+        elif kind == "fpm_batch":
+            batch.fpms += len(event.fpms)
+        self.watermarks.observe(rec.topic, rec.partition, event.time, rec.received_at)
+
+        position = dep.positions.get(rec.topic, -1)
+        if rec.offset <= position and state.last_tick is not None and event.time < state.last_tick:
+            batch.release.append(rec.handle)  # folded (or dead-lettered) before the last save
+            return
+        next_tick = state.next_tick
+        accepted = offer(state, event)
+        if rec.offset > position:
+            dep.positions[rec.topic] = rec.offset
+        if not accepted:
+            dep.dirty = True  # the core counted it
+            batch.release.append(rec.handle)
+            if kind != "clock":  # a late heartbeat carries nothing to lose
+                batch.late[dep.name] += 1
+                dep.outbox.append(self._late_letter(rec, event, state.last_tick))
+            return
+        dep.held.append((event.time, rec.handle))
+        if state.next_tick != next_tick:
+            dep.dirty = True
+        if kind == "request":
+            batch.mirror.append(MirrorAdd(dep.name, rec.partition, rec.offset, event))
+
+    def _fire(self, now: float, batch: RoutedBatch) -> None:
+        for partition, names in self.by_partition.items():
+            clock = self.watermarks.time(partition, now)
+            if clock is None:
+                continue
+            advanced_at = self.watermarks.partitions[partition].advanced_at
+            for name in sorted(names):
+                dep = self.deployments[name]
+                state = dep.state
+                if state.next_tick is None:
+                    continue
+                watermark = clock - state.config.grace_seconds
+                if state.next_tick > watermark:
+                    continue
+                for report in advance(self.planner, state, watermark):
+                    batch.ticks.append(self._tick_outputs(dep, report, clock, watermark, advanced_at))
+                dep.dirty = True
+                last = state.last_tick
+                keep: list[tuple[float, object]] = []
+                for t, handle in dep.held:
+                    (batch.release.append(handle) if t < last else keep.append((t, handle)))
+                dep.held = keep
+
+    def _tick_outputs(self, dep: LiveDeployment, report: TickReport, clock: float,
+                      watermark: float, advanced_at: float | None) -> TickOutcome:
+        diag = report.to_dict()
+        diag["clock"] = clock
+        diag["watermark"] = watermark
+        diag_out = Output(TICKS, dep.name, diag)
+        dep.outbox.append(diag_out)
+        if report.decision is not None:
+            dep.outbox.append(Output(canonical.DECISIONS, dep.name, event_to_dict(report.decision)))
+        return TickOutcome(dep, report, diag_out, advanced_at)
+
+    def _late_letter(self, rec: InputRecord, event, last_tick: float) -> Output:
+        letter = DeadLetter(
+            deployment=event.deployment, time=event.time, reason="late",
+            detail=late_detail(event.time, last_tick, rec.topic, rec.partition, rec.offset),
+            source_topic=rec.topic, payload=_payload(rec.value),
+        )
+        return Output(canonical.DEADLETTER, event.deployment, event_to_dict(letter))
+
+    def _invalid(self, rec: InputRecord, batch: RoutedBatch, reason: str, detail: str) -> None:
+        key = "unknown"
+        if rec.key:
+            key = rec.key.decode("utf-8", "replace")[:256] or "unknown"
+        letter = DeadLetter(
+            deployment=key, time=max(self.clock(), 0.0), reason=reason,
+            detail=f"{detail} [at {rec.topic}:{rec.partition}:{rec.offset}]",
+            source_topic=rec.topic, payload=_payload(rec.value),
+        )
+        batch.invalid.append(Output(canonical.DEADLETTER, key, event_to_dict(letter)))
+        batch.dead[reason] += 1
+        batch.release.append(rec.handle)
+
+    def saved(self, batch: RoutedBatch) -> list[tuple[LiveDeployment, bytes]]:
+        """Encode the dirty deployments and mark them clean; their outbox is what to send next."""
+        out = []
+        for dep in batch.saves:
+            out.append((dep, dep.stored().to_bytes()))
+            dep.dirty = False
+        return out
+
+    def sent(self, batch: RoutedBatch) -> None:
+        """The outputs of ``batch`` are durable: start the next outboxes empty."""
+        for dep in batch.saves:
+            dep.outbox = []
+
+
+def _payload(raw: bytes) -> str:
+    return raw[:PAYLOAD_LIMIT].decode("utf-8", "replace")

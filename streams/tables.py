@@ -1,0 +1,218 @@
+"""What the worker keeps in Faust's changelog-backed tables, and how.
+
+``deployments`` holds one record per deployment: the core's
+``DeploymentState.to_data()`` (without its event buffer), the input
+positions it has folded, and its outbox. The buffer of events waiting for
+their tick is deliberately *not* stored: at FPM rates it is hundreds of
+thousands of events, and they are already durable in the input topics. The
+worker holds their offsets uncommitted instead, so after a crash they are
+read again; ``positions`` tells an event already folded (skip it) from one
+that was only buffered (offer it again).
+
+``outbox`` is the decisions, late-event dead letters and tick diagnostics of
+the last save. They are written to the changelog *before* they are sent,
+so a crash between the two re-sends them on recovery rather than losing
+them (decisions are de-duplicated against the decisions topic).
+
+``traffic`` is a tumbling, event-time windowed table of request aggregates
+at the throughput interval. It is a checked mirror, not a source of truth:
+the core folds the same requests into ``DeploymentState.window``, and the
+worker compares the two at each throughput tick (a metric and a field of
+the tick diagnostics).
+
+Changelog records go to the deployment's input partition (not to the
+partition of whichever event happens to be current in a batch), so the
+worker that owns a deployment's inputs recovers its state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import faust
+import orjson
+
+from fleetplan.models.state import DeploymentState
+from fleetplan.schemas.events import RequestRecord
+
+STORED_VERSION = 1
+
+
+@dataclass
+class Output:
+    """A record the worker produces: logical topic, key, value (plain data)."""
+
+    topic: str
+    key: str
+    value: dict
+
+    def to_data(self) -> dict:
+        return {"topic": self.topic, "key": self.key, "value": self.value}
+
+    @classmethod
+    def from_data(cls, data: dict) -> Output:
+        return cls(data["topic"], data["key"], data["value"])
+
+
+@dataclass
+class StoredDeployment:
+    """The table record of one deployment."""
+
+    partition: int
+    state: dict
+    positions: dict[str, int] = field(default_factory=dict)
+    outbox: list[Output] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({
+            "v": STORED_VERSION, "partition": self.partition, "state": self.state,
+            "positions": self.positions, "outbox": [o.to_data() for o in self.outbox],
+        })
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> StoredDeployment:
+        data = orjson.loads(raw)
+        if data.get("v") != STORED_VERSION:
+            raise ValueError(f"stored deployment version {data.get('v')!r}, expected {STORED_VERSION}")
+        return cls(
+            partition=data["partition"], state=data["state"],
+            positions={k: int(v) for k, v in data["positions"].items()},
+            outbox=[Output.from_data(o) for o in data["outbox"]],
+        )
+
+
+def state_without_buffer(state: DeploymentState) -> dict:
+    """``state.to_data()`` minus the event buffer (see the module docstring)."""
+    buffer, state.buffer = state.buffer, []
+    try:
+        return state.to_data()
+    finally:
+        state.buffer = buffer
+
+
+def routed_table(app: faust.App, name: str, partition_of: Callable[[str], int], **kwargs) -> faust.Table:
+    """A Faust table whose changelog partition is ``partition_of(deployment)``.
+
+    Keys are the deployment (``bytes`` or ``str``), or ``(deployment, window)``
+    for windowed tables.
+    """
+
+    class RoutedTable(faust.Table):
+        def partition_for_key(self, key):  # noqa: D102 - Faust hook
+            deployment = key[0] if isinstance(key, tuple) else key
+            if isinstance(deployment, bytes):
+                deployment = deployment.decode()
+            return partition_of(deployment)
+
+    return app.tables.add(RoutedTable(app, name=name, beacon=app.tables.beacon, **kwargs))
+
+
+# --- the traffic mirror ------------------------------------------------------
+
+
+@dataclass
+class TrafficSums:
+    """Request aggregates of one window, as sums so that merging is exact.
+
+    ``upto`` is the largest request-topic offset folded in, so a request
+    read again after a restart is not counted twice.
+    """
+
+    count: int = 0
+    sum_isl: float = 0.0
+    sum_osl: float = 0.0
+    sum_kv_hit: float = 0.0
+    n_kv_hit: int = 0
+    sum_accept: float = 0.0
+    n_accept: int = 0
+    upto: int = -1
+
+    def add(self, req: RequestRecord) -> None:
+        self.count += 1
+        self.sum_isl += req.input_tokens
+        self.sum_osl += req.output_tokens
+        kv = req.kv_hit_rate
+        if kv is None and req.cached_tokens and req.input_tokens:
+            kv = min(req.cached_tokens / req.input_tokens, 1.0)
+        if kv is not None:
+            self.sum_kv_hit += kv
+            self.n_kv_hit += 1
+        if req.accept_length is not None:
+            self.sum_accept += req.accept_length
+            self.n_accept += 1
+
+    def merge(self, other: TrafficSums) -> None:
+        for name in ("count", "sum_isl", "sum_osl", "sum_kv_hit", "n_kv_hit", "sum_accept", "n_accept"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.upto = max(self.upto, other.upto)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | None) -> TrafficSums:
+        return cls(**orjson.loads(raw)) if raw else cls()
+
+    def mismatch(self, observed: dict) -> str | None:
+        """The first field where the core's window observation differs, or None."""
+        n = self.count
+        mine = {
+            "num_req": float(n),
+            "isl": self.sum_isl / n if n else 0.0,
+            "osl": self.sum_osl / n if n else 0.0,
+            "kv_hit_rate": self.sum_kv_hit / self.n_kv_hit if self.n_kv_hit else None,
+            "accept_length": self.sum_accept / self.n_accept if self.n_accept else None,
+        }
+        for name, value in mine.items():
+            theirs = observed.get(name)
+            if value is None or theirs is None:
+                if value != theirs:
+                    return name
+            elif not math.isclose(value, theirs, rel_tol=1e-9, abs_tol=1e-9):
+                return name
+        return None
+
+
+class _EventTime:
+    """The event time the next windowed-table operation refers to.
+
+    Faust windows are relative to the current stream event; the worker
+    works on batches of many deployments, so it names the time explicitly.
+    """
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self, event=None) -> float:
+        return self.at
+
+
+class TrafficMirror:
+    """Tumbling event-time windows of request aggregates per deployment."""
+
+    def __init__(self, app: faust.App, partition_of: Callable[[str], int], *,
+                 interval_s: int, partitions: int, expires_s: float) -> None:
+        self.interval_s = interval_s
+        self._at = _EventTime()
+        table = routed_table(
+            app, "traffic", partition_of, default=bytes, partitions=partitions,
+            key_serializer="json", value_serializer="raw",
+            help="request aggregates per deployment, tumbling event-time windows (a mirror)",
+        )
+        self.table = table
+        self.windows = table.tumbling(interval_s, expires=expires_s).relative_to(self._at)
+
+    def window_start(self, event_time: float) -> float:
+        return math.floor(event_time / self.interval_s) * self.interval_s
+
+    def get(self, deployment: str, window_start: float) -> TrafficSums:
+        self._at.at = window_start
+        return TrafficSums.from_bytes(self.windows[deployment].value())
+
+    def add(self, deployment: str, window_start: float, delta: TrafficSums) -> None:
+        current = self.get(deployment, window_start)
+        current.merge(delta)
+        self._at.at = window_start
+        self.windows[deployment] = current.to_bytes()

@@ -1,0 +1,172 @@
+"""The Kubernetes backend against a local server speaking the DGD / scaling-adapter API."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client as k8s
+
+from fleetplan.connectors.base import ApplyFailed, ConnectorConfigError, InDoubt
+from fleetplan.connectors.kubernetes import KubernetesApplier, KubernetesSettings
+from tests.connectors.conftest import make_decision
+
+SERVICES = {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"}
+
+
+def applier_for(server, **overrides) -> KubernetesApplier:
+    settings = KubernetesSettings(
+        dgds={"llama": "llama-dgd"}, services=dict(SERVICES), namespace=server.namespace,
+        ready_poll_s=0.01, ready_timeout_s=5.0, backoff_s=0.01, backoff_max_s=0.05,
+        request_timeout_s=5.0,
+    )
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return KubernetesApplier(settings, k8s.Configuration(host=server.url))
+
+
+@pytest.fixture
+async def started(fake_k8s):
+    fake_k8s.add_dgd("llama-dgd", {"Frontend": 1, "VllmPrefillWorker": 1, "VllmDecodeWorker": 1})
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    yield fake_k8s, applier
+    await applier.stop()
+
+
+async def test_scales_through_the_scale_subresource(started):
+    server, applier = started
+    observed = await applier.apply(make_decision(prefill=2, decode=4))
+    assert observed == {"prefill": 2, "decode": 4}
+    assert server.replicas("llama-dgd") == {"Frontend": 1, "VllmPrefillWorker": 2, "VllmDecodeWorker": 4}
+    scales = [(w.path.rsplit("/", 2)[-2], w.body, w.content_type) for w in server.writes]
+    assert sorted(scales) == [
+        ("llama-dgd-vllmdecodeworker", {"spec": {"replicas": 4}}, "application/merge-patch+json"),
+        ("llama-dgd-vllmprefillworker", {"spec": {"replicas": 2}}, "application/merge-patch+json"),
+    ]
+
+
+async def test_unchanged_roles_are_not_patched(started):
+    server, applier = started
+    await applier.apply(make_decision(prefill=1, decode=3))
+    assert [w.path.rsplit("/", 2)[-2] for w in server.writes] == ["llama-dgd-vllmdecodeworker"]
+
+
+async def test_falls_back_to_a_guarded_json_patch_without_an_adapter(fake_k8s):
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1}, adapters=False)
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    observed = await applier.apply(make_decision(prefill=3, decode=1))
+    await applier.stop()
+    assert observed == {"prefill": 3, "decode": 1}
+    assert fake_k8s.replicas("llama-dgd") == {"VllmPrefillWorker": 3, "VllmDecodeWorker": 1}
+    scale_404, dgd_patch = fake_k8s.writes
+    assert scale_404.path.endswith("/llama-dgd-vllmprefillworker/scale")
+    assert dgd_patch.content_type == "application/json-patch+json"
+    assert dgd_patch.body == [
+        {"op": "test", "path": "/spec/components/0/name", "value": "VllmPrefillWorker"},
+        {"op": "add", "path": "/spec/components/0/replicas", "value": 3},
+    ]
+
+
+async def test_json_patch_rereads_when_the_component_moved(fake_k8s):
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1}, adapters=False)
+    fake_k8s.reorder_before_patch = "llama-dgd"
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    await applier.apply(make_decision(prefill=5, decode=1))
+    await applier.stop()
+    # The first patch's test op failed (422) after the reorder; the retry used the new index.
+    patches = [w for w in fake_k8s.writes if w.content_type == "application/json-patch+json"]
+    assert [p.body[0]["path"] for p in patches] == ["/spec/components/0/name", "/spec/components/1/name"]
+    assert fake_k8s.replicas("llama-dgd") == {"VllmDecodeWorker": 1, "VllmPrefillWorker": 5}
+
+
+async def test_retries_409_and_5xx_with_backoff(started):
+    server, applier = started
+    server.fail_next("scale", 409, 503, 500)
+    server.fail_next("get", 502)
+    observed = await applier.apply(make_decision(prefill=2, decode=1))
+    assert observed == {"prefill": 2, "decode": 1}
+    assert len(server.writes) == 4  # three refused, one landed
+    assert server.replicas("llama-dgd")["VllmPrefillWorker"] == 2
+
+
+async def test_gives_up_after_max_attempts(started):
+    server, applier = started
+    server.fail_next("scale", *[500] * 6)
+    with pytest.raises(ApplyFailed, match="after 6 attempts"):
+        await applier.apply(make_decision(prefill=2, decode=1))
+    assert server.replicas("llama-dgd")["VllmPrefillWorker"] == 1
+
+
+async def test_other_api_errors_fail_at_once(started):
+    server, applier = started
+    server.fail_next("scale", 403)
+    with pytest.raises(ApplyFailed, match="HTTP 403"):
+        await applier.apply(make_decision(prefill=2, decode=1))
+    assert len(server.writes) == 1
+
+
+async def test_waits_for_ready_before_and_stable_after(started):
+    server, applier = started
+    server.unready_polls["llama-dgd"] = 3
+    server.settle_polls = 4
+    await applier.apply(make_decision(prefill=2, decode=2))
+    gets = [s for s in server.seen if s.method == "GET"]
+    # 3 unready reads before the change, then reads until the status caught up.
+    assert len(gets) >= 3 + 4
+    first_write = server.seen.index(server.writes[0])
+    assert first_write >= 3
+
+
+async def test_not_ready_in_time_fails_without_writing(fake_k8s):
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1})
+    fake_k8s.unready_polls["llama-dgd"] = 10_000
+    applier = applier_for(fake_k8s, ready_timeout_s=0.2)
+    await applier.start()
+    with pytest.raises(ApplyFailed, match="not Ready"):
+        await applier.apply(make_decision(prefill=2, decode=2))
+    await applier.stop()
+    assert fake_k8s.writes == []
+
+
+async def test_start_checks_the_dgd_and_its_services(fake_k8s):
+    applier = applier_for(fake_k8s)
+    with pytest.raises(ConnectorConfigError) as missing:
+        await applier.start()
+    assert missing.value.field == "--dgd"
+    fake_k8s.add_dgd("llama-dgd", {"Frontend": 1, "decode": 1})
+    with pytest.raises(ConnectorConfigError) as services:
+        await applier.start()
+    assert services.value.field == "--service" and "Frontend" in str(services.value)
+
+
+async def test_start_reports_an_unreachable_api_server(fake_k8s):
+    url = fake_k8s.url
+    await fake_k8s.stop()
+    settings = KubernetesSettings(dgds={"llama": "llama-dgd"}, services=dict(SERVICES),
+                                  max_attempts=2, backoff_s=0.01, request_timeout_s=1.0)
+    applier = KubernetesApplier(settings, k8s.Configuration(host=url))
+    with pytest.raises(ConnectorConfigError) as err:
+        await applier.start()
+    assert err.value.field == "--kubeconfig"
+
+
+async def test_a_role_without_a_service_fails_the_decision(fake_k8s):
+    fake_k8s.add_dgd("llama-dgd", {"VllmDecodeWorker": 1})
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    with pytest.raises(ApplyFailed, match="no service for role"):
+        await applier.apply(make_decision(prefill=2, decode=2))
+    await applier.stop()
+    assert fake_k8s.writes == []
+
+
+async def test_recover_settles_only_what_is_already_in_the_spec(started):
+    server, applier = started
+    done = make_decision(prefill=2, decode=2, decision_id=4)
+    await applier.apply(done)
+    writes = len(server.writes)
+    assert await applier.recover(done) == {"prefill": 2, "decode": 2}
+    with pytest.raises(InDoubt):
+        await applier.recover(make_decision(prefill=7, decode=2, decision_id=5))
+    assert len(server.writes) == writes  # recovery never writes

@@ -1,0 +1,82 @@
+"""The idempotency ledger on the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fleetplan.connectors.ledger import Ledger, Outcome
+from tests.connectors.conftest import make_decision
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def ledger(aredis, redis_key_prefix):
+    return Ledger(aredis, prefix=f"{redis_key_prefix}ledger", keep=3)
+
+
+async def test_claim_record_ack(ledger):
+    d = make_decision(decision_id=0)
+    assert (await ledger.begin(d)).verdict == "apply"
+    stored = await ledger.record(d, Outcome("applied", {"prefill": 2}))
+    assert stored == Outcome("applied", {"prefill": 2})
+    again = await ledger.begin(d)
+    assert (again.verdict, again.outcome, again.acked) == ("done", stored, False)
+    await ledger.mark_acked(d)
+    assert (await ledger.begin(d)).acked
+
+
+async def test_a_claim_without_outcome_is_recovered_not_reapplied(ledger):
+    d = make_decision(decision_id=3)
+    assert (await ledger.begin(d)).verdict == "apply"
+    # ... the connector dies here ...
+    assert (await ledger.begin(d)).verdict == "recover"
+
+
+async def test_older_decisions_are_superseded(ledger):
+    await ledger.begin(make_decision(decision_id=5))
+    stale = await ledger.begin(make_decision(decision_id=4))
+    assert stale.verdict == "superseded" and stale.outcome.status == "superseded"
+    # Superseded is final: it is acked from the record next time.
+    assert (await ledger.begin(make_decision(decision_id=4))).verdict == "done"
+
+
+async def test_supersede_keeps_an_existing_outcome(ledger):
+    d = make_decision(decision_id=1)
+    await ledger.begin(d)
+    await ledger.record(d, Outcome("applied", {"decode": 3}))
+    entry = await ledger.supersede(d, newer_id=2)
+    assert entry.verdict == "done" and entry.outcome.status == "applied"
+
+
+async def test_first_outcome_wins(ledger):
+    d = make_decision(decision_id=0)
+    await ledger.begin(d)
+    await ledger.record(d, Outcome("failed", {}, "in doubt"))
+    assert (await ledger.record(d, Outcome("applied", {"decode": 3}))).status == "failed"
+
+
+async def test_only_one_of_racing_connectors_claims(aredis, redis_key_prefix):
+    prefix = f"{redis_key_prefix}ledger"
+    ledgers = [Ledger(aredis, prefix=prefix, claimant=f"c{i}") for i in range(8)]
+    d = make_decision(decision_id=9)
+    verdicts = await asyncio.gather(*(ledger.begin(d) for ledger in ledgers))
+    assert sorted(v.verdict for v in verdicts).count("apply") == 1
+
+
+async def test_deployments_are_independent(ledger):
+    await ledger.begin(make_decision("a", decision_id=7))
+    assert (await ledger.begin(make_decision("b", decision_id=1))).verdict == "apply"
+
+
+async def test_old_outcomes_are_trimmed(ledger):
+    for i in range(6):
+        d = make_decision(decision_id=i)
+        await ledger.begin(d)
+        await ledger.record(d, Outcome("applied"))
+        await ledger.mark_acked(d)
+    fields = await ledger.snapshot("llama")
+    assert sorted(k for k in fields if k.startswith("outcome:")) == ["outcome:3", "outcome:4", "outcome:5"]
+    assert fields["newest"] == "5" and "claimed" not in fields

@@ -1,0 +1,126 @@
+"""Virtual backend + orchestrator client over Redis, and the orchestrator client over Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetplan.connectors.client import KafkaOrchestratorClient, RedisOrchestratorClient
+from fleetplan.connectors.virtual import VirtualApplier, VirtualKeys
+from tests.connectors.conftest import make_decision, produce, read_events
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def next_decision(client, deployment: str, timeout: float = 20.0):
+    iterator = client.decisions(deployment)
+    return await asyncio.wait_for(anext(iterator), timeout), iterator
+
+
+async def test_virtual_backend_with_the_redis_client(kafka_bootstrap, connector_topics,
+                                                     service_factory, aredis, redis_key_prefix):
+    prefix = f"{redis_key_prefix}virtual"
+    await service_factory(VirtualApplier(aredis, prefix=prefix, poll_s=0.1))
+    async with RedisOrchestratorClient(client=aredis, prefix=prefix, poll_s=0.1) as client:
+        await produce(kafka_bootstrap, connector_topics["decisions_topic"],
+                      [make_decision("llama", 0, prefill=2, decode=3)])
+        decision, _ = await next_decision(client, "llama")
+        assert (decision.decision_id, decision.targets) == (0, {"prefill": 2, "decode": 3})
+        state = await aredis.hgetall(VirtualKeys.of("llama", prefix).state)
+        # Dynamo's VirtualConnector field names are kept for the counts.
+        assert (state[b"num_prefill_workers"], state[b"num_decode_workers"]) == (b"2", b"3")
+        assert await client.complete(decision, "applied", observed={"prefill": 2, "decode": 2})
+        assert not await client.complete(decision, "applied")  # once only
+        (ack,) = await read_events(kafka_bootstrap, connector_topics["acks_topic"], 1)
+        assert (ack.decision_id, ack.status, ack.observed) == (0, "applied", {"prefill": 2, "decode": 2})
+
+        # The orchestrator can refuse; the refusal is the ack.
+        await produce(kafka_bootstrap, connector_topics["decisions_topic"],
+                      [make_decision("llama", 1, prefill=9, decode=9)])
+        decision, _ = await next_decision(client, "llama")
+        await client.complete(decision, "failed", error="no GPUs left")
+        acks = await read_events(kafka_bootstrap, connector_topics["acks_topic"], 2)
+        assert (acks[1].decision_id, acks[1].status, acks[1].error) == (1, "failed", "no GPUs left")
+
+
+async def test_redis_client_sees_an_uncompleted_decision_again_after_a_restart(
+        aredis, redis_key_prefix):
+    prefix = f"{redis_key_prefix}virtual"
+    applier = VirtualApplier(aredis, prefix=prefix, poll_s=0.1, completion_timeout_s=30)
+    apply = asyncio.create_task(applier.apply(make_decision("llama", 3, decode=4)))
+    async with RedisOrchestratorClient(client=aredis, prefix=prefix, poll_s=0.1) as first:
+        seen, _ = await next_decision(first, "llama")  # ... and the orchestrator dies
+    async with RedisOrchestratorClient(client=aredis, prefix=prefix, poll_s=0.1) as second:
+        again, _ = await next_decision(second, "llama")
+        assert again == seen
+        await second.complete(again, observed={"decode": 4})
+    assert await asyncio.wait_for(apply, 10) == {"decode": 4}
+
+
+async def test_virtual_apply_times_out_when_nobody_completes(aredis, redis_key_prefix):
+    from fleetplan.connectors.base import ApplyFailed
+
+    applier = VirtualApplier(aredis, prefix=f"{redis_key_prefix}virtual", poll_s=0.05,
+                             completion_timeout_s=0.3)
+    with pytest.raises(ApplyFailed, match="did not complete"):
+        await applier.apply(make_decision("llama", 0))
+
+
+async def test_kafka_client_reads_decisions_and_writes_acks(kafka_bootstrap, connector_topics,
+                                                            redis_key_prefix):
+    topic, acks_topic = connector_topics["decisions_topic"], connector_topics["acks_topic"]
+    await produce(kafka_bootstrap, topic, [
+        make_decision("llama", 0, advisory=True),
+        make_decision("other", 0),
+        make_decision("llama", 1, prefill=1, decode=1),
+        make_decision("llama", 2, prefill=2, decode=2),
+        b"garbage",
+    ])
+    client = KafkaOrchestratorClient(
+        kafka_bootstrap, ["llama"], group_id=f"{redis_key_prefix}orch",
+        decisions_topic=topic, acks_topic=acks_topic, session_timeout_ms=6000,
+    )
+    async with client:
+        decision, _ = await next_decision(client, "llama")
+        # Advisory 0 is not yielded; 1 was superseded by 2, which was already waiting.
+        assert decision.decision_id == 2
+        assert await client.complete(decision, "applied")
+        acks = await read_events(kafka_bootstrap, acks_topic, 2)
+    assert [(a.deployment, a.decision_id, a.status) for a in acks] == [
+        ("llama", 1, "superseded"), ("llama", 2, "applied")]
+    assert acks[1].observed == {"prefill": 2, "decode": 2}
+
+    # Completed decisions are not delivered again to the same group.
+    await produce(kafka_bootstrap, topic, [make_decision("llama", 3, decode=5)])
+    client = KafkaOrchestratorClient(
+        kafka_bootstrap, ["llama"], group_id=f"{redis_key_prefix}orch",
+        decisions_topic=topic, acks_topic=acks_topic, session_timeout_ms=6000,
+    )
+    async with client:
+        decision, _ = await next_decision(client, "llama")
+        assert decision.decision_id == 3
+
+
+async def test_example_orchestrator_runs(kafka_bootstrap, connector_topics, service_factory,
+                                         aredis, redis_url, redis_key_prefix):
+    prefix = f"{redis_key_prefix}virtual"
+    await service_factory(VirtualApplier(aredis, prefix=prefix, poll_s=0.1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    example = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "examples" / "orchestrator.py"), "--transport", "redis",
+        "--redis-url", redis_url, "--virtual-prefix", prefix, "--deployment", "llama",
+        "--max-decisions", "1", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    await produce(kafka_bootstrap, connector_topics["decisions_topic"],
+                  [make_decision("llama", 0, prefill=3, decode=1)])
+    out, _ = await asyncio.wait_for(example.communicate(), 30)
+    assert example.returncode == 0, out.decode()
+    (ack,) = await read_events(kafka_bootstrap, connector_topics["acks_topic"], 1)
+    assert (ack.decision_id, ack.status, ack.observed) == (0, "applied", {"prefill": 3, "decode": 1})

@@ -1,0 +1,161 @@
+"""Reading profiles from disk (fleetplan.sim.profiles): layouts, TP selection, errors.
+
+Files are written into tmp_path from the bundled profile, so nothing here
+reads the shared data folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetplan.sim.profiles import (
+    BUNDLED_PROFILES,
+    ProfileError,
+    bundled_profile_names,
+    load_profile,
+)
+
+H200 = load_profile("h200-llama3.1-8b")
+
+
+def prefill_arrays(**overrides):
+    arrays = {"prefill_isl": np.asarray(H200.prefill_isl, dtype=np.int64),
+              "prefill_ttft": np.asarray(H200.prefill_ttft_ms),
+              "prefill_thpt_per_gpu": np.ones(H200.prefill_isl.size)}
+    arrays.update(overrides)
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+def decode_arrays(**overrides):
+    arrays = {"x_kv_usage": np.asarray(H200.x_kv_usage),
+              "y_context_length": np.asarray(H200.y_context_length),
+              "z_itl": np.asarray(H200.z_itl_ms),
+              "z_thpt_per_gpu": np.ones(H200.x_kv_usage.size),
+              "max_kv_tokens": np.array([H200.max_kv_tokens], dtype=np.int64)}
+    arrays.update(overrides)
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+def same_data(a, b) -> bool:
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f))
+        for f in ("prefill_isl", "prefill_ttft_ms", "x_kv_usage", "y_context_length", "z_itl_ms")
+    ) and a.max_kv_tokens == b.max_kv_tokens
+
+
+def test_bundled_profiles_come_from_package_data():
+    assert bundled_profile_names() == ("h200-llama3.1-8b", "h100-llama3.3-70b")
+    assert set(BUNDLED_PROFILES) == set(bundled_profile_names())
+    assert (H200.name, H200.gpu, H200.tp, H200.max_kv_tokens) == (
+        "h200-llama3.1-8b", "h200_sxm", 1, 945_029)
+    assert H200.model == "nvidia/Llama-3.1-8B-Instruct-FP8"
+    assert (H200.prefill_isl.size, H200.x_kv_usage.size) == (17, 41)
+    import fleetplan.sim
+    data_dir = Path(fleetplan.sim.__file__).parent / "profile_data"
+    assert (data_dir / "README.md").read_text().count("Dynamo planner profiling data, NVIDIA, Apache-2.0")
+
+
+def test_stacked_profile_defaults_to_fewest_gpus_and_selects_tp():
+    default = load_profile("h100-llama3.3-70b")
+    assert default.tp == 2
+    assert default.prefill_ttft_ms[-1] == pytest.approx(1957.103563)
+    tp8 = load_profile("h100-llama3.3-70b", tp=8)
+    assert tp8.tp == 8
+    assert tp8.prefill_ttft_ms[-1] == pytest.approx(703.830652)
+    assert (tp8.x_kv_usage.size, tp8.max_kv_tokens) == (39, 224_133)
+    with pytest.raises(ProfileError) as err:
+        load_profile("h100-llama3.3-70b", tp=3)
+    assert err.value.key == "tp"
+    assert "tp=3" in str(err.value) and "__prefill.npz" in str(err.value)
+
+
+def test_profiling_results_dir_layout(tmp_path):
+    (tmp_path / "selected_prefill_interpolation").mkdir()
+    (tmp_path / "selected_decode_interpolation").mkdir()
+    np.savez(tmp_path / "selected_prefill_interpolation" / "raw_data.npz", **prefill_arrays())
+    np.savez(tmp_path / "selected_decode_interpolation" / "raw_data.npz", **decode_arrays())
+    loaded = load_profile(tmp_path)
+    assert same_data(loaded, H200)
+    assert loaded.name == tmp_path.name and loaded.tp is None
+    assert load_profile(tmp_path, tp=1).tp == 1  # no tp metadata: taken on trust
+    # either file of the pair finds its partner
+    assert same_data(load_profile(tmp_path / "selected_decode_interpolation" / "raw_data.npz"), H200)
+
+
+def test_json_fallback(tmp_path):
+    prefill = {k: v.tolist() for k, v in prefill_arrays().items()}
+    decode = {k: v.tolist() for k, v in decode_arrays().items()}
+    decode["max_kv_tokens"] = H200.max_kv_tokens  # Dynamo writes a plain int here
+    (tmp_path / "prefill_raw_data.json").write_text(json.dumps(prefill))
+    (tmp_path / "decode_raw_data.json").write_text(json.dumps(decode))
+    assert same_data(load_profile(tmp_path), H200)
+    assert same_data(load_profile(tmp_path / "prefill_raw_data.json"), H200)
+
+
+def test_named_pair_and_single_files(tmp_path):
+    np.savez(tmp_path / "gpu__model__prefill.npz", **prefill_arrays())
+    np.savez(tmp_path / "gpu__model__decode.npz", **decode_arrays())
+    pair = load_profile(tmp_path / "gpu__model__prefill.npz")
+    assert same_data(pair, H200) and pair.name == "gpu__model"
+    alone = tmp_path / "solo"
+    alone.mkdir()
+    np.savez(alone / "x_decode.npz", **decode_arrays())
+    decode_only = load_profile(alone / "x_decode.npz")
+    assert decode_only.has_decode and not decode_only.has_prefill
+
+
+@pytest.mark.parametrize(
+    ("role", "overrides", "key"),
+    [
+        ("prefill", {"prefill_ttft": None}, "prefill_ttft"),
+        ("prefill", {"prefill_ttft": -np.ones(17)}, "prefill_ttft"),
+        ("prefill", {"prefill_ttft": np.ones(3)}, "prefill_ttft"),
+        ("prefill", {"prefill_isl": np.array(["a"] * 17)}, "prefill_isl"),
+        ("decode", {"max_kv_tokens": None}, "max_kv_tokens"),
+        ("decode", {"max_kv_tokens": np.array([0])}, "max_kv_tokens"),
+        ("decode", {"max_kv_tokens": np.array([1.5])}, "max_kv_tokens"),
+        ("decode", {"x_kv_usage": np.full(41, 2.0)}, "x_kv_usage"),
+        ("decode", {"z_itl": np.full(41, np.nan)}, "z_itl"),
+        ("decode", {"y_context_length": None}, "y_context_length"),
+    ],
+)
+def test_bad_files_name_file_and_key(tmp_path, role, overrides, key):
+    arrays = {"prefill": prefill_arrays, "decode": decode_arrays}
+    for r in ("prefill", "decode"):
+        np.savez(tmp_path / f"m__{r}.npz", **arrays[r](**(overrides if r == role else {})))
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "m__prefill.npz")
+    assert err.value.key == key
+    assert f"m__{role}.npz" in err.value.path
+    assert repr(key) in str(err.value) and f"m__{role}.npz" in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_stacked_file_without_tp_cannot_choose(tmp_path):
+    stacked = {k: np.stack([v, v]) for k, v in prefill_arrays().items()}
+    np.savez(tmp_path / "s__prefill.npz", **stacked)
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "s__prefill.npz")
+    assert err.value.key == "tp"
+
+
+def test_unreadable_and_missing(tmp_path):
+    (tmp_path / "junk__prefill.npz").write_bytes(b"not a zip")
+    with pytest.raises(ProfileError, match="not a readable NPZ") as err:
+        load_profile(tmp_path / "junk__prefill.npz")
+    assert err.value.key is None
+    (tmp_path / "prefill_raw_data.json").write_text("[1, 2]")
+    with pytest.raises(ProfileError, match="JSON root"):
+        load_profile(tmp_path / "prefill_raw_data.json")
+    with pytest.raises(ProfileError, match="no such file"):
+        load_profile(tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ProfileError, match="no profiling data"):
+        load_profile(empty)
+    with pytest.raises(ProfileError, match="bundled profiles"):
+        load_profile("h300-nonexistent")

@@ -1,0 +1,225 @@
+"""The planning core end to end: both loops, reconcile, guards, decisions."""
+
+from __future__ import annotations
+
+from fleetplan.schemas import ControlEvent, SetAdvisory, SetMinEndpoints
+from tests.models.factories import T0, ack, decisions, fpm, ready, requests
+
+
+def test_throughput_loop_sizes_fleet_like_dynamo(make_fleet):
+    # Reference notes §7: 20 rps, ISL 3000 / OSL 150 on H200 8B -> 2 prefill, 1 decode.
+    fleet = make_fleet()
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 185)])
+    (first,) = [o for o in out if o.time == T0 + 180]
+    assert first.throughput_reason == "scale"
+    assert abs(first.predicted.rps - 20) < 0.2
+    assert 15.0 < first.estimates["prefill"].engine_capacity_rps < 17.0
+    assert 48.0 < first.estimates["decode"].engine_capacity_rps < 52.0
+    (d,) = decisions(out)
+    assert d.targets == {"prefill": 2, "decode": 1}
+    assert d.previous == {"prefill": 1, "decode": 1}
+    assert d.decision_id == 0 and d.throughput_reason == "scale"
+
+
+def test_kv_hit_rate_halves_prefill(make_fleet):
+    fleet = make_fleet()
+    reqs = [r.model_copy(update={"kv_hit_rate": 0.5}) for r in requests(20, T0 + 1, T0 + 185)]
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *reqs])
+    # 33.7 rps per prefill engine (reference): 20 rps fits in one.
+    cap = [o for o in out if o.time == T0 + 180][0].estimates["prefill"].engine_capacity_rps
+    assert 30 < cap < 36
+    assert decisions(out) == []
+
+
+def test_pending_guard_until_ack_then_next_decision(make_fleet):
+    fleet = make_fleet()
+    base = [ready("p0", "prefill"), ready("d0", "decode")]
+    out = fleet.run([*base, *requests(20, T0 + 1, T0 + 365)])
+    assert [d.decision_id for d in decisions(out)] == [0]
+    reasons = [o.throughput_reason for o in out if o.time == T0 + 360]
+    assert reasons == ["scaling_in_progress"]
+    # now ack it and double the load: the next decision gets id 1
+    fleet2 = make_fleet()
+    evs = [*base, *requests(20, T0 + 1, T0 + 180), ack(0, T0 + 200),
+           ready("p1", "prefill", T0 + 201), *requests(40, T0 + 180, T0 + 545, tag="s")]
+    out2 = fleet2.run(evs)
+    ds = decisions(out2)
+    assert [d.decision_id for d in ds] == [0, 1]
+    assert ds[1].previous == {"prefill": 2, "decode": 1}
+    assert ds[1].targets["prefill"] == 3
+
+
+def test_ack_timeout_releases_guard(make_fleet):
+    fleet = make_fleet(ack_timeout_seconds=300)
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 545)])
+    # decision 0 at 180 never acked; at 540 (>= 180 + 300) the planner proceeds and re-issues
+    assert [d.decision_id for d in decisions(out)] == [0, 1]
+
+
+def test_idle_traffic_scales_to_minimum(make_fleet):
+    fleet = make_fleet()
+    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode"), ready("d1", "decode")]
+    evs += requests(0.01, T0 + 1, T0 + 200)  # a trickle, then silence
+    from fleetplan.schemas import ClockEvent
+
+    evs.append(ClockEvent(deployment="d", time=T0 + 400))
+    ds = decisions(fleet.run(evs))
+    assert ds and ds[0].targets == {"prefill": 1, "decode": 1}
+
+
+def test_throughput_change_is_capped(make_fleet):
+    fleet = make_fleet(max_throughput_scaling_replicas=2)
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(200, T0 + 1, T0 + 182)])
+    (d,) = decisions(out)
+    assert d.targets["prefill"] == 3  # 1 + 2, although 13 are needed
+
+
+def test_gpu_budget_never_exceeded(make_fleet):
+    fleet = make_fleet(max_gpu_budget=5)
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(200, T0 + 1, T0 + 182)])
+    (d,) = decisions(out)
+    assert sum(d.targets.values()) <= 5
+    assert d.throughput_reason == "gpu_budget_guard_hold"
+
+
+def test_min_endpoints_by_control_event(make_fleet):
+    fleet = make_fleet()
+    evs = [ready("p0", "prefill"), ready("d0", "decode"),
+           ControlEvent(deployment="d", time=T0 + 2, body=SetMinEndpoints(minimums={"decode": 3})),
+           *requests(1, T0 + 1, T0 + 182)]
+    (d,) = decisions(fleet.run(evs))
+    assert d.targets == {"prefill": 1, "decode": 3} and d.config_version == 1
+
+
+def test_advisory_decides_but_never_waits(make_fleet):
+    fleet = make_fleet()
+    evs = [ready("p0", "prefill"), ready("d0", "decode"),
+           ControlEvent(deployment="d", time=T0 + 2, body=SetAdvisory(advisory=True)),
+           *requests(20, T0 + 1, T0 + 545)]
+    ds = decisions(fleet.run(evs))
+    assert len(ds) == 1 and ds[0].advisory  # the same advice is not repeated
+    assert fleet.states["d"].pending is None
+
+
+# --- load loop ---------------------------------------------------------------
+
+
+def _load_fleet(make_fleet, **extra):
+    return make_fleet(enable_load_scaling=True, enable_throughput_scaling=False, **extra)
+
+
+def _engines(t, role, n, **kw):
+    return [fpm(f"{role[0]}{i}", role, t, counter=int(t), **kw) for i in range(n)]
+
+
+def test_load_loop_scales_up_only_when_all_engines_are_hot(make_fleet):
+    fleet = _load_fleet(make_fleet)
+    evs = [ready("p0", "prefill"), ready("p1", "prefill"), ready("d0", "decode"), ready("d1", "decode")]
+    evs += [fpm("p0", "prefill", T0 + 1, queued_prefill=100_000), fpm("p1", "prefill", T0 + 1, queued_prefill=0)]
+    evs += _engines(T0 + 1, "decode", 2, decode_reqs=10, decode_kv=30_000)
+    out = fleet.run([*evs, fpm("p0", "prefill", T0 + 6, queued_prefill=100_000, counter=6)])
+    first = [o for o in out if o.time == T0 + 5][0]
+    assert first.load_reasons["prefill"] != "scale_up"
+    fleet2 = _load_fleet(make_fleet)
+    evs2 = evs[:4] + _engines(T0 + 1, "prefill", 2, queued_prefill=100_000) + evs[6:]
+    out2 = fleet2.run([*evs2, fpm("p0", "prefill", T0 + 6, queued_prefill=100_000, counter=6)])
+    (d,) = decisions(out2)
+    assert d.targets["prefill"] == 3 and d.load_reason == "scale_up"
+    assert d.estimates["prefill"].ttft_ms > 500
+
+
+def test_load_loop_consolidates_idle_engines(make_fleet):
+    fleet = _load_fleet(make_fleet)
+    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
+    evs += _engines(T0 + 1, "prefill", 3, queued_prefill=0)
+    evs += _engines(T0 + 1, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    (d,) = decisions(fleet.run([*evs, fpm("d0", "decode", T0 + 6, counter=7, decode_reqs=4, decode_kv=12_000)]))
+    assert d.targets == {"prefill": 2, "decode": 1} and d.load_reason == "scale_down"
+
+
+def test_load_loop_refuses_to_consolidate_a_busy_pair(make_fleet):
+    fleet = _load_fleet(make_fleet)
+    # each of two engines at ~350 ms TTFT: one engine would carry twice the queue, over budget
+    evs = [ready("p0", "prefill"), ready("p1", "prefill"), ready("d0", "decode")]
+    evs += _engines(T0 + 1, "prefill", 2, queued_prefill=13_000)
+    evs += _engines(T0 + 1, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    out = fleet.run([*evs, fpm("d0", "decode", T0 + 6, counter=7, decode_reqs=4, decode_kv=12_000)])
+    tick = [o for o in out if o.time == T0 + 5][0]
+    assert tick.load_reasons["prefill"] == "scale_down_refused_consolidation"
+    assert decisions(out) == []
+
+
+def test_load_loop_needs_full_fpm_coverage(make_fleet):
+    fleet = _load_fleet(make_fleet)
+    evs = [ready("p0", "prefill"), ready("p1", "prefill"), ready("d0", "decode")]
+    evs += [fpm("p0", "prefill", T0 + 1, queued_prefill=100_000), fpm("d0", "decode", T0 + 1, decode_reqs=1, decode_kv=10)]
+    out = fleet.run([*evs, fpm("d0", "decode", T0 + 6, counter=3)])
+    tick = [o for o in out if o.time == T0 + 5][0]
+    assert tick.load_reasons["prefill"] == "worker_count_mismatch"
+
+
+def test_throughput_floor_caps_load_scale_down(make_fleet):
+    fleet = make_fleet(enable_load_scaling=True)
+    evs = [ready(f"p{i}", "prefill") for i in range(2)] + [ready("d0", "decode")]
+    evs += requests(20, T0 + 1, T0 + 186)
+    for t in range(1, 186, 5):
+        evs += _engines(T0 + t, "prefill", 2, queued_prefill=0)
+        evs += _engines(T0 + t, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    early = [o for o in out if o.time < T0 + 180]
+    assert any(o.load_reason == "scale_down" for o in early) or decisions(early)
+    at_180 = [o for o in out if o.time == T0 + 180][0]
+    assert at_180.throughput_reason == "set_lower_bound"
+    assert at_180.lower_bound == {"prefill": 2, "decode": 1}
+
+
+def test_scale_down_capped_by_throughput_reason(make_fleet):
+    fleet = make_fleet(enable_load_scaling=True)
+    evs = [ready(f"p{i}", "prefill") for i in range(2)] + [ready("d0", "decode")]
+    evs += requests(20, T0 + 1, T0 + 191)
+    for t in range(181, 191, 5):
+        evs += _engines(T0 + t, "prefill", 2, queued_prefill=0)
+        evs += _engines(T0 + t, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    tick = [o for o in out if o.time == T0 + 185][0]
+    assert tick.load_reason == "scale_down_capped_by_throughput"
+    assert tick.targets["prefill"] == 2
+
+
+def test_threshold_mode_needs_no_profile(make_fleet):
+    fleet = make_fleet(profile=False, optimization_target="throughput", max_kv_tokens=100_000,
+                       context_length=8192)
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    evs += [fpm("p0", "prefill", T0 + 1, queued_prefill=9000), fpm("d0", "decode", T0 + 1, decode_kv=1000)]
+    (d,) = decisions(fleet.run([*evs, fpm("d0", "decode", T0 + 6, counter=2, decode_kv=1000)]))
+    assert d.targets == {"prefill": 2, "decode": 1}
+
+
+def test_agg_mode(make_fleet):
+    fleet = make_fleet(mode="agg")
+    out = fleet.run([ready("a0", "agg"), *requests(30, T0 + 1, T0 + 182)])
+    tick = [o for o in out if o.time == T0 + 180][0]
+    assert tick.estimates["agg"].engine_capacity_rps > 0
+    ds = decisions(out)
+    assert ds and ds[0].targets == {"agg": 3}  # 30 rps over ~10.8 rps per engine
+
+
+def test_deployments_are_independent(make_fleet):
+    fleet = make_fleet()
+    a = [ready("p0", "prefill", dep="a"), ready("d0", "decode", dep="a"), *requests(20, T0 + 1, T0 + 182, dep="a")]
+    b = [ready("p0", "prefill", dep="b"), ready("d0", "decode", dep="b"), *requests(1, T0 + 1, T0 + 182, dep="b")]
+    ds = decisions(fleet.run(sorted(a + b, key=lambda e: e.time)))
+    assert [(d.deployment, d.decision_id) for d in ds] == [("a", 0)]
+
+
+def test_fpm_batch_equals_one_by_one(make_fleet):
+    from fleetplan.schemas import FpmBatch
+
+    fpms = [fpm(f"d{i % 3}", "decode", T0 + 1 + i * 0.01, counter=i, wall=0.01 + (i % 5) * 1e-3,
+                decode_reqs=1 + i % 9, decode_kv=1000 * (1 + i % 13)) for i in range(300)]
+    one, batched = make_fleet(), make_fleet()
+    a, b = one.state("d"), batched.state("d")
+    for f in fpms:
+        one.planner.apply(a, f)
+    batched.planner.apply(b, FpmBatch(deployment="d", time=fpms[-1].time, fpms=fpms))
+    assert a.to_data() == b.to_data()

@@ -1,0 +1,67 @@
+"""Event time: arrival order within the grace period never changes a decision."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetplan.models.sequencer import first_tick_after
+from fleetplan.schemas import encode_event
+from tests.models.factories import T0, ack, fpm, ready, requests
+
+
+def _scenario():
+    """Three throughput windows of changing load with load-loop FPMs and an ack."""
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    evs += requests(20, T0 + 1, T0 + 180) + requests(35, T0 + 180, T0 + 360, tag="b")
+    evs += requests(8, T0 + 360, T0 + 545, tag="c")
+    evs.append(ack(0, T0 + 250))
+    for t in range(1, 545, 7):
+        evs.append(fpm("p0", "prefill", T0 + t + 0.5, queued_prefill=(t * 997) % 40_000, counter=t))
+        evs.append(fpm("d0", "decode", T0 + t + 0.25, decode_reqs=8, decode_kv=20_000 + t, counter=t))
+    return sorted(evs, key=lambda e: e.time)
+
+
+SCENARIO = _scenario()
+
+
+def _fold(make_fleet, events):
+    fleet = make_fleet(enable_load_scaling=True, load_predictor="kalman", grace_seconds=3.0)
+    outs = fleet.run(events)
+    return [orjson.dumps(o.to_dict()) for o in outs], [
+        encode_event(o.decision) for o in outs if getattr(o, "decision", None)
+    ]
+
+
+def _jitter(events, keys):
+    """Reorder events by a perturbed time that moves each by less than the grace period."""
+    return [e for _, e in sorted(zip(keys, events, strict=True), key=lambda p: (p[1].time + p[0],))]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(min_value=0, max_value=2**32))
+def test_shuffle_within_grace_never_changes_decisions(make_fleet, seed):
+    rnd = random.Random(seed)
+    baseline = _fold(make_fleet, SCENARIO)
+    keys = [rnd.uniform(-1.4, 1.4) for _ in SCENARIO]  # |delay difference| < 2.8 s < grace 3 s
+    shuffled = _jitter(SCENARIO, keys)
+    assert shuffled != SCENARIO
+    assert _fold(make_fleet, shuffled) == baseline
+    assert baseline[1], "the scenario must produce decisions"
+
+
+def test_late_event_is_refused_and_counted(make_fleet):
+    fleet = make_fleet()
+    fleet.run(SCENARIO[:50] + requests(1, T0 + 190, T0 + 200, tag="z"))
+    late = fleet.feed(requests(1, T0 + 10, T0 + 11, tag="late")[0])
+    assert len(late) == 1 and late[0].last_tick == T0 + 180
+    assert fleet.states["d"].late_events == 1
+
+
+def test_ticks_fall_on_the_grid():
+    assert first_tick_after(T0 + 0.1, 5) == T0 + 5
+    assert first_tick_after(T0, 5) == T0 + 5
+    assert first_tick_after(T0 + 4.999, 5) == T0 + 5

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 OUT ?= out/quickstart
 
-.PHONY: install run test test-unit lint services services-down bench clean
+.PHONY: install run test test-unit lint services services-down services-status services-wipe bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,11 +32,18 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 
-services:
+## test services: real Kafka 4.x (KRaft) + Redis; see docs/testing.md
+services:  ## install (first time) and start Kafka on 127.0.0.1:19092 and Redis on 127.0.0.1:16379
 	bash scripts/services/up.sh
 
-services-down:
+services-down:  ## stop both (Kafka's data and the cached jars are kept)
 	bash scripts/services/down.sh
+
+services-status:  ## exit 0 only if both services answer
+	bash scripts/services/kafka.sh status && bash scripts/services/redis.sh status
+
+services-wipe:  ## stop both and delete Kafka's data; jars stay cached
+	bash scripts/services/down.sh --wipe
 
 bench: install
 	$(BIN)/python bench/bench_core.py

@@ -16,7 +16,14 @@ import time
 
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.planner import Planner
-from fleetplan.schemas import FpmBatch, ForwardPassMetrics, InventoryEvent, QueuedRequests, RequestRecord, ScheduledRequests
+from fleetplan.schemas import (
+    ForwardPassMetrics,
+    FpmBatch,
+    InventoryEvent,
+    QueuedRequests,
+    RequestRecord,
+    ScheduledRequests,
+)
 from fleetplan.sim.profiles import load_profile
 
 T0 = 1_800_000_000.0

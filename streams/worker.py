@@ -266,3 +266,25 @@ class PlannerWorker:
             dep.outbox = []
         log.info("re-sending %d outbox records of %d deployments", len(outputs), len(deployments))
         await self._send(outputs, {d.name: d.partition for d in deployments})
+
+
+def run_worker(settings: WorkerSettings) -> None:
+    """Create the topics, build the planner and app, and run until SIGTERM/SIGINT."""
+    from faust import Worker
+
+    from fleetplan.bootstrap import build_planner
+    from fleetplan.streams.app import create_app
+    from fleetplan.streams.topics import changelog_specs, ensure_topics, event_log_specs
+
+    planner = build_planner(settings.config, settings.profile)
+    interval = planner.config.throughput_adjustment_interval_seconds
+    specs = event_log_specs(settings.topics, settings.partitions) + changelog_specs(
+        settings.app_id, settings.partitions, traffic_retention_ms=int(8 * interval * 1000),
+    )
+    asyncio.run(ensure_topics(settings.bootstrap, specs, replication=settings.replication))
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    app = create_app(settings)
+    worker = PlannerWorker(app, planner, settings)
+    if settings.metrics_port is not None:
+        worker.metrics.serve(settings.metrics_port, settings.metrics_host)
+    Worker(app, loglevel=settings.loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()

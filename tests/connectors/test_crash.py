@@ -92,6 +92,8 @@ async def test_kubernetes_connector_killed_between_apply_and_ack(
     for ack in acks:
         by_id.setdefault(ack.decision_id, []).append(ack)
     assert {a.status for a in by_id[0]} == {"applied"}, log.read_text()[-3000:]
+    if crash_at == "after_apply":
+        assert "recovering llama decision 0" in log.read_text()
     assert by_id[0][-1].observed == {"prefill": 2, "decode": 3}
     assert [a.status for a in by_id[1]] == ["applied"]
     # Decision 0 was applied once (2 patches); decision 1 changed decode only (1 patch).

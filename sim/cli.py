@@ -1,0 +1,343 @@
+"""``fleetplan simulate``: a real trace against a simulated fleet, closed-loop.
+
+Registered on the main CLI by :func:`register`. It parses options, builds
+the workload, the fleet and the planner, and hands over to
+:mod:`fleetplan.sim.experiment`; nothing here plans or simulates.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+
+POLICIES = "planner|static-peak|static-mean|oracle|MODULE:CLASS"
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="simulate")(simulate)
+
+
+def simulate(
+    trace: Annotated[Path | None, typer.Option("--trace", help="request trace: Azure CSV, Mooncake or dynamo.request.trace.v1 JSONL (.gz ok)")] = None,
+    profile: Annotated[str, typer.Option("--profile", help="engine profile: bundled name (h200-llama3.1-8b, h100-llama3.3-70b) or NPZ/JSON path")] = "h200-llama3.1-8b",
+    config: Annotated[Path | None, typer.Option("--config", help="planner config, YAML or JSON (its SLA, mode and engine limits define the fleet)")] = None,
+    policy: Annotated[str, typer.Option("--policy", help=f"who scales the fleet: {POLICIES}")] = "planner",
+    out: Annotated[Path | None, typer.Option("--out", help="directory for events.jsonl, summary.json and report.html")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON instead of a table")] = False,
+    start: Annotated[float, typer.Option("--start", help="slice: first second of the trace to replay")] = 0.0,
+    duration: Annotated[float | None, typer.Option("--duration", help="slice: seconds of the trace to replay (default: all)")] = None,
+    rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the request rate, time axis kept (superposed shifted copies)")] = 1.0,
+    speed: Annotated[float, typer.Option("--speed", help="play the trace this many times faster")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="seed of rate scaling, startup draws and generators")] = 0,
+    servegen: Annotated[Path | None, typer.Option("--servegen", help="generate the workload from ServeGen clients_rate_10min CSV(.gz) instead of --trace")] = None,
+    servegen_model: Annotated[str, typer.Option("--servegen-model", help="ServeGen model column (m-large, m-mid, ...)")] = "m-large",
+    router: Annotated[str, typer.Option("--router", help="round-robin | least-loaded | prefix")] = "least-loaded",
+    startup: Annotated[str, typer.Option("--startup", help="worker startup seconds, or uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA")] = "120",
+    initial: Annotated[str, typer.Option("--initial", help="initial fleet: warm (sized for the first startup period), min, or e.g. prefill=2,decode=3")] = "warm",
+    fpm_interval: Annotated[float, typer.Option("--fpm-interval", help="seconds between sampled FPMs per engine")] = 1.0,
+    engine_timing: Annotated[str, typer.Option("--engine-timing", help="interp (profile measurements) | fit (the planner's own linear fit)")] = "interp",
+    baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="also run static-peak, static-mean and oracle on the same fleet")] = True,
+    oracle_rounds: Annotated[int, typer.Option("--oracle-rounds", help="replays the oracle may use to raise windows that missed the goal")] = 4,
+    goal: Annotated[float, typer.Option("--goal", help="per-window SLA attainment the oracle must reach")] = 0.99,
+    window: Annotated[float, typer.Option("--window", help="seconds per window for baselines and report")] = 60.0,
+) -> None:
+    """Replay a trace against a simulated fleet driven by the planner (or another policy)."""
+    from fleetplan.cli import fail
+
+    try:
+        run = _prepare(
+            trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
+            servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
+        )
+    except _UserError as err:
+        fail(str(err))
+    _execute(run, out, as_json, baselines, oracle_rounds, goal)
+
+
+class _UserError(Exception):
+    pass
+
+
+def _prepare(
+    trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
+    servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
+) -> dict:
+    from fleetplan.bootstrap import build_planner
+    from fleetplan.models.config import ConfigError, load_config
+    from fleetplan.sim.policy import PolicyError, load_policy
+    from fleetplan.sim.profiles import ProfileError, load_profile
+    from fleetplan.sim.router import ROUTERS
+    from fleetplan.sim.runner import SimOptions, make_setup
+    from fleetplan.sim.servegen import ServeGenError
+    from fleetplan.sim.startup import parse_startup
+    from fleetplan.sim.timing import TIMING_MODES
+    from fleetplan.sim.traces import TraceFormatError
+
+    if router not in ROUTERS:
+        raise _UserError(f"--router: expected one of {', '.join(ROUTERS)}, got {router!r}")
+    if engine_timing not in TIMING_MODES:
+        raise _UserError(f"--engine-timing: expected one of {', '.join(TIMING_MODES)}, got {engine_timing!r}")
+    for name, value in (("--rate-scale", rate_scale), ("--speed", speed), ("--fpm-interval", fpm_interval), ("--window", window)):
+        if not value > 0:
+            raise _UserError(f"{name}: must be > 0, got {value}")
+    try:
+        parse_startup(startup)
+    except ValueError as err:
+        raise _UserError(f"--startup: {err}") from None
+    try:
+        cfg = load_config(config)
+    except ConfigError as err:
+        raise _UserError(str(err)) from None
+    try:
+        prof = load_profile(profile, tp=cfg.profile_tp)
+    except (ProfileError, ValueError) as err:
+        raise _UserError(f"profile {err}") from None
+    options = SimOptions(
+        router=router, startup=startup, fpm_interval_s=fpm_interval, seed=seed, timing=engine_timing,
+        window_s=window,
+    )
+    try:
+        setup = make_setup(cfg, prof, options)
+    except ValueError as err:
+        raise _UserError(f"{config or 'config'}: {err}") from None
+    try:
+        workload = _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed)
+    except (TraceFormatError, ServeGenError, ValueError, OSError) as err:
+        raise _UserError(str(err)) from None
+    if policy in ("planner",):
+        try:
+            planner = build_planner(cfg, profile)
+        except (ConfigError, ValueError, OSError) as err:
+            raise _UserError(str(err)) from None
+        policy_obj = None
+    elif policy in ("static-peak", "static-mean", "oracle"):
+        planner, policy_obj = None, policy
+    else:
+        try:
+            policy_obj = load_policy(policy)
+        except PolicyError as err:
+            raise _UserError(str(err)) from None
+        planner = None
+    try:
+        initial_spec = _initial_spec(initial)
+    except ValueError as err:
+        raise _UserError(f"--initial: {err}") from None
+    return {
+        "workload": workload, "setup": setup, "planner": planner, "policy": policy,
+        "policy_obj": policy_obj, "initial": initial_spec, "config_path": config, "profile": profile,
+        "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed,
+    }
+
+
+def _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed):
+    from fleetplan.sim.servegen import servegen_workload
+    from fleetplan.sim.traces import read_trace
+    from fleetplan.sim.workload import Workload, slice_trace, trace_duration
+    from fleetplan.sim.workload import rate_scale as scale_rate
+    from fleetplan.sim.workload import speed as speed_up
+
+    if (trace is None) == (servegen is None):
+        raise ValueError("give exactly one of --trace FILE or --servegen FILE")
+    if servegen is not None:
+        wl = servegen_workload(
+            servegen, servegen_model, start_s=start, duration_s=duration or 86_400.0,
+            rate_scale=rate_scale, seed=seed,
+        )
+        if speed != 1.0:
+            raise ValueError("--speed applies to --trace workloads only")
+        return wl
+    if not trace.exists():
+        raise ValueError(f"{trace}: no such trace file")
+    requests = read_trace(trace)
+    if not requests:
+        raise ValueError(f"{trace}: the trace has no requests")
+    full = trace_duration(requests)
+    end = None if duration is None else start + duration
+    if start or end is not None:
+        requests = slice_trace(requests, start, end)
+        if not requests:
+            raise ValueError(f"{trace}: no requests in [{start}, {end if end is not None else full})")
+    window = (duration if duration is not None else max(full - start, 1.0))
+    if rate_scale != 1.0:
+        requests = scale_rate(requests, rate_scale, seed=seed, duration_s=window)
+    if speed != 1.0:
+        requests = speed_up(requests, speed)
+        window = window / speed
+    return Workload.from_requests(Path(trace).stem, requests, window)
+
+
+def _initial_spec(text: str):
+    if text in ("warm", "min"):
+        return text
+    out = {}
+    for part in text.split(","):
+        role, sep, n = part.partition("=")
+        if not sep or role.strip() not in ("prefill", "decode", "agg"):
+            raise ValueError(f"expected warm, min or role=count pairs like prefill=2,decode=3; got {text!r}")
+        try:
+            out[role.strip()] = int(n)
+        except ValueError:
+            raise ValueError(f"{role}: expected an integer count, got {n!r}") from None
+        if out[role.strip()] < 0:
+            raise ValueError(f"{role}: count must be >= 0")
+    return out
+
+
+def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle_rounds: int, goal: float) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fleetplan.sim import experiment
+    from fleetplan.sim.policy import PolicyError
+    from fleetplan.sim.report import write_report
+
+    workload = run["workload"]
+    setup = run["setup"]
+    console = Console(stderr=True)
+    show = not as_json and console.is_terminal
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    sizing = experiment.size_workload(workload, setup)
+    try:
+        initial = experiment.initial_fleet(run["initial"], setup, sizing)
+    except ValueError as err:
+        from fleetplan.cli import fail
+
+        fail(f"--initial: {err}")
+    duration = workload.duration_s
+    policy = run["policy"]
+    names = [policy]
+    if baselines:
+        names += [b for b in ("oracle", "static-peak", "static-mean") if b != policy]
+    results: dict[str, object] = {}
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(), console=console, disable=not show, transient=True,
+    ) as progress:
+        def task_for(name):
+            task = progress.add_task(name, total=duration, note="")
+
+            def update(sim_t):
+                progress.update(task, completed=min(sim_t, duration), note=f"{sim_t / 60:.0f} min simulated")
+
+            return update
+
+        order = sorted(names, key=lambda n: 0 if n == "oracle" else 1)  # statics read the oracle's needs
+        for name in order:
+            log_fh = None
+            if name == policy and out is not None:
+                log_fh = (out / "events.jsonl").open("wb")
+            try:
+                results[name] = _run_one(name, run, setup, workload, sizing, initial, log_fh, task_for(name),
+                                         oracle_rounds, goal, lambda msg: progress.console.log(msg) if show else None)
+            except PolicyError as err:
+                from fleetplan.cli import fail
+
+                fail(str(err))
+            finally:
+                if log_fh is not None:
+                    log_fh.close()
+    ordered = [results[n] for n in names]
+    summary = _summary_json(run, sizing, ordered, out)
+    if out is not None:
+        (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        arrivals = [(w.t, w.num_req) for w in sizing.traffic]
+        title = f"fleetplan simulate: {run['policy']} on {workload.name} ({setup.config.mode}, {run['profile']})"
+        write_report(out / "report.html", ordered, setup.config.ttft_ms, setup.config.itl_ms, sizing.window_s, arrivals, title)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        _print_table(ordered, setup, workload, run, out)
+
+
+def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, rounds, goal, note):
+    from fleetplan.sim import experiment
+
+    if name == "planner":
+        return experiment.run_planner(workload, setup, run["planner"], initial, log=log_fh, progress=progress)
+    if name == "oracle":
+        return experiment.run_oracle(workload, setup, sizing, goal, rounds, progress=note)
+    if name == "static-peak":
+        return experiment.run_static(workload, setup, sizing, "peak")
+    if name == "static-mean":
+        return experiment.run_static(workload, setup, sizing, "mean")
+    return experiment.run_policy(workload, setup, run["policy_obj"], name, initial=initial, log=log_fh, progress=progress)
+
+
+def _summary_json(run, sizing, results, out) -> dict:
+    setup = run["setup"]
+    cfg = setup.config
+    main = results[0]
+    wall = sum(r.wall_s for r in results)
+    return {
+        "trace": str(run["trace"]), "workload": run["workload"].name, "profile": run["profile"],
+        "config": None if run["config_path"] is None else str(run["config_path"]),
+        "mode": cfg.mode, "rate_scale": run["rate_scale"], "speed": run["speed"],
+        "duration_s": run["workload"].duration_s, "requests": main.summary.requests,
+        "sla": {"ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms},
+        "startup": setup.startup().describe(), "router": setup.options.router,
+        "gpus_per_engine": setup.gpus,
+        "policy": main.policy,
+        "results": {r.policy: {**r.summary.to_dict(), "wall_s": r.wall_s, "sim_per_wall": r.end_s / r.wall_s if r.wall_s else None} for r in results},
+        "oracle_gpu_hours_ratio": {
+            r.policy: r.summary.gpu_hours / results_by(results, "oracle").summary.gpu_hours
+            for r in results if results_by(results, "oracle") is not None and results_by(results, "oracle").summary.gpu_hours > 0
+        },
+        "sizing": {
+            "window_s": sizing.window_s, "engine_rps_at_mean_shape": sizing.engine_rps,
+            "oracle_refine_rounds": sizing.refine_rounds,
+        },
+        "speed_main": {
+            "sim_seconds_per_wall_second": main.end_s / main.wall_s if main.wall_s else None,
+            "requests_per_wall_second": main.summary.requests / main.wall_s if main.wall_s else None,
+            "iterations_per_wall_second": main.iterations / main.wall_s if main.wall_s else None,
+            "events": main.events, "fpms": main.fpms,
+        },
+        "wall_s_total": wall,
+        "late_events": main.late_events,
+        "files": None if out is None else {
+            "events": str(out / "events.jsonl"), "summary": str(out / "summary.json"),
+            "report": str(out / "report.html"),
+        },
+    }
+
+
+def results_by(results, name):
+    return next((r for r in results if r.policy == name), None)
+
+
+def _print_table(results, setup, workload, run, out) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = setup.config
+    oracle = results_by(results, "oracle")
+    table = Table(title=(
+        f"{workload.name}: {results[0].summary.requests:,} requests over {workload.duration_s / 60:.1f} min, "
+        f"SLA TTFT {cfg.ttft_ms:g} ms / ITL {cfg.itl_ms:g} ms, {cfg.mode}"
+    ))
+    for col in ("policy", "SLA attain.", "TTFT p90 ms", "ITL p90 ms", "goodput tok/s", "tok/s/GPU",
+                "GPU-hours", "vs oracle", "peak replicas", "decisions"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in results:
+        s = r.summary
+        ratio = f"{s.gpu_hours / oracle.summary.gpu_hours:.2f}x" if oracle and oracle.summary.gpu_hours else "-"
+        peak = " ".join(f"{k[0].upper()}{v}" for k, v in s.peak_replicas.items())
+        table.add_row(
+            s.policy, f"{s.sla_attainment:.2%}", f"{s.ttft_p90_ms:,.0f}", f"{s.itl_p90_ms:,.1f}",
+            f"{s.goodput_tps:,.0f}", f"{s.goodput_per_gpu_tps:,.0f}", f"{s.gpu_hours:.2f}", ratio, peak,
+            str(s.decisions),
+        )
+    console = Console()
+    console.print(table)
+    main = results[0]
+    console.print(
+        f"{main.policy}: {main.end_s / main.wall_s:,.0f}x real time "
+        f"({main.summary.requests / main.wall_s:,.0f} requests/s, {main.events:,} events logged)"
+    )
+    if out is not None:
+        console.print(f"wrote {out / 'events.jsonl'}, {out / 'summary.json'}, {out / 'report.html'}")

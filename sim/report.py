@@ -1,0 +1,125 @@
+"""The run's interactive report: one self-contained Plotly HTML file.
+
+Six panels on one time axis, every contender of the run overlaid:
+
+1. load: requests arriving per second, and what the planner observed and
+   predicted at its throughput ticks;
+2. replicas per role (ready) over time;
+3. TTFT: observed p50/p90 per window, the planner's estimate at its load
+   ticks, and the SLA target;
+4. ITL: the same;
+5. SLA attainment per window;
+6. GPU cost: GPU-hours spent so far.
+
+The plotly.js bundle is embedded, so the file opens offline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from fleetplan.sim.metrics import windowed
+from fleetplan.sim.runner import RunResult
+
+_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"]
+_DASH = {"prefill": "solid", "decode": "dash", "agg": "solid"}
+
+
+def write_report(
+    path: str | Path,
+    results: list[RunResult],
+    ttft_ms: float,
+    itl_ms: float,
+    window_s: float,
+    arrivals: list[tuple[float, int]],
+    title: str,
+) -> Path:
+    """``results[0]`` is the main policy; ``arrivals`` is (window start, count) per window."""
+    horizon = max(r.end_s for r in results)
+    fig = make_subplots(
+        rows=6, cols=1, shared_xaxes=True, vertical_spacing=0.035,
+        subplot_titles=(
+            "Load (requests/s)", "Ready replicas per role", "TTFT (ms)", "ITL (ms)",
+            "SLA attainment per window", "GPU-hours spent",
+        ),
+    )
+    minutes = [t / 60.0 for t, _ in arrivals]
+    fig.add_trace(go.Bar(
+        x=minutes, y=[n / window_s for _, n in arrivals], name="arrivals/s",
+        marker_color="#bbbbbb", legendgroup="load", offset=0, width=window_s / 60.0,
+    ), row=1, col=1)
+    main = results[0]
+    observed = [(t["t"], t["observed_rps"]) for t in main.ticks if "observed_rps" in t]
+    predicted = [(t["t"], t["predicted_rps"]) for t in main.ticks if "predicted_rps" in t]
+    if observed:
+        fig.add_trace(_line(observed, "observed rps (planner)", "#444444", "dot", "load"), row=1, col=1)
+    if predicted:
+        fig.add_trace(_line(predicted, "predicted rps (planner)", "#1f77b4", "dash", "load"), row=1, col=1)
+
+    for i, result in enumerate(results):
+        color = _COLORS[i % len(_COLORS)]
+        tl = result.timeline.to_dict()
+        for role in result.timeline.roles:
+            fig.add_trace(go.Scatter(
+                x=[t / 60.0 for t in tl["t"]] + [result.end_s / 60.0],
+                y=tl[f"{role}_ready"] + tl[f"{role}_ready"][-1:],
+                mode="lines", line={"shape": "hv", "color": color, "dash": _DASH[role]},
+                name=f"{result.policy} {role}", legendgroup=result.policy,
+            ), row=2, col=1)
+        w = windowed(result.requests, window_s, horizon, ttft_ms, itl_ms)
+        wm = [t / 60.0 for t in w["t"]]
+        width = 2 if i == 0 else 1
+        fig.add_trace(go.Scatter(x=wm, y=w["ttft_p90"], mode="lines", name=f"{result.policy} TTFT p90",
+                                 line={"color": color, "width": width}, legendgroup=result.policy), row=3, col=1)
+        fig.add_trace(go.Scatter(x=wm, y=w["itl_p90"], mode="lines", name=f"{result.policy} ITL p90",
+                                 line={"color": color, "width": width}, legendgroup=result.policy), row=4, col=1)
+        if i == 0:
+            fig.add_trace(go.Scatter(x=wm, y=w["ttft_p50"], mode="lines", name=f"{result.policy} TTFT p50",
+                                     line={"color": color, "dash": "dot"}, legendgroup=result.policy), row=3, col=1)
+            fig.add_trace(go.Scatter(x=wm, y=w["itl_p50"], mode="lines", name=f"{result.policy} ITL p50",
+                                     line={"color": color, "dash": "dot"}, legendgroup=result.policy), row=4, col=1)
+        fig.add_trace(go.Scatter(x=wm, y=w["attainment"], mode="lines+markers", name=f"{result.policy} attainment",
+                                 line={"color": color, "width": width}, legendgroup=result.policy), row=5, col=1)
+        fig.add_trace(go.Scatter(
+            x=[t / 60.0 for t in tl["t"]] + [result.end_s / 60.0],
+            y=_cumulative_gpu_hours(tl["t"], tl["gpus"], result.end_s),
+            mode="lines", name=f"{result.policy} GPU-h", line={"color": color, "width": width},
+            legendgroup=result.policy,
+        ), row=6, col=1)
+
+    for key, row in (("est_ttft_ms", 3), ("est_itl_ms", 4)):
+        for role in main.timeline.roles:
+            pts = [(t["t"], t[f"{role}_{key}"]) for t in main.ticks if f"{role}_{key}" in t]
+            if pts:
+                fig.add_trace(_line(pts, f"planner estimate ({role})", "#17becf", "dashdot", "estimates"), row=row, col=1)
+    for value, row, label in ((ttft_ms, 3, "TTFT SLA"), (itl_ms, 4, "ITL SLA")):
+        fig.add_hline(y=value, line={"color": "black", "dash": "dash"}, annotation_text=label, row=row, col=1)
+    fig.update_yaxes(type="log", row=3, col=1)
+    fig.update_yaxes(type="log", row=4, col=1)
+    fig.update_yaxes(range=[0, 1.02], row=5, col=1)
+    fig.update_xaxes(title_text="minutes", row=6, col=1)
+    fig.update_layout(title=title, height=1700, template="plotly_white", hovermode="x unified")
+    path = Path(path)
+    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    return path
+
+
+def _line(points, name, color, dash, group):
+    return go.Scatter(
+        x=[t / 60.0 for t, _ in points], y=[v for _, v in points], mode="lines+markers",
+        name=name, line={"color": color, "dash": dash}, legendgroup=group,
+    )
+
+
+def _cumulative_gpu_hours(times: list[float], gpus: list[int], end: float) -> list[float]:
+    out = []
+    total = 0.0
+    for i, t in enumerate(times):
+        if i:
+            total += gpus[i - 1] * (t - times[i - 1]) / 3600.0
+        out.append(total)
+    out.append(total + (gpus[-1] * (end - times[-1]) / 3600.0 if times else 0.0))
+    return out

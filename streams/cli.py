@@ -1,0 +1,151 @@
+"""``fleetplan worker``, ``fleetplan audit`` and ``fleetplan bridge``.
+
+Thin wrappers: each parses its options into the settings of a runtime
+part and starts it. Bad options exit with status 2 and one line naming the
+option; no planning logic lives here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+BOOTSTRAP_ENV = "FLEETPLAN_KAFKA_BOOTSTRAP"
+
+
+def _fail(message: str) -> None:
+    from fleetplan.cli import fail
+
+    fail(message)
+
+
+def _bootstrap(value: str | None) -> str:
+    bootstrap = value or os.environ.get(BOOTSTRAP_ENV)
+    if not bootstrap:
+        _fail(f"--bootstrap: give the Kafka bootstrap address (or set {BOOTSTRAP_ENV})")
+    return bootstrap
+
+
+Bootstrap = Annotated[str | None, typer.Option("--bootstrap", help=f"Kafka bootstrap host:port (default ${BOOTSTRAP_ENV})")]
+Prefix = Annotated[str, typer.Option("--topic-prefix", help="namespace prepended to every topic name")]
+Partitions = Annotated[int, typer.Option("--partitions", min=1, help="partitions of every topic (a contract: keep it)")]
+Config = Annotated[Path | None, typer.Option("--config", help="planner config, YAML or JSON")]
+Profile = Annotated[str | None, typer.Option("--profile", help="profile name or NPZ/JSON path")]
+
+
+def worker(
+    bootstrap: Bootstrap = None,
+    config: Config = None,
+    profile: Profile = None,
+    app_id: Annotated[str, typer.Option("--app-id", help="Faust app id: consumer group and changelog names")] = "fleetplan-worker",
+    topic_prefix: Prefix = "",
+    partitions: Partitions = 8,
+    replication: Annotated[int | None, typer.Option(min=1, help="replication factor of created topics (default min(3, brokers))")] = None,
+    store: Annotated[str | None, typer.Option(help="table store URL: rocksdb:// (default when rocksdict is installed) or memory://")] = None,
+    datadir: Annotated[Path, typer.Option(help="local state directory")] = Path("/tmp/fleetplan-worker"),
+    batch_max: Annotated[int, typer.Option(min=1, help="records per batch at most")] = 2000,
+    batch_within: Annotated[float, typer.Option(min=0.001, help="seconds to wait to fill a batch")] = 0.05,
+    idle_after: Annotated[float, typer.Option(min=0.1, help="seconds of silence after which a source stops holding the watermark")] = 30.0,
+    session_timeout: Annotated[float, typer.Option(min=1.0, help="consumer session timeout, seconds")] = 10.0,
+    heartbeat: Annotated[float, typer.Option(min=0.1, help="consumer heartbeat interval, seconds")] = 1.0,
+    commit_interval: Annotated[float, typer.Option(min=0.1, help="offset commit interval, seconds")] = 1.0,
+    instance_id: Annotated[str | None, typer.Option(help="static group membership id (fast restarts)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus /metrics on this port")] = None,
+    loglevel: Annotated[str, typer.Option(help="log level")] = "warning",
+) -> None:
+    """Run the planner worker: inputs from Kafka into the core, decisions out."""
+    from fleetplan.models.config import ConfigError
+    from fleetplan.streams.app import WorkerSettings, default_store
+    from fleetplan.streams.topics import TopicMismatch
+    from fleetplan.streams.worker import run_worker
+
+    settings = WorkerSettings(
+        bootstrap=_bootstrap(bootstrap), app_id=app_id, topic_prefix=topic_prefix,
+        partitions=partitions, replication=replication, store=store or default_store(),
+        datadir=str(datadir), config=None if config is None else str(config), profile=profile,
+        batch_max=batch_max, batch_within_s=batch_within, idle_after_s=idle_after,
+        session_timeout_s=session_timeout, heartbeat_s=heartbeat, commit_interval_s=commit_interval,
+        instance_id=instance_id, metrics_port=metrics_port, loglevel=loglevel,
+    )
+    if not settings.store.startswith(("memory://", "rocksdb://", "aerospike://")):
+        _fail(f"--store: memory:// or rocksdb://, got {settings.store!r}")
+    try:
+        run_worker(settings)
+    except (ConfigError, TopicMismatch, OSError) as err:
+        _fail(str(err))
+
+
+def audit(
+    deployment: Annotated[str, typer.Option("--deployment", help="the deployment to audit")],
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help="read the topics of this Kafka cluster")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="read a local JSONL event log instead (fleetplan simulate)")] = None,
+    config: Config = None,
+    profile: Profile = None,
+    topic_prefix: Prefix = "",
+    partitions: Annotated[int | None, typer.Option("--partitions", min=1, help="partitions of the topics (default: read from the cluster)")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every decision checked")] = False,
+) -> None:
+    """Re-fold a deployment's inputs with the core and check every recorded decision."""
+    from fleetplan.eventlog import EventLogError
+    from fleetplan.models.config import ConfigError
+    from fleetplan.streams.audit import audit_kafka, audit_log
+
+    if (bootstrap is None) == (log is None):
+        _fail("give exactly one of --bootstrap (Kafka) or --log (JSONL file)")
+    try:
+        if log is not None:
+            result = audit_log(log, deployment, config=config, profile=profile)
+        else:
+            result = audit_kafka(bootstrap, deployment, config=config, profile=profile,
+                                 topic_prefix=topic_prefix, partitions=partitions)
+    except (ConfigError, EventLogError, OSError, ValueError) as err:
+        _fail(str(err))
+    for line in result.lines(verbose=verbose):
+        typer.echo(line)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def bridge(
+    bootstrap: Bootstrap = None,
+    sub: Annotated[list[str], typer.Option("--sub", help="ZMQ SUB endpoint; 'bind:tcp://*:5557' binds, a plain address connects (repeatable)")] = [],
+    pull: Annotated[list[str], typer.Option("--pull", help="ZMQ PULL endpoint; binds unless given as 'connect:ADDR' (repeatable)")] = [],
+    topic_prefix: Prefix = "",
+    partitions: Partitions = 8,
+    replication: Annotated[int | None, typer.Option(min=1, help="replication factor of created topics")] = None,
+    buffer: Annotated[int, typer.Option(min=1, help="events accepted but not yet acknowledged by Kafka, at most")] = 100_000,
+    pack_max: Annotated[int, typer.Option(min=1, max=10_000, help="FPMs packed into one record at most")] = 256,
+    pack_within: Annotated[float, typer.Option(min=0.0, help="seconds an FPM may wait to be packed")] = 0.02,
+    heartbeat: Annotated[float, typer.Option(min=0.0, help="idle seconds before a clock heartbeat (0: none)")] = 1.0,
+    linger_ms: Annotated[int, typer.Option(min=0, help="producer linger")] = 5,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus /metrics on this port")] = None,
+    loglevel: Annotated[str, typer.Option(help="log level")] = "warning",
+) -> None:
+    """Run the ZMQ ingress bridge: validate FPMs and request records, produce them to Kafka."""
+    import asyncio
+    import logging
+
+    from fleetplan.connectors.bridge import BridgeSettings, parse_endpoints, run_bridge
+
+    if not sub and not pull:
+        _fail("give at least one --sub or --pull endpoint")
+    try:
+        endpoints = parse_endpoints(sub, pull)
+    except ValueError as err:
+        _fail(str(err))
+    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = BridgeSettings(
+        bootstrap=_bootstrap(bootstrap), endpoints=endpoints, topic_prefix=topic_prefix,
+        partitions=partitions, replication=replication, buffer=buffer, pack_max=pack_max,
+        pack_within_s=pack_within, heartbeat_s=heartbeat, linger_ms=linger_ms, metrics_port=metrics_port,
+    )
+    asyncio.run(run_bridge(settings))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the runtime's commands to the ``fleetplan`` CLI."""
+    app.command("worker")(worker)
+    app.command("audit")(audit)
+    app.command("bridge")(bridge)

@@ -1,0 +1,63 @@
+"""``fleetplan connector`` fails fast, naming the option, before consuming anything."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fleetplan.connectors.cli import parse_dgds, parse_services, register
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str):
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # keep "connector" a subcommand
+    return CliRunner().invoke(app, ["connector", *args])
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--backend", "kubernetes"], "--deployment"),
+    (["--backend", "kubernetes", "--deployment", "a", "--service", "gpu=X"], "--service"),
+    (["--backend", "kubernetes", "--deployment", "a", "--deployment", "b", "--dgd", "x"], "--dgd"),
+    (["--backend", "kubernetes", "--deployment", "a", "--ready-poll", "0"], "--ready-poll"),
+    (["--backend", "kubernetes", "--deployment", "a", "--kubeconfig", "/nonexistent"], "--kubeconfig"),
+    (["--backend", "virtual", "--dgd", "x"], "--dgd"),
+    (["--backend", "log", "--metrics-port", "70000"], "--metrics-port"),
+    (["--backend", "log", "--redis-url", "redis://127.0.0.1:1/0"], "--redis-url"),
+])
+def test_config_errors_name_the_option(args, field):
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert f"fleetplan: error: {field}:" in result.output
+
+
+def test_role_and_dgd_mappings():
+    assert parse_services("sglang", ["agg=Worker"]) == {"prefill": "prefill", "decode": "decode",
+                                                       "agg": "Worker"}
+    assert parse_dgds(["a", "b"], ["b=dgd-b"]) == {"a": "a", "b": "dgd-b"}
+    assert parse_dgds(["a"], ["dgd-a"]) == {"a": "dgd-a"}
+
+
+@pytest.mark.redis
+@pytest.mark.kafka
+async def test_a_missing_dgd_stops_the_connector_at_start(fake_k8s, tmp_path, redis_url,
+                                                          kafka_bootstrap):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(fake_k8s.kubeconfig())
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fleetplan", "connector", "--backend", "kubernetes",
+        "--kubeconfig", str(kubeconfig), "--deployment", "llama", "--redis-url", redis_url,
+        "--bootstrap", kafka_bootstrap, "--metrics-port", "0", cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert "fleetplan: error: --dgd: DynamoGraphDeployment default/llama" in out.decode()

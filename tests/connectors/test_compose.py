@@ -1,0 +1,93 @@
+"""The compose stack is well formed (there is no Docker engine here to run it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+import typer
+import yaml
+
+from fleetplan.connectors.cli import register
+
+COMPOSE = Path(__file__).resolve().parents[2] / "compose"
+SERVICES = {"kafka", "redis", "prometheus", "grafana", "bridge", "worker", "connector", "fleet"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+
+
+def test_names_every_service(compose):
+    assert SERVICES <= set(compose["services"])
+
+
+def test_fleetplan_services_run_their_commands(compose):
+    services = compose["services"]
+    for name, command in [("bridge", "bridge"), ("worker", "worker"), ("connector", "connector"),
+                          ("fleet", "simulate")]:
+        assert services[name]["command"][:2] == ["fleetplan", command], name
+        assert services[name]["build"]["dockerfile"] == "compose/Dockerfile"
+        env = services[name]["environment"]
+        assert env["FLEETPLAN_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert env["FLEETPLAN_REDIS_URL"].startswith("redis://redis:")
+    fleet = services["fleet"]["command"]
+    assert "--realtime" in fleet and fleet[fleet.index("--publish") + 1] == "tcp://bridge:5557"
+    assert "5557:5557" in services["bridge"]["ports"]
+
+
+def test_kafka_is_a_single_kraft_node(compose):
+    kafka = compose["services"]["kafka"]
+    assert kafka["image"].startswith("apache/kafka:4")
+    assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert "zookeeper" not in compose["services"]
+    assert "healthcheck" in kafka and "healthcheck" in compose["services"]["redis"]
+
+
+def test_connector_command_uses_real_options(compose):
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    connector = typer.main.get_command(app).commands["connector"]
+    known = {opt for p in connector.params if isinstance(p, click.Option) for opt in p.opts}
+    used = [a for a in compose["services"]["connector"]["command"] if a.startswith("--")]
+    assert set(used) <= known
+
+
+def test_mounted_files_exist(compose):
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (COMPOSE / source).exists(), f"{name}: {source}"
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    for folder in ("fleetplan", "schemas", "models", "streams", "connectors", "sim", "examples"):
+        assert f"COPY {folder} ./{folder}" in dockerfile
+
+
+def test_prometheus_scrapes_the_fleetplan_services(compose):
+    config = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] for s in job["static_configs"] for t in s["targets"]}
+    services = compose["services"]
+    for name in ("bridge", "worker", "connector"):
+        command = services[name]["command"]
+        port = command[command.index("--metrics-port") + 1]
+        assert f"{name}:{port}" in targets
+
+
+def test_grafana_dashboard_is_provisioned():
+    dashboard = json.loads((COMPOSE / "grafana" / "dashboards" / "fleetplan.json").read_text())
+    datasource = yaml.safe_load(
+        (COMPOSE / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"][0]
+    assert dashboard["uid"] == "fleetplan" and dashboard["panels"]
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == datasource["uid"]
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in ("fleetplan_replica_target", "fleetplan_estimated_ttft_ms", "fleetplan_load_reason",
+                   "fleetplan_connector_decisions_total", "fleetplan_decision_latency_seconds_bucket"):
+        assert metric in exprs

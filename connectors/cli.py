@@ -141,15 +141,18 @@ def connector(
             k8s_settings.check()
             k8s_configuration = load_configuration(kubeconfig, context)
 
-        def make_applier(redis_client) -> Applier:
+        def make_applier() -> Applier:
             if backend is Backend.log:
                 from fleetplan.connectors.log import LogApplier
 
                 return LogApplier()
             if backend is Backend.virtual:
+                from fleetplan.connectors.ledger import connect
                 from fleetplan.connectors.virtual import VirtualApplier
 
-                return VirtualApplier(redis_client, prefix=virtual_prefix,
+                # Its own pool: waits for orchestrators hold connections (XREAD BLOCK).
+                return VirtualApplier(connect(redis_url, max_connections=256), owns_client=True,
+                                      prefix=virtual_prefix,
                                       completion_timeout_s=completion_timeout)
             from fleetplan.connectors.kubernetes import KubernetesApplier
 
@@ -173,10 +176,13 @@ async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str) -> 
     import redis.asyncio as aioredis
     from aiokafka.errors import KafkaConnectionError
 
-    from fleetplan.connectors.ledger import Ledger
+    from fleetplan.connectors.ledger import Ledger, connect
     from fleetplan.connectors.worker import ConnectorService
 
-    redis_client = aioredis.from_url(redis_url)
+    try:
+        redis_client = connect(redis_url)
+    except ValueError as err:
+        raise ConnectorConfigError("--redis-url", str(err)) from None
     try:
         try:
             await redis_client.ping()
@@ -186,7 +192,7 @@ async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str) -> 
             ) from None
         claimant = settings.instance_id or f"{os.uname().nodename}:{os.getpid()}"
         service = ConnectorService(
-            make_applier(redis_client), Ledger(redis_client, prefix=ledger_prefix, claimant=claimant),
+            make_applier(), Ledger(redis_client, prefix=ledger_prefix, claimant=claimant),
             settings,
         )
         try:

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from fleetplan.connectors.virtual import DEFAULT_PREFIX, VirtualKeys, last_stream_id
@@ -62,7 +63,8 @@ class OrchestratorClient(abc.ABC):
 
     @abc.abstractmethod
     def decisions(self, deployment: str) -> AsyncIterator[Decision]:
-        """Decisions to act on, oldest first, forever."""
+        """Decisions to act on, in order, forever. One that already has a newer one
+        waiting behind it is not yielded (it is completed ``superseded``)."""
 
     @abc.abstractmethod
     async def complete(
@@ -185,17 +187,21 @@ class KafkaOrchestratorClient(OrchestratorClient):
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True
-        )
-        await self._producer.start()
-        self._consumer = AIOKafkaConsumer(
-            self._decisions_topic, bootstrap_servers=self._bootstrap, group_id=self._group_id,
-            group_instance_id=self._instance_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=self._session_timeout_ms,
-            heartbeat_interval_ms=max(500, self._session_timeout_ms // 6),
-        )
-        await self._consumer.start()
+        try:
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True
+            )
+            await self._producer.start()
+            self._consumer = AIOKafkaConsumer(
+                self._decisions_topic, bootstrap_servers=self._bootstrap, group_id=self._group_id,
+                group_instance_id=self._instance_id, enable_auto_commit=False,
+                auto_offset_reset="earliest", session_timeout_ms=self._session_timeout_ms,
+                heartbeat_interval_ms=max(500, self._session_timeout_ms // 6),
+            )
+            await self._consumer.start()
+        except BaseException:
+            await self.stop()
+            raise
         self._fetch_task = asyncio.create_task(self._fetch(), name="orchestrator-fetch")
 
     async def stop(self) -> None:
@@ -212,17 +218,13 @@ class KafkaOrchestratorClient(OrchestratorClient):
             raise ValueError(f"deployment {deployment!r} is not one of this client's deployments")
         queue = self._queues[deployment]
         while True:
-            decision = await queue.get()
-            newer = [d for d in _drain(queue) if not d.advisory]
-            if newer:
-                # Something newer is already here: this one is moot.
-                await self.complete(decision, "superseded",
-                                    error=f"decision {newer[-1].decision_id} supersedes it")
-                for stale in newer[:-1]:
+            waiting = [await queue.get(), *_drain(queue)]
+            latest = max(waiting, key=lambda d: d.decision_id)
+            for stale in waiting:
+                if stale is not latest:  # something newer is already here: this one is moot
                     await self.complete(stale, "superseded",
-                                        error=f"decision {newer[-1].decision_id} supersedes it")
-                decision = newer[-1]
-            yield decision
+                                        error=f"decision {latest.decision_id} supersedes it")
+            yield latest
 
     async def complete(
         self, decision: Decision, status: AckStatus = "applied", *,
@@ -249,7 +251,12 @@ class KafkaOrchestratorClient(OrchestratorClient):
         consumer = self._consumer
         assert consumer is not None
         while True:
-            batch = await consumer.getmany(timeout_ms=500, max_records=500)
+            try:
+                batch = await consumer.getmany(timeout_ms=500, max_records=500)
+            except KafkaError as err:
+                log.warning("fetching decisions failed: %s; retrying", err)
+                await asyncio.sleep(1.0)
+                continue
             for tp, records in batch.items():
                 for record in records:
                     self._inflight.setdefault(tp, set()).add(record.offset)
@@ -261,7 +268,10 @@ class KafkaOrchestratorClient(OrchestratorClient):
                     self._pending[(decision.deployment, decision.decision_id)] = (tp, record.offset)
                     self._queues[decision.deployment].put_nowait(decision)
             if batch:
-                await self._commit()
+                try:
+                    await self._commit()
+                except KafkaError as err:
+                    log.warning("commit failed: %s", err)
 
     def _parse(self, record) -> Decision | None:
         try:

@@ -101,6 +101,16 @@ return ARGV[2]
 """
 
 
+def connect(url: str, *, max_connections: int = 64) -> aioredis.Redis:
+    """A Redis client whose pool waits for a free connection instead of failing.
+
+    Every deployment lane talks to Redis at once; a plain pool would open one
+    connection per lane, or refuse with "Too many connections" past its limit.
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=None)
+    return aioredis.Redis(connection_pool=pool)
+
+
 class Ledger:
     """Per-deployment claim/outcome/ack records in Redis (see the module docstring)."""
 

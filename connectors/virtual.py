@@ -103,8 +103,10 @@ class VirtualApplier(Applier):
         prefix: str = DEFAULT_PREFIX,
         completion_timeout_s: float = 1800.0,
         poll_s: float = 1.0,
+        owns_client: bool = False,
     ) -> None:
         self._redis = client
+        self._owns_client = owns_client
         self._prefix = prefix
         self._timeout = completion_timeout_s
         self._poll_ms = max(1, int(poll_s * 1000))
@@ -116,6 +118,10 @@ class VirtualApplier(Applier):
             await self._redis.ping()
         except (aioredis.ConnectionError, OSError) as err:
             raise ConnectorConfigError("--redis-url", f"Redis is not reachable ({err})") from None
+
+    async def stop(self) -> None:
+        if self._owns_client:
+            await self._redis.aclose()
 
     def describe(self) -> str:
         return f"virtual (Redis keys {self._prefix}:<deployment>)"

@@ -37,7 +37,7 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from fleetplan.connectors.base import Applier, ApplyFailed, Superseded
+from fleetplan.connectors.base import Applier, ApplyFailed, ConnectorConfigError, Superseded
 from fleetplan.connectors.ledger import Entry, Ledger, Outcome
 from fleetplan.connectors.metrics import ConnectorMetrics
 from fleetplan.schemas import topics
@@ -47,9 +47,9 @@ from fleetplan.schemas.events import ROLES, Ack, DeadLetter, Decision
 log = logging.getLogger("fleetplan.connector")
 
 CRASH_ENV = "FLEETPLAN_CONNECTOR_CRASH_AT"
-"""Test hook: SIGKILL this process at a named step (after_apply, after_record, after_ack)."""
+"""Test hook: SIGKILL this process at a named step (see CRASH_POINTS)."""
 
-CRASH_POINTS = ("after_apply", "after_record", "after_ack")
+CRASH_POINTS = ("after_claim", "after_apply", "after_record", "after_ack")
 
 
 @dataclass
@@ -155,7 +155,7 @@ class ConnectorService:
         """Validate the backend, then connect; raises before consuming on any setup error."""
         s = self.settings
         if s.crash_at is not None and s.crash_at not in CRASH_POINTS:
-            raise ValueError(f"{CRASH_ENV} must be one of {', '.join(CRASH_POINTS)}")
+            raise ConnectorConfigError(CRASH_ENV, f"must be one of {', '.join(CRASH_POINTS)}")
         await self.applier.start()
         try:
             self._producer = AIOKafkaProducer(
@@ -202,7 +202,10 @@ class ConnectorService:
         for task in lanes + self._tasks:
             task.cancel()
         await asyncio.gather(*lanes, *self._tasks, return_exceptions=True)
-        await self._commit()
+        try:
+            await self._commit()
+        except KafkaError as err:  # the next run redelivers; the ledger makes that harmless
+            log.warning("final commit failed: %s", err)
         await self._close_clients()
         log.info("connector stopped")
 
@@ -289,7 +292,16 @@ class ConnectorService:
             source_topic=record.topic,
             payload=(record.value or b"")[:4096].decode("utf-8", "replace"),
         )
-        await self._produce(self.settings.deadletter_topic, deployment, encode_event(letter))
+        delay = self.settings.retry_backoff_s
+        while True:
+            try:
+                await self._produce(self.settings.deadletter_topic, deployment, encode_event(letter))
+                return
+            except KafkaError as err:
+                self.metrics.errors.labels("kafka").inc()
+                log.warning("dead-lettering failed: %s; retrying in %.1f s", err, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_backoff_max_s)
 
     # --- one deployment's lane ------------------------------------------------------------
 
@@ -341,6 +353,7 @@ class ConnectorService:
         else:
             entry = await self.ledger.begin(decision)
         if entry.verdict in ("apply", "recover"):
+            self._crash_point("after_claim")
             outcome = await self._apply(decision, recover=entry.verdict == "recover")
             self._crash_point("after_apply")
             outcome = await self.ledger.record(decision, outcome)
@@ -373,7 +386,9 @@ class ConnectorService:
             outcome = Outcome("superseded", {}, str(err))
         except ApplyFailed as err:
             outcome = Outcome("failed", {}, str(err))
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, RedisError):
+            # Redis is the ledger (and the virtual backend): retried from the claim, whose
+            # recover() does not apply twice.
             raise
         except Exception as err:  # a backend bug must not kill the lane; never re-applied
             log.exception("backend error on %s decision %d", decision.deployment,

@@ -548,6 +548,17 @@ class FrozenArimaPredictor(ArimaPredictor):
 
     kind = "arima_frozen"
 
+    def __init__(self, params: PredictorParams | None = None) -> None:
+        super().__init__(params)
+        self._updated_at: int | None = None
+
+    def _model_state(self) -> dict[str, Any]:
+        return {**super()._model_state(), "updated_at": self._updated_at}
+
+    def _restore_model(self, model: dict[str, Any]) -> None:
+        super()._restore_model(model)
+        self._updated_at = model["updated_at"]
+
     def _kept_points(self) -> int:
         return self.params.arima_max_history
 
@@ -567,8 +578,10 @@ class FrozenArimaPredictor(ArimaPredictor):
         return self._run_model()
 
     def _update_coefs(self) -> None:
-        if self._order is None:
+        # Once per new point, not per call: asking twice must not move the model.
+        if self._order is None or self._updated_at == self._count:
             return
+        self._updated_at = self._count
         y = self._window(self._count)
         if np.ptp(y) == 0.0:
             return

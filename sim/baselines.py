@@ -112,15 +112,14 @@ def refine_needs(
         misses = attainment_by_window(current)
         changed = False
         for j, (ttft_ok, itl_ok) in enumerate(misses):
+            short = set()
             if ttft_ok is not None and ttft_ok < goal:
-                current[j][prompt_role] += 1
-                changed = True
-            if itl_ok is not None and itl_ok < goal and decode_role != prompt_role:
-                current[j][decode_role] += 1
-                changed = True
-            elif itl_ok is not None and itl_ok < goal and not (ttft_ok is not None and ttft_ok < goal):
-                current[j][decode_role] += 1
-                changed = True
+                short.add(prompt_role)
+            if itl_ok is not None and itl_ok < goal:
+                short.add(decode_role)  # the same role in agg mode: one more engine
+            for role in short:
+                current[j][role] += 1
+            changed = changed or bool(short)
         if not changed:
             return current, r
     return current, rounds

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
 def simulate(
     trace: Annotated[Path | None, typer.Option("--trace", help="request trace: Azure CSV, Mooncake or dynamo.request.trace.v1 JSONL (.gz ok)")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="engine profile: bundled name (h200-llama3.1-8b, h100-llama3.3-70b) or NPZ/JSON path")] = "h200-llama3.1-8b",
+    profile: Annotated[str, typer.Option("--profile", help="engine profile: bundled name (h200-llama3.1-8b, h100-llama3.3-70b), NPZ/JSON path, splitwise:FILE:MODEL:HW:TP or distserve:FILE:MODEL:TP")] = "h200-llama3.1-8b",
     config: Annotated[Path | None, typer.Option("--config", help="planner config, YAML or JSON (its SLA, mode and engine limits define the fleet)")] = None,
     policy: Annotated[str, typer.Option("--policy", help=f"who scales the fleet: {POLICIES}")] = "planner",
     out: Annotated[Path | None, typer.Option("--out", help="directory for events.jsonl, summary.json and report.html")] = None,
@@ -69,6 +69,7 @@ def _prepare(
     from fleetplan.bootstrap import build_planner
     from fleetplan.models.config import ConfigError, load_config
     from fleetplan.sim.policy import PolicyError, load_policy
+    from fleetplan.sim.profile_convert import ProfileConvertError, profile_from_spec
     from fleetplan.sim.profiles import ProfileError, load_profile
     from fleetplan.sim.router import ROUTERS
     from fleetplan.sim.runner import SimOptions, make_setup
@@ -93,9 +94,14 @@ def _prepare(
     except ConfigError as err:
         raise _UserError(str(err)) from None
     try:
-        prof = load_profile(profile, tp=cfg.profile_tp)
-    except (ProfileError, ValueError) as err:
+        prof = profile_from_spec(profile)
+        converted = prof is not None
+        if prof is None:
+            prof = load_profile(profile, tp=cfg.profile_tp)
+    except (ProfileError, ProfileConvertError) as err:
         raise _UserError(f"profile {err}") from None
+    except ValueError as err:
+        raise _UserError(f"profile {profile}: {err}") from None
     options = SimOptions(
         router=router, startup=startup, fpm_interval_s=fpm_interval, seed=seed, timing=engine_timing,
         window_s=window,
@@ -110,7 +116,13 @@ def _prepare(
         raise _UserError(str(err)) from None
     if policy in ("planner",):
         try:
-            planner = build_planner(cfg, profile)
+            if converted:
+                from fleetplan.bootstrap import load_warmup
+                from fleetplan.models.planner import Planner
+
+                planner = Planner(cfg, profile=prof, warmup=load_warmup(cfg))
+            else:
+                planner = build_planner(cfg, profile)
         except (ConfigError, ValueError, OSError) as err:
             raise _UserError(str(err)) from None
         policy_obj = None
@@ -130,6 +142,7 @@ def _prepare(
         "workload": workload, "setup": setup, "planner": planner, "policy": policy,
         "policy_obj": policy_obj, "initial": initial_spec, "config_path": config, "profile": profile,
         "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed,
+        "converted_profile": prof if converted else None,
     }
 
 
@@ -201,6 +214,11 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
     show = not as_json and console.is_terminal
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
+        if run["converted_profile"] is not None:
+            from fleetplan.sim.profile_convert import write_profile_json
+
+            # `fleetplan plan --profile OUT/profile.json` replays the log with it
+            write_profile_json(run["converted_profile"], out / "profile.json")
     sizing = experiment.size_workload(workload, setup)
     try:
         initial = experiment.initial_fleet(run["initial"], setup, sizing)
@@ -295,7 +313,7 @@ def _summary_json(run, sizing, results, out) -> dict:
             "sim_seconds_per_wall_second": main.end_s / main.wall_s if main.wall_s else None,
             "requests_per_wall_second": main.summary.requests / main.wall_s if main.wall_s else None,
             "iterations_per_wall_second": main.iterations / main.wall_s if main.wall_s else None,
-            "events": main.events, "fpms": main.fpms,
+            "events": main.events, "logged": main.logged, "fpms": main.fpms,
         },
         "wall_s_total": wall,
         "late_events": main.late_events,
@@ -320,9 +338,9 @@ def _print_table(results, setup, workload, run, out) -> None:
         f"{workload.name}: {results[0].summary.requests:,} requests over {workload.duration_s / 60:.1f} min, "
         f"SLA TTFT {cfg.ttft_ms:g} ms / ITL {cfg.itl_ms:g} ms, {cfg.mode}"
     ))
-    for col in ("policy", "SLA attain.", "TTFT p90 ms", "ITL p90 ms", "goodput tok/s", "tok/s/GPU",
-                "GPU-hours", "vs oracle", "peak replicas", "decisions"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    for col in ("policy", "SLA met", "TTFT p90 ms", "ITL p90 ms", "goodput tok/s", "tok/s/GPU",
+                "GPU-h", "x oracle", "peak", "decisions"):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for r in results:
         s = r.summary
         ratio = f"{s.gpu_hours / oracle.summary.gpu_hours:.2f}x" if oracle and oracle.summary.gpu_hours else "-"
@@ -333,11 +351,13 @@ def _print_table(results, setup, workload, run, out) -> None:
             str(s.decisions),
         )
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=132)  # a pipe or a log file: do not squeeze the table into 80 columns
     console.print(table)
     main = results[0]
     console.print(
         f"{main.policy}: {main.end_s / main.wall_s:,.0f}x real time "
-        f"({main.summary.requests / main.wall_s:,.0f} requests/s, {main.events:,} events logged)"
+        f"({main.summary.requests / main.wall_s:,.0f} requests/s, {main.events:,} events)"
     )
     if out is not None:
         console.print(f"wrote {out / 'events.jsonl'}, {out / 'summary.json'}, {out / 'report.html'}")

@@ -84,9 +84,12 @@ class Engine:
     def __init__(
         self, worker_id: str, role: str, gpus: int, timing: EngineTiming, limits: EngineLimits,
         clock: VirtualClock, fleet, started: float, prefix_block_tokens: int = 512,
+        prefill_first: bool = False,
     ) -> None:
         """``limits`` are the model card's (the planner's config holds the same
-        numbers); ``limits.max_kv_tokens`` must be set."""
+        numbers); ``limits.max_kv_tokens`` must be set. ``prefill_first`` (agg
+        only) schedules like vLLM before chunked prefill: waiting prompts run in a
+        pass of their own while every decode waits."""
         self.worker_id = worker_id
         self.role = role
         self.gpus = gpus
@@ -111,7 +114,8 @@ class Engine:
         self.prefill_backlog = 0   # fresh prompt tokens not yet scheduled (router load)
         self.waiting_context = 0   # isl + osl of requests waiting for a decode slot
         self.waiting_kv = 0        # isl + 1 of the same: the KV they bring (FPM queued)
-        self.counter = 0        # iterations completed
+        self.counter = 0        # decode steps completed (every running sequence got a token)
+        self.prefill_first = prefill_first and role == "agg"
         self.inbound = 0        # KV transfers on their way here (a draining engine waits for them)
         # the pass (or macro-step) in flight
         self.busy = False
@@ -121,6 +125,7 @@ class Engine:
         self._seg_k = 0
         self._seg_b = 0
         self._seg_kv0 = 0
+        self._seg_decodes = True  # False for a prompt-only pass: running sequences wait
         self._chunk: list[tuple[SimRequest, int]] = []
         self._idle_reported = False
         # prefix cache (hash block -> None), LRU
@@ -182,8 +187,15 @@ class Engine:
         self.waiting.append(req)
         self._idle_reported = False
         if not self.busy:
-            self._admit()
-            self._schedule(now)
+            # Start on the next turn of the clock, so requests arriving at the same
+            # instant share the first pass, as they would in a real scheduler.
+            self.busy = True
+            self._seg_k = 0
+            self._seg_b = 0
+            self._seg_d = 0.0
+            self._chunk = []
+            self._version += 1
+            self.clock.at(now, self._boundary, self._version)
         elif self._seg_k > 1 and self._admissible():
             self._cut_segment(now)
 
@@ -228,7 +240,8 @@ class Engine:
         lim = self.limits
         timing = self.timing
         if self.prefilling:
-            budget = lim.max_num_batched_tokens - (self.running if self.role == "agg" else 0)
+            piggyback = self.role == "agg" and not self.prefill_first
+            budget = lim.max_num_batched_tokens - (self.running if piggyback else 0)
             max_seqs = lim.max_num_seqs
             chunk = []
             tokens = 0
@@ -246,12 +259,13 @@ class Engine:
                     self.unstarted -= 1
                     self.unstarted_tokens -= req.isl
             self.prefill_backlog -= tokens
-            if self.role == "agg":
+            decodes = self.role == "agg" and not self.prefill_first
+            if decodes:
                 d = timing.mixed_s(tokens, self.running, self.kv)
             else:
                 d = timing.prefill_s(tokens)
             self._chunk = chunk
-            self._start(now, d, 1)
+            self._start(now, d, 1, decodes)
             return
         if self.running:
             k = min(self.finishing[0][0] - self.counter, MAX_MACRO_ITERATIONS)
@@ -264,12 +278,13 @@ class Engine:
         if self.state == "draining" and self.idle:
             self.fleet.engine_drained(self)
 
-    def _start(self, now: float, d: float, k: int) -> None:
+    def _start(self, now: float, d: float, k: int, decodes: bool = True) -> None:
         self.busy = True
         self._seg_start = now
         self._seg_d = d
         self._seg_k = k
-        self._seg_b = self.running
+        self._seg_b = self.running if decodes else 0
+        self._seg_decodes = decodes
         self._seg_kv0 = self.kv
         self._version += 1
         self.clock.at(now + d * k, self._boundary, self._version)
@@ -288,9 +303,10 @@ class Engine:
             return  # superseded by a cut
         now = self.clock.now
         k = self._seg_k
-        self.counter += k
+        if self._seg_decodes:
+            self.counter += k
+            self.kv += self._seg_b * k
         self.iterations += k
-        self.kv += self._seg_b * k
         for req, take in self._chunk:
             req.prefilled += take
             if req.prefilled >= req.prefill_tokens:
@@ -346,7 +362,7 @@ class Engine:
             if self._idle_reported:
                 return None
             self._idle_reported = True
-            return {"wall_time": 0.0, "counter": self.counter, "sched": (0, 0, 0, 0, 0), "queued": (0, 0, 0, 0)}
+            return {"wall_time": 0.0, "counter": self.iterations, "sched": (0, 0, 0, 0, 0), "queued": (0, 0, 0, 0)}
         d = self._seg_d
         i = 0
         if self._seg_k > 1:
@@ -357,10 +373,11 @@ class Engine:
         for r, t in chunk:
             pre_tokens += t
             pre_kv += r.cached + r.prefilled
-        sched = (len(chunk), pre_tokens, pre_kv, self._seg_b, self._seg_kv0 + self._seg_b * i)
+        decode_kv = self._seg_kv0 + self._seg_b * i if self._seg_decodes else 0
+        sched = (len(chunk), pre_tokens, pre_kv, self._seg_b, decode_kv)
         if self.does_prefill:
             queued = (self.unstarted, self.unstarted_tokens, 0, 0)
         else:
             queued = (0, 0, len(self.waiting), self.waiting_kv)
         self._idle_reported = False
-        return {"wall_time": d, "counter": self.counter + i, "sched": sched, "queued": queued}
+        return {"wall_time": d, "counter": self.iterations + i, "sched": sched, "queued": queued}

@@ -8,7 +8,6 @@ startup time, same connector.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
@@ -16,17 +15,29 @@ from typing import IO
 import numpy as np
 
 from fleetplan.sim.baselines import SchedulePolicy, StaticPolicy, refine_needs, static_targets
-from fleetplan.sim.runner import ClosedLoop, FleetSetup, PlannerController, PolicyController, RunResult
+from fleetplan.sim.runner import (
+    ClosedLoop,
+    FleetSetup,
+    PlannerController,
+    PolicyController,
+    RunResult,
+)
 from fleetplan.sim.sizing import EngineCapacity, window_needs, window_traffic
 from fleetplan.sim.workload import Workload
 
 
 @dataclass
 class Sizing:
-    """Per-window replica needs of the workload (the baselines' schedule)."""
+    """Per-window replica needs of the workload (the baselines' schedule).
+
+    ``capacity_needs``: sized with the SLA-bound capacity search (the warm
+    start); ``floor_needs``: sized with peak throughput (the oracle's start);
+    ``needs``: the oracle's refined counts once it has run.
+    """
 
     window_s: float
     capacity_needs: list[dict[str, int]]
+    floor_needs: list[dict[str, int]]
     needs: list[dict[str, int]]
     traffic: list
     refine_rounds: int = 0
@@ -38,15 +49,17 @@ def size_workload(workload: Workload, setup: FleetSetup) -> Sizing:
     window = setup.options.window_s
     traffic = window_traffic(workload, window)
     capacity = EngineCapacity(setup.timing, setup.limits, cfg.ttft_ms, cfg.itl_ms)
+    peak = EngineCapacity(setup.timing, setup.limits, None, None)
     minimums = {r: max(cfg.min_endpoints(r), 1) for r in setup.roles}
     needs = window_needs(traffic, capacity, setup.roles, window, minimums)
+    floor = window_needs(traffic, peak, setup.roles, window, minimums)
     busy = [w for w in traffic if w.num_req]
     engine_rps = {}
     if busy:
         isl = sum(w.isl * w.num_req for w in busy) / sum(w.num_req for w in busy)
         osl = sum(w.osl * w.num_req for w in busy) / sum(w.num_req for w in busy)
         engine_rps = {r: capacity.rps(r, isl, osl) for r in setup.roles}
-    return Sizing(window, needs, [dict(n) for n in needs], traffic, 0, engine_rps)
+    return Sizing(window, needs, floor, [dict(n) for n in needs], traffic, 0, engine_rps)
 
 
 def initial_fleet(spec: str | Mapping[str, int], setup: FleetSetup, sizing: Sizing) -> dict[str, int]:
@@ -81,19 +94,51 @@ def run_policy(
     return ClosedLoop(workload, setup, controller, start, log=log, progress=progress).run()
 
 
+def feasible_requests(result: RunResult, setup: FleetSetup) -> tuple[np.ndarray, np.ndarray]:
+    """Which requests *could* meet each target on an idle engine.
+
+    A 30k-token prompt cannot meet a 500 ms TTFT however many engines run, so
+    a miss on it says nothing about capacity. The floor is the request alone:
+    its prompt chunked on an empty prefill engine plus the KV transfer (TTFT),
+    one decode step of a batch of one (ITL).
+    """
+    a = result.requests.arrays()
+    cfg = setup.config
+    timing = setup.timing
+    mbt = setup.limits.max_num_batched_tokens
+    prompt = np.maximum(a["isl"] - a["cached"], 1)
+    floors: dict[int, float] = {}
+    ttft_floor = np.empty(prompt.size)
+    for i, tokens in enumerate(prompt.tolist()):
+        t = floors.get(tokens)
+        if t is None:
+            full, tail = divmod(tokens, mbt)
+            t = full * timing.prefill_s(mbt) + (timing.prefill_s(tail) if tail else 0.0)
+            floors[tokens] = t
+        ttft_floor[i] = t
+    if setup.config.mode == "disagg":
+        ttft_floor += a["isl"] * setup.transfer.kv_bytes_per_token / setup.transfer.bandwidth_bytes_per_s
+    itl_floor = np.array([timing.decode_s(1, isl + osl / 2) for isl, osl in zip(a["isl"].tolist(), a["osl"].tolist(), strict=True)])
+    return ttft_floor * 1000.0 <= cfg.ttft_ms, itl_floor * 1000.0 <= cfg.itl_ms
+
+
 def window_attainment(result: RunResult, setup: FleetSetup, window_s: float, n_windows: int):
-    """(TTFT attainment, ITL attainment) per arrival window; None where nothing arrived."""
+    """(TTFT attainment, ITL attainment) per arrival window over the requests that could
+    meet each target (:func:`feasible_requests`); None where there were none."""
     a = result.requests.arrays()
     cfg = setup.config
     idx = np.minimum((a["arrival"] // window_s).astype(np.int64), n_windows - 1)
-    ttft_ok = a["ttft"] * 1000.0 <= cfg.ttft_ms
+    can_ttft, can_itl = feasible_requests(result, setup)
     itl = a["itl"]
-    itl_ok = np.isnan(itl) | (itl * 1000.0 <= cfg.itl_ms)
-    count = np.bincount(idx, minlength=n_windows)
+    can_itl &= ~np.isnan(itl)
+    ttft_ok = (a["ttft"] * 1000.0 <= cfg.ttft_ms) & can_ttft
+    itl_ok = (itl * 1000.0 <= cfg.itl_ms) & can_itl
+    n_t = np.bincount(idx, weights=can_ttft, minlength=n_windows)
+    n_i = np.bincount(idx, weights=can_itl, minlength=n_windows)
     t_ok = np.bincount(idx, weights=ttft_ok, minlength=n_windows)
     i_ok = np.bincount(idx, weights=itl_ok, minlength=n_windows)
     return [
-        (None, None) if count[j] == 0 else (t_ok[j] / count[j], i_ok[j] / count[j])
+        (t_ok[j] / n_t[j] if n_t[j] else None, i_ok[j] / n_i[j] if n_i[j] else None)
         for j in range(n_windows)
     ]
 
@@ -115,7 +160,7 @@ def run_oracle(
             progress(f"oracle round: attainment {result.summary.sla_attainment:.4f}")
         return window_attainment(result, setup, window, len(needs))
 
-    needs, used = refine_needs(sizing.capacity_needs, replay, prompt_role, decode_role, goal, rounds)
+    needs, used = refine_needs(sizing.floor_needs, replay, prompt_role, decode_role, goal, rounds)
     sizing.needs = needs
     sizing.refine_rounds = used
     return run_policy(workload, setup, SchedulePolicy(needs, window, lookahead), "oracle")
@@ -124,7 +169,3 @@ def run_oracle(
 def run_static(workload: Workload, setup: FleetSetup, sizing: Sizing, how: str) -> RunResult:
     targets = static_targets(sizing.needs, how)
     return run_policy(workload, setup, StaticPolicy(targets, f"static-{how}"), f"static-{how}", targets)
-
-
-def ceil_div(a: float, b: float) -> int:
-    return math.ceil(a / b - 1e-9)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from fleetplan.sim.clock import VirtualClock
 from fleetplan.models.perf import EngineLimits
+from fleetplan.sim.clock import VirtualClock
 from fleetplan.sim.engines import Engine, SimRequest
 from fleetplan.sim.router import Router
 from fleetplan.sim.startup import StartupTime
@@ -61,6 +61,7 @@ class SimFleet:
         transfer: KvTransfer,
         listener: FleetListener,
         prefix_block_tokens: int = 512,
+        prefill_first: bool = False,
     ) -> None:
         if mode not in ("disagg", "agg"):
             raise ValueError(f"simulate supports mode disagg or agg, got {mode!r}")
@@ -76,6 +77,7 @@ class SimFleet:
         self.transfer = transfer
         self.listener = listener
         self.prefix_block_tokens = prefix_block_tokens
+        self.prefill_first = prefill_first
         self.engines: list[Engine] = []  # every engine ever, in start order
         self.ready: dict[str, list[Engine]] = {r: [] for r in self.roles}
         self.frontend: dict[str, deque[SimRequest]] = {r: deque() for r in self.roles}
@@ -108,7 +110,7 @@ class SimFleet:
         self._next_id[role] = n + 1
         engine = Engine(
             f"{role}-{n}", role, self.gpus[role], self.timing, self.limits, self.clock, self,
-            self.clock.now, self.prefix_block_tokens,
+            self.clock.now, self.prefix_block_tokens, self.prefill_first,
         )
         self.engines.append(engine)
         return engine

@@ -72,6 +72,7 @@ class SimOptions:
     prefix_block_tokens: int = 512
     deployment: str = "sim"
     window_s: float = 60.0
+    agg_scheduler: str = "chunked"  # or "prefill-first" (vLLM before chunked prefill)
 
 
 @dataclass
@@ -127,7 +128,8 @@ class RunResult:
     end_s: float
     ticks: list[dict] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
-    events: int = 0
+    events: int = 0   # events fed to the controller
+    logged: int = 0   # lines written to the log (events and decisions)
     late_events: int = 0
     wall_s: float = 0.0
     iterations: int = 0
@@ -305,7 +307,7 @@ class ClosedLoop(FleetListener):
         self.fleet = SimFleet(
             self.clock, setup.config.mode, setup.timing, setup.limits, setup.gpus,
             make_router(setup.options.router), setup.startup(), setup.transfer, self,
-            setup.options.prefix_block_tokens,
+            setup.options.prefix_block_tokens, setup.options.agg_scheduler == "prefill-first",
         )
         self.connector = SimConnector(self.fleet, self._acked)
         self.log = emitter.EventLog(log)
@@ -318,6 +320,7 @@ class ClosedLoop(FleetListener):
         self._arrivals_left = True
         self._index = 0
         self.fpms = 0
+        self.fed = 0
         self._last_progress = 0.0
 
     # -- driving ------------------------------------------------------------------
@@ -349,7 +352,7 @@ class ClosedLoop(FleetListener):
         return RunResult(
             policy=self.controller.name, summary=summary, requests=self.requests,
             timeline=self.timeline, end_s=end, ticks=self.controller.ticks,
-            decisions=self.controller.decisions, events=self.log.count,
+            decisions=self.controller.decisions, events=self.fed, logged=self.log.count,
             late_events=self.controller.late, wall_s=wallclock.perf_counter() - started,
             iterations=sum(e.iterations for e in self.fleet.engines), fpms=self.fpms,
         )
@@ -403,6 +406,7 @@ class ClosedLoop(FleetListener):
         self._emit(emitter.fpm_event(self.deployment, now, engine.role, engine.worker_id, sample))
 
     def _emit(self, event) -> None:
+        self.fed += 1
         self.log.write(event)
         self.controller.observe(event)
 

@@ -8,7 +8,9 @@ model, and on the traffic that actually arrived in the window rather than a
 forecast: hindsight and the true engine are what make it an oracle. The
 capacity search assumes a steady stream, so the count it gives is a lower
 bound that the oracle then raises where the replay shows misses
-(:mod:`fleetplan.sim.baselines`).
+(:mod:`fleetplan.sim.baselines`). The oracle starts lower still, from the
+engine's peak throughput at any latency, so its search can only meet the
+fewest engines that work from below.
 """
 
 from __future__ import annotations
@@ -67,9 +69,16 @@ class _PassTimes:
 
 
 class EngineCapacity:
-    """Requests per second one simulated engine of a role sustains within the SLA."""
+    """Requests per second one simulated engine of a role sustains within the SLA.
 
-    def __init__(self, timing: EngineTiming, limits: EngineLimits, ttft_ms: float, itl_ms: float) -> None:
+    With ``ttft_ms = itl_ms = None`` it is the engine's peak throughput at any
+    latency: no policy can serve more per engine, so counts sized with it are
+    a lower bound (where the oracle starts its search).
+    """
+
+    def __init__(
+        self, timing: EngineTiming, limits: EngineLimits, ttft_ms: float | None, itl_ms: float | None,
+    ) -> None:
         self.timing = timing
         self.limits = limits
         self.ttft_ms = ttft_ms

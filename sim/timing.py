@@ -14,7 +14,11 @@ never be wrong about it.
 - prefill: TTFT(isl) measured for one prompt, linear between points; a pass
   of ``T`` prefill tokens (one chunk, any number of prompts) takes
   ``TTFT(T)``. Beyond the last point the last segment's slope continues;
-  below the first point the first value holds (a pass has a fixed cost).
+  below the first point (100 tokens in the shipped profiles) the time falls
+  linearly to the cheapest measured decode pass at 0 tokens: the first
+  point's TTFT includes per-request costs that a short tail chunk or a few
+  piggybacked prompt tokens do not pay again, and a pass never costs less
+  than a decode step.
 - decode: ITL measured at (KV usage, context length) points on a few
   context levels. A pass of ``b`` sequences holding ``kv`` tokens has usage
   ``kv / max_kv_tokens`` and context ``kv / b``; the ITL is interpolated
@@ -43,11 +47,12 @@ TIMING_MODES = ("interp", "fit")
 
 
 class _Piecewise:
-    """Linear interpolation on sorted x; clamped below, clamped or extended above."""
+    """Linear interpolation on sorted x; clamped or extended above; below the first
+    point clamped, or (``origin``) linear from ``(0, origin)`` to the first point."""
 
     __slots__ = ("xs", "ys", "extend")
 
-    def __init__(self, xs, ys, extend: bool) -> None:
+    def __init__(self, xs, ys, extend: bool, origin: float | None = None) -> None:
         pairs = sorted(zip((float(x) for x in xs), (float(y) for y in ys), strict=True))
         # Duplicate x: keep the mean, so the curve stays a function.
         merged: dict[float, list[float]] = {}
@@ -55,6 +60,9 @@ class _Piecewise:
             merged.setdefault(x, []).append(y)
         self.xs = list(merged)
         self.ys = [sum(v) / len(v) for v in merged.values()]
+        if origin is not None and self.xs[0] > 0 and origin < self.ys[0]:
+            self.xs.insert(0, 0.0)
+            self.ys.insert(0, origin)
         self.extend = extend
 
     def __call__(self, x: float) -> float:
@@ -106,7 +114,11 @@ def engine_timing(profile: ProfileData, mode: str = "interp", limits: EngineLimi
 def _interp_timing(profile: ProfileData) -> EngineTiming:
     if not profile.has_prefill or not profile.has_decode:
         raise ValueError("the interp engine timing needs both prefill and decode rows in the profile")
-    prefill = _Piecewise(profile.prefill_isl.tolist(), (profile.prefill_ttft_ms / 1000.0).tolist(), extend=True)
+    floor = min(profile.z_itl_ms.tolist()) / 1000.0
+    prefill = _Piecewise(
+        profile.prefill_isl.tolist(), (profile.prefill_ttft_ms / 1000.0).tolist(), extend=True,
+        origin=floor,
+    )
     max_kv = float(profile.max_kv_tokens or 1)
     levels: dict[float, tuple[list[float], list[float]]] = {}
     for u, c, itl in zip(
@@ -131,8 +143,6 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
         c0, c1 = ctxs[i - 1], ctxs[i]
         t0, t1 = curves[i - 1](usage), curves[i](usage)
         return t0 + (t1 - t0) * (ctx - c0) / (c1 - c0)
-
-    floor = min(profile.z_itl_ms.tolist()) / 1000.0
 
     def mixed(prefill_tokens: float, seqs: int, kv: float) -> float:
         if seqs <= 0:

@@ -110,8 +110,8 @@ def audit(
 
 def bridge(
     bootstrap: Bootstrap = None,
-    sub: Annotated[list[str], typer.Option("--sub", help="ZMQ SUB endpoint; 'bind:tcp://*:5557' binds, a plain address connects (repeatable)")] = [],
-    pull: Annotated[list[str], typer.Option("--pull", help="ZMQ PULL endpoint; binds unless given as 'connect:ADDR' (repeatable)")] = [],
+    sub: Annotated[list[str] | None, typer.Option("--sub", help="ZMQ SUB endpoint; 'bind:tcp://*:5557' binds, a plain address connects (repeatable)")] = None,
+    pull: Annotated[list[str] | None, typer.Option("--pull", help="ZMQ PULL endpoint; binds unless given as 'connect:ADDR' (repeatable)")] = None,
     topic_prefix: Prefix = "",
     partitions: Partitions = 8,
     replication: Annotated[int | None, typer.Option(min=1, help="replication factor of created topics")] = None,
@@ -129,6 +129,7 @@ def bridge(
 
     from fleetplan.connectors.bridge import BridgeSettings, parse_endpoints, run_bridge
 
+    sub, pull = sub or [], pull or []
     if not sub and not pull:
         _fail("give at least one --sub or --pull endpoint")
     try:

@@ -39,6 +39,12 @@ async def read_partitions(
     out: dict[tuple[str, int], list[LogRecord]] = {tp: [] for tp in wanted}
     if not wanted:
         return out
+    from fleetplan.streams.topics import partition_counts
+
+    counts = await partition_counts(bootstrap, sorted({t for t, _ in wanted}))
+    tps = [TopicPartition(t, p) for t, p in wanted if p < counts.get(t, 0)]
+    if not tps:
+        return out
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
         auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
@@ -46,11 +52,6 @@ async def read_partitions(
     )
     await consumer.start()
     try:
-        present = await consumer.topics()
-        tps = [TopicPartition(t, p) for t, p in wanted if t in present
-               and p in (consumer.partitions_for_topic(t) or ())]
-        if not tps:
-            return out
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
         begins = await consumer.beginning_offsets(tps)

@@ -63,8 +63,9 @@ class WorkerMetrics:
         self.mirror_mismatches = Counter("fleetplan_traffic_mirror_mismatches",
                                          "windows where the table and the core's window differ",
                                          ["deployment", "field"], registry=r)
-        self.partition_clock = Gauge("fleetplan_partition_clock_seconds", "event-time clock of each owned partition",
-                                     ["partition"], registry=r)
+        self.event_clock = Gauge("fleetplan_event_clock_seconds",
+                                 "event-time clock of each deployment (before its grace period)",
+                                 ["deployment"], registry=r)
         self.batch_seconds = Histogram("fleetplan_batch_seconds", "wall time to route and persist one batch",
                                        registry=r)
         self._engines: dict[str, set[tuple[str, str]]] = {}

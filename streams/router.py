@@ -212,7 +212,7 @@ class Router:
             batch.fpms += 1
         elif kind == "fpm_batch":
             batch.fpms += len(event.fpms)
-        self.watermarks.observe(rec.topic, rec.partition, event.time, rec.received_at)
+        self.watermarks.observe(rec.topic, rec.partition, event.deployment, event.time, rec.received_at)
 
         position = dep.positions.get(rec.topic, -1)
         if rec.offset <= position and state.last_tick is not None and event.time < state.last_tick:
@@ -237,14 +237,13 @@ class Router:
 
     def _fire(self, now: float, batch: RoutedBatch) -> None:
         for partition, names in self.by_partition.items():
-            clock = self.watermarks.time(partition, now)
-            if clock is None:
-                continue
-            advanced_at = self.watermarks.partitions[partition].advanced_at
             for name in sorted(names):
                 dep = self.deployments[name]
                 state = dep.state
                 if state.next_tick is None:
+                    continue
+                clock, advanced_at = self.watermarks.time(partition, name, now)
+                if clock is None:
                     continue
                 watermark = clock - state.config.grace_seconds
                 if state.next_tick > watermark:

@@ -198,7 +198,7 @@ class TrafficMirror:
         self._at = _EventTime()
         table = routed_table(
             app, "traffic", partition_of, default=bytes, partitions=partitions,
-            key_serializer="json", value_serializer="raw",
+            value_type=bytes,  # keys (deployment, window) as JSON, values raw TrafficSums bytes
             help="request aggregates per deployment, tumbling event-time windows (a mirror)",
         )
         self.table = table

@@ -199,6 +199,18 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: 
 _TOPIC_ALREADY_EXISTS = 36
 
 
+async def partition_counts(bootstrap: str, names: list[str]) -> dict[str, int]:
+    """Partition counts of those of ``names`` that exist on the cluster."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        return await _partition_counts(admin, names)
+    finally:
+        await admin.close()
+
+
 async def _partition_counts(admin, names: list[str]) -> dict[str, int]:
     """Partition counts of those of ``names`` that exist.
 

@@ -75,13 +75,14 @@ class PlannerWorker:
 
         self.states = routed_table(
             app, STATE_TABLE, self._partition_of, partitions=settings.partitions,
-            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+            key_type=bytes, value_type=bytes,  # raw serializers: the value is StoredDeployment bytes
             help="per-deployment planner state (DeploymentState.to_data without its buffer)",
         )
         interval = planner.config.throughput_adjustment_interval_seconds
         self.traffic = TrafficMirror(app, self._partition_of, interval_s=interval,
                                      partitions=settings.partitions, expires_s=4 * interval)
         self.states.on_recover(self._on_recovered)
+        app.on_partitions_revoked.connect(self._on_revoked)
         self.source = app.topic(
             *self.topics.inputs, key_type=bytes, value_type=bytes,
             key_serializer="raw", value_serializer="raw", partitions=settings.partitions,
@@ -121,6 +122,8 @@ class PlannerWorker:
                 event.key, event.value, received, event,
             ))
             last_offsets[(message.topic, message.partition)] = message.offset
+        log.debug("batch of %d events, %d routed (generation %s, owned %s)",
+                  len(events), len(records), generation, sorted(self.owned))
         if not records:
             return
         batch = self.router.route(records, time.monotonic())
@@ -214,12 +217,24 @@ class PlannerWorker:
                 continue
             if high is not None:
                 m.lag.labels(self.topics.logical(topic), str(partition)).set(max(high - offset - 1, 0))
-        for p, clock in self.watermarks.partitions.items():
-            if clock.value is not None:
-                m.partition_clock.labels(str(p)).set(clock.value)
+        for tick in batch.ticks:
+            m.event_clock.labels(tick.deployment.name).set(tick.diagnostics.value["clock"])
         m.batch_seconds.observe(time.monotonic() - started)
 
-    # --- recovery --------------------------------------------------------------
+    # --- rebalancing and recovery -------------------------------------------------
+
+    async def _on_revoked(self, sender, revoked, **kwargs) -> None:
+        """Finish the batch in progress, then stop writing for the revoked partitions.
+
+        Faust calls this before the group rebalances, so the next owner of a
+        partition recovers a changelog this worker no longer writes to.
+        """
+        async with self._lock:
+            gone = {tp.partition for tp in revoked if tp.topic in self._input_names}
+            self.owned -= gone
+            self.router.drop_partitions(gone)
+            if gone:
+                log.info("revoked partitions %s", sorted(gone))
 
     async def _on_recovered(self) -> None:
         """Rebuild the router from the table for the partitions now owned, re-send outboxes."""

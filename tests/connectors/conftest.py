@@ -9,11 +9,10 @@ import time
 from collections.abc import Callable
 
 import pytest
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from fleetplan.connectors.base import Applier, ApplyFailed, Observed
-from fleetplan.connectors.ledger import Ledger
+from fleetplan.connectors.ledger import Ledger, connect
 from fleetplan.connectors.worker import ConnectorService, ServiceSettings
 from fleetplan.schemas.codec import decode_event, encode_event
 from fleetplan.schemas.events import Decision
@@ -64,7 +63,7 @@ def decision() -> Callable[..., Decision]:
 @pytest.fixture
 async def aredis(redis_url, redis_client):
     """An asyncio Redis client; keys under ``redis_key_prefix`` are removed by redis_client."""
-    client = aioredis.from_url(redis_url)
+    client = connect(redis_url)
     yield client
     await client.aclose()
 

@@ -1,0 +1,311 @@
+"""Control quality: SLA attainment and GPU-hours of every contender on real traffic.
+
+Usage (the shared data folder is an argument; nothing is read from a fixed path):
+
+    .venv/bin/python bench/quality.py --data /work/shared/data \\
+        [--only conv,code,mooncake,m-large,m-mid] [--jobs 1] \\
+        [--json bench-quality.json] [--md bench-quality.md]
+
+Workloads, each rate-scaled with the time axis kept until autoscaling
+matters (at their recorded rates every shared trace fits in one prefill and
+one decode engine):
+
+- Azure conv, Azure code, Mooncake conversation (30 min each): the smallest
+  whole number of superposed copies whose busiest minute needs at least
+  ``--min-engines`` (10) engines on the H200 Llama-3.1-8B profile;
+- ServeGen m-large and m-mid, one day (``--hours``), generated per client,
+  rate-scaled so the busiest minute needs about ``--servegen-engines`` (24)
+  engines of the H100 Llama-3.3-70B TP2 profile at the 200/20 SLA (fewer at
+  500/50). The 70B profile keeps a day of traffic to a few million
+  requests, so each run takes minutes.
+
+For each workload and each SLA (500 ms / 50 ms, Dynamo's default, and
+200 ms / 20 ms) it runs static-peak, static-mean, the hindsight oracle, and
+the planner with the throughput loop only, the load loop only and both
+loops, each loop configuration that forecasts once per predictor
+(constant, arima, kalman; prophet is an optional extra, run if installed).
+Every planner config is Dynamo's default except the SLA, the predictor, the
+loops and ``max_gpu_budget`` (raised so the budget never binds). All
+contenders start from the same warm fleet (sized for the first startup
+period), except the static and oracle fleets, which start at their own counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+SLAS = ((500.0, 50.0), (200.0, 20.0))
+LOOPS = {
+    "throughput": {"enable_throughput_scaling": True, "enable_load_scaling": False},
+    "load": {"enable_throughput_scaling": False, "enable_load_scaling": True},
+    "both": {"enable_throughput_scaling": True, "enable_load_scaling": True},
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    kind: str  # trace | servegen
+    path: str
+    profile: str
+    scale: float = 1.0
+    model: str = ""
+    hours: float = 24.0
+    router: str = "least-loaded"
+
+
+def predictors() -> list[str]:
+    out = ["constant", "arima", "kalman"]
+    try:
+        import prophet  # noqa: F401
+
+        out.append("prophet")
+    except ImportError:
+        pass
+    return out
+
+
+def build_workload(spec: Spec):
+    from fleetplan.sim.servegen import servegen_workload
+    from fleetplan.sim.traces import read_trace
+    from fleetplan.sim.workload import Workload, rate_scale, trace_duration
+
+    if spec.kind == "servegen":
+        return servegen_workload(spec.path, spec.model, duration_s=spec.hours * 3600, rate_scale=spec.scale, seed=0)
+    reqs = read_trace(spec.path)
+    duration = trace_duration(reqs)
+    return Workload.from_requests(spec.name, rate_scale(reqs, spec.scale, seed=0, duration_s=duration), duration)
+
+
+def make_setup(spec: Spec, sla, overrides=None):
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.sim.profiles import load_profile
+    from fleetplan.sim.runner import SimOptions
+    from fleetplan.sim.runner import make_setup as setup_of
+
+    cfg = config_from_dict({"ttft_ms": sla[0], "itl_ms": sla[1], "max_gpu_budget": 4096, **(overrides or {})})
+    return cfg, setup_of(cfg, load_profile(spec.profile), SimOptions(router=spec.router, window_s=60.0))
+
+
+def peak_need(spec: Spec, sla=SLAS[0]) -> tuple[int, dict]:
+    """Engines the busiest window needs (capacity search on the true engine)."""
+    from fleetplan.sim.experiment import size_workload
+
+    _, setup = make_setup(spec, sla)
+    sizing = size_workload(build_workload(spec), setup)
+    peak = max(sizing.capacity_needs, key=lambda n: sum(n.values()))
+    return sum(peak.values()), peak
+
+
+def choose_scale(spec: Spec, target: int, integer: bool, sla=SLAS[0]) -> Spec:
+    """Smallest copies (or scale) whose busiest window needs ``target`` engines at ``sla``."""
+
+    def at(scale: float) -> Spec:
+        return Spec(**{**spec.__dict__, "scale": scale})
+
+    if not integer:
+        need, _ = peak_need(spec, sla)
+        return at(round(spec.scale * target / max(need, 1), 4))
+    hi = 1
+    while peak_need(at(float(hi)))[0] < target and hi < 1024:
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:  # need(lo) < target <= need(hi)
+        mid = (lo + hi) // 2
+        if peak_need(at(float(mid)))[0] >= target:
+            hi = mid
+        else:
+            lo = mid
+    return at(float(hi))
+
+
+def run_baselines(spec: Spec, sla) -> list[dict]:
+    from fleetplan.sim.experiment import run_oracle, run_static, size_workload
+
+    _, setup = make_setup(spec, sla)
+    workload = build_workload(spec)
+    sizing = size_workload(workload, setup)
+    rows = []
+    t0 = time.perf_counter()
+    oracle = run_oracle(workload, setup, sizing, goal=0.99, rounds=5)
+    rows.append(_row(spec, sla, "oracle", oracle, time.perf_counter() - t0, rounds=sizing.refine_rounds))
+    for how in ("peak", "mean"):
+        t0 = time.perf_counter()
+        result = run_static(workload, setup, sizing, how)
+        rows.append(_row(spec, sla, f"static-{how}", result, time.perf_counter() - t0))
+    return rows
+
+
+def run_planner_config(spec: Spec, sla, loops: str, predictor: str) -> list[dict]:
+    from fleetplan.models.planner import Planner
+    from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload
+
+    cfg, setup = make_setup(spec, sla, {**LOOPS[loops], "load_predictor": predictor})
+    workload = build_workload(spec)
+    sizing = size_workload(workload, setup)
+    initial = initial_fleet("warm", setup, sizing)
+    t0 = time.perf_counter()
+    result = run_planner(workload, setup, Planner(cfg, profile=setup.profile), initial)
+    name = f"planner {loops}" + ("" if loops == "load" else f" ({predictor})")
+    return [_row(spec, sla, name, result, time.perf_counter() - t0)]
+
+
+def _row(spec, sla, policy, result, wall, rounds=None) -> dict:
+    s = result.summary
+    row = {
+        "workload": spec.name, "scale": spec.scale, "profile": spec.profile, "sla": list(sla),
+        "policy": policy, "attainment": s.sla_attainment, "gpu_hours": s.gpu_hours,
+        "ttft_p90_ms": s.ttft_p90_ms, "itl_p90_ms": s.itl_p90_ms, "requests": s.requests,
+        "peak": s.peak_replicas, "mean_ready": s.mean_replicas, "decisions": s.decisions,
+        "wall_s": wall, "sim_per_wall": result.end_s / wall if wall else None, "late_events": result.late_events,
+    }
+    if rounds is not None:
+        row["oracle_rounds"] = rounds
+    return row
+
+
+def _task(args):
+    kind, spec, sla, extra = args
+    if kind == "baselines":
+        return run_baselines(spec, sla)
+    return run_planner_config(spec, sla, *extra)
+
+
+def specs(data: Path, only: set[str], min_engines: int, servegen_engines: int, hours: float) -> list[Spec]:
+    traces = data / "traces"
+    base = [
+        Spec("azure-conv-30min", "trace", str(traces / "azure2023" / "AzureLLMInferenceTrace_conv_first30min.csv"), "h200-llama3.1-8b"),
+        Spec("azure-code-30min", "trace", str(traces / "azure2023" / "AzureLLMInferenceTrace_code_first30min.csv"), "h200-llama3.1-8b"),
+        Spec("mooncake-conv-30min", "trace", str(traces / "mooncake" / "conversation_trace_first30min.jsonl"), "h200-llama3.1-8b", router="prefix"),
+    ]
+    clients = str(data / "rates" / "servegen" / "clients_rate_10min_week1.csv.gz")
+    gen = [
+        Spec(f"servegen-{m}-{hours:g}h", "servegen", clients, "h100-llama3.3-70b", 0.1, m, hours)
+        for m in ("m-large", "m-mid")
+    ]
+    out = []
+    for s in base:
+        if s.name.split("-")[1] in only or s.name.split("-")[0] in only:
+            out.append(choose_scale(s, min_engines, integer=True))
+    for s in gen:
+        if s.model in only:
+            # sized at the tight SLA, where the fleet is largest (decode-bound on the 70B)
+            out.append(choose_scale(s, servegen_engines, integer=False, sla=SLAS[1]))
+    return out
+
+
+def markdown(rows: list[dict], scales: dict) -> str:
+    lines = []
+    by_workload: dict[str, list[dict]] = {}
+    for r in rows:
+        by_workload.setdefault(r["workload"], []).append(r)
+    for name, wrows in by_workload.items():
+        info = scales[name]
+        lines.append(f"### {name}\n")
+        lines.append(
+            f"Rate scale {info['scale']:g} ({info['requests']:,} requests), profile {info['profile']}; "
+            f"the busiest minute needs {info['peak_need']} engines {info['peak_roles']} at 500/50"
+            + (f" and {info['peak_need_tight']} {info['peak_roles_tight']} at 200/20" if "peak_need_tight" in info else "")
+            + " (capacity search on the true engine).\n"
+        )
+        lines.append("| policy | attain. 500/50 | GPU-h | × oracle | attain. 200/20 | GPU-h | × oracle |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
+        policies = []
+        for r in wrows:
+            if r["policy"] not in policies:
+                policies.append(r["policy"])
+        order = ["static-peak", "static-mean", "oracle"]
+        policies = [p for p in order if p in policies] + sorted(p for p in policies if p not in order)
+        for p in policies:
+            cells = [p]
+            for sla in SLAS:
+                match = [r for r in wrows if r["policy"] == p and tuple(r["sla"]) == sla]
+                oracle = [r for r in wrows if r["policy"] == "oracle" and tuple(r["sla"]) == sla]
+                if not match:
+                    cells += ["", "", ""]
+                    continue
+                r = match[0]
+                ratio = r["gpu_hours"] / oracle[0]["gpu_hours"] if oracle and oracle[0]["gpu_hours"] else float("nan")
+                cells += [f"{r['attainment']:.2%}", f"{r['gpu_hours']:.1f}", f"{ratio:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, help="the shared data folder (traces/, rates/)")
+    parser.add_argument("--only", default="conv,code,mooncake,m-large,m-mid")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--min-engines", type=int, default=10)
+    parser.add_argument("--servegen-engines", type=int, default=24)
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--md", type=Path, default=None)
+    parser.add_argument("--render", type=Path, nargs="*", default=None, help="only render these JSON results as markdown")
+    args = parser.parse_args()
+    if args.render:
+        rows, scales = [], {}
+        for path in args.render:
+            data = json.loads(path.read_text())
+            rows += data["rows"]
+            scales.update(data["scales"])
+        print(markdown(rows, scales))
+        return
+    started = time.time()
+    chosen = specs(args.data, set(args.only.split(",")), args.min_engines, args.servegen_engines, args.hours)
+    scales = {}
+    for s in chosen:
+        need, peak = peak_need(s)
+        tight, tight_roles = peak_need(s, SLAS[1])
+        scales[s.name] = {"scale": s.scale, "profile": s.profile, "peak_need": need, "peak_roles": peak,
+                          "peak_need_tight": tight, "peak_roles_tight": tight_roles,
+                          "requests": sum(1 for _ in build_workload(s).requests())}
+        print(f"{s.name}: scale {s.scale:g}, busiest window needs {need} engines {peak} at 500/50, "
+              f"{tight} {tight_roles} at 200/20", flush=True)
+    tasks = []
+    for s in chosen:
+        for sla in SLAS:
+            tasks.append(("baselines", s, sla, None))
+            for loops in LOOPS:
+                for predictor in (["constant"] if loops == "load" else predictors()):
+                    tasks.append(("planner", s, sla, (loops, predictor)))
+    rows: list[dict] = []
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            for out in pool.map(_task, tasks):
+                rows.extend(out)
+                _progress(out, started)
+    else:
+        for t in tasks:
+            out = _task(t)
+            rows.extend(out)
+            _progress(out, started)
+    machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "jobs": args.jobs}
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "scales": scales, "rows": rows}, indent=1))
+    table = markdown(rows, scales)
+    if args.md:
+        args.md.write_text(table)
+    print(table)
+    print(f"total wall {time.time() - started:.0f} s; {machine}")
+
+
+def _progress(rows, started):
+    for r in rows:
+        print(
+            f"[{time.time() - started:6.0f}s] {r['workload']} {r['sla']} {r['policy']}: "
+            f"{r['attainment']:.2%} {r['gpu_hours']:.2f} GPU-h ({r['wall_s']:.0f} s, "
+            f"{r['sim_per_wall'] or 0:.0f}x)", flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+"""``fleetplan bridge``: engines and frontends publish over ZMQ; the bridge puts it on Kafka.
+
+Engines publish forward-pass metrics (FPMs) and frontends publish finished
+request records over ZMQ, to SUB or PULL endpoints of the bridge. The bridge:
+
+* decodes each message (JSON or msgpack, one event or an array of events;
+  the format is in docs/wire-format.md) and validates every event with the
+  schemas, so nothing malformed reaches the planner;
+* packs a deployment's FPMs into ``FpmBatch`` records (cut at whole seconds
+  of event time, so no record straddles a tick boundary: tick intervals
+  are whole seconds), because per-record cost, not per-FPM cost, bounds the
+  worker's ingest;
+* produces with an idempotent producer (``acks=all``), keyed by deployment;
+* holds at most ``buffer`` accepted-but-unacknowledged events: when full it
+  stops reading, so PUSH senders block (ZMQ high-water mark) and PUB
+  publishers drop at *their* side, never silently inside the bridge;
+* retries a failed produce until the broker takes it, so an accepted event
+  survives a broker restart (at least once);
+* sends a clock heartbeat for a deployment's topic that has been idle for
+  ``heartbeat_s``, so the worker's event-time clock keeps moving; its time
+  is the deployment's latest event time plus the wall time since, so it
+  stays in the sources' clock domain rather than the bridge's;
+* dead-letters anything invalid with the reason, and never crashes on input.
+
+It stamps nothing it cannot know: events carry their own event time and
+deployment; the bridge only adds heartbeats, which say so (``source``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgpack
+import orjson
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from fleetplan.schemas.codec import (
+    MAX_EVENT_BYTES,
+    SchemaError,
+    decode_dict,
+    encode_event,
+    event_to_dict,
+)
+from fleetplan.schemas.events import ClockEvent, DeadLetter, ForwardPassMetrics, FpmBatch
+
+log = logging.getLogger("fleetplan.bridge")
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""Largest ZMQ message read (an array of events); each event is still held to MAX_EVENT_BYTES."""
+
+ACCEPTED_TYPES = ("fpm", "fpm_batch", "request")
+PAYLOAD_LIMIT = 4096
+FORGET_AFTER_S = 600.0
+"""A deployment silent this long gets no more heartbeats (it is probably gone)."""
+
+_MSGPACK_FIRST = frozenset(range(0x80, 0xA0)) | {0xDC, 0xDD, 0xDE, 0xDF}
+
+
+# --- endpoints -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    kind: Literal["sub", "pull"]
+    address: str
+    bind: bool
+
+    @property
+    def label(self) -> str:
+        return f"zmq:{self.kind}:{self.address}"
+
+
+def parse_endpoints(sub: list[str], pull: list[str]) -> list[Endpoint]:
+    """``--sub`` connects unless given as ``bind:ADDR``; ``--pull`` binds unless ``connect:ADDR``."""
+    out: list[Endpoint] = []
+    for kind, items, default_bind in (("sub", sub, False), ("pull", pull, True)):
+        for item in items:
+            mode, sep, address = item.partition(":")
+            if sep and mode in ("bind", "connect") and "//" in address:
+                bind = mode == "bind"
+            else:
+                address, bind = item, default_bind
+            if "://" not in address:
+                raise ValueError(f"--{kind}: a ZMQ address like tcp://host:port or ipc:///path, got {item!r}")
+            out.append(Endpoint(kind, address, bind))  # type: ignore[arg-type]
+    return out
+
+
+@dataclass
+class BridgeSettings:
+    bootstrap: str
+    endpoints: list[Endpoint]
+    topic_prefix: str = ""
+    partitions: int = 8
+    replication: int | None = None
+    create_topics: bool = True
+    buffer: int = 100_000
+    pack_max: int = 256
+    pack_within_s: float = 0.02
+    heartbeat_s: float = 1.0
+    linger_ms: int = 5
+    max_batch_bytes: int = 1024 * 1024
+    retry_backoff_s: float = 0.5
+    metrics_port: int | None = None
+
+
+# --- decoding ---------------------------------------------------------------------
+
+
+@dataclass
+class Rejected:
+    """Input that cannot be used, with the reason for the dead-letter topic."""
+
+    reason: Literal["invalid", "oversize"]
+    detail: str
+    deployment: str
+    payload: bytes
+
+
+def decode_message(frames: list[bytes]) -> tuple[list, list[Rejected]]:
+    """(valid events, rejections) of one ZMQ message. Never raises."""
+    if not frames or len(frames) > 2:
+        raw = b"".join(frames)[:PAYLOAD_LIMIT]
+        return [], [Rejected("invalid", f"message: 1 or 2 frames (optional label, payload), got {len(frames)}",
+                             "unknown", raw)]
+    payload = frames[-1]
+    if len(payload) > MAX_MESSAGE_BYTES:
+        return [], [Rejected("oversize", f"message: at most {MAX_MESSAGE_BYTES} bytes, got {len(payload)}",
+                             "unknown", payload[:PAYLOAD_LIMIT])]
+    stripped = payload.lstrip()
+    if not stripped:
+        return [], [Rejected("invalid", "payload: a JSON or msgpack event, got an empty frame", "unknown", payload)]
+    first = stripped[0]
+    try:
+        if first in b"{[":
+            obj = orjson.loads(payload)
+        elif first in _MSGPACK_FIRST:
+            obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+        else:
+            return [], [Rejected("invalid", "payload: a JSON or msgpack object or array of events",
+                                 "unknown", payload)]
+    except Exception as err:  # noqa: BLE001 - every decoder error is bad input, never a crash
+        kind = "JSON" if first in b"{[" else "msgpack"
+        return [], [Rejected("invalid", f"payload: valid {kind} ({type(err).__name__}: {err})"[:500],
+                             "unknown", payload)]
+    items = obj if isinstance(obj, list) else [obj]
+    single = not isinstance(obj, list)
+    events, rejected = [], []
+    for item in items:
+        event, problem = _validate(item, payload if single else None)
+        if event is not None:
+            events.append(event)
+        else:
+            rejected.append(problem)
+    return events, rejected
+
+
+def _validate(item, raw: bytes | None):
+    deployment = "unknown"
+    if isinstance(item, dict):
+        d = item.get("deployment")
+        if isinstance(d, str) and 0 < len(d) <= 256:
+            deployment = d
+    try:
+        encoded = raw if raw is not None else orjson.dumps(item)
+    except Exception as err:  # noqa: BLE001 - e.g. msgpack bytes or ext values
+        return None, Rejected("invalid", f"event: plain JSON-like values ({err})"[:300], deployment,
+                              repr(item)[:PAYLOAD_LIMIT].encode())
+    if len(encoded) > MAX_EVENT_BYTES:
+        return None, Rejected("oversize", f"event: at most {MAX_EVENT_BYTES} bytes, got {len(encoded)}",
+                              deployment, encoded[:PAYLOAD_LIMIT])
+    if not isinstance(item, dict):
+        return None, Rejected("invalid", f"event: an object, got {type(item).__name__}", deployment, encoded)
+    try:
+        event = decode_dict(item)
+    except SchemaError as err:
+        return None, Rejected("invalid", str(err), deployment, encoded)
+    except Exception as err:  # noqa: BLE001 - a validator surprise is still bad input
+        return None, Rejected("invalid", f"event: {type(err).__name__}: {err}"[:300], deployment, encoded)
+    if event.type not in ACCEPTED_TYPES:
+        return None, Rejected("invalid", f"type: one of {', '.join(ACCEPTED_TYPES)} at the bridge, got {event.type!r}",
+                              deployment, encoded)
+    return event, None
+
+
+# --- the bridge --------------------------------------------------------------------
+
+
+@dataclass
+class Outgoing:
+    """One record to produce, and how many accepted events it carries."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    events: int
+    attempts: int = 0
+
+
+@dataclass
+class _Pack:
+    fpms: list[ForwardPassMetrics] = field(default_factory=list)
+    second: int = 0
+    started: float = 0.0
+
+
+@dataclass
+class _Source:
+    """What the bridge knows of one deployment's clock."""
+
+    latest: float
+    seen_at: float
+    last_sent: dict[str, float] = field(default_factory=dict)
+    clock_sent: float = 0.0
+
+
+class BridgeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.messages = Counter("fleetplan_bridge_messages", "ZMQ messages received", ["endpoint"], registry=r)
+        self.accepted = Counter("fleetplan_bridge_events_accepted", "valid events accepted", ["type"], registry=r)
+        self.deadletters = Counter("fleetplan_bridge_deadletters", "inputs dead-lettered", ["reason"], registry=r)
+        self.produced = Counter("fleetplan_bridge_records_produced", "records acknowledged by Kafka", ["topic"],
+                                registry=r)
+        self.retries = Counter("fleetplan_bridge_produce_retries", "records re-sent after a failed produce",
+                               registry=r)
+        self.heartbeats = Counter("fleetplan_bridge_heartbeats", "clock heartbeats sent", registry=r)
+        self.buffered = Gauge("fleetplan_bridge_buffered_events", "accepted events not yet acknowledged by Kafka",
+                              registry=r)
+
+
+class Bridge:
+    """ZMQ in, Kafka out. ``await start()``, then ``await stop()``."""
+
+    def __init__(self, settings: BridgeSettings, metrics: BridgeMetrics | None = None, *, producer=None) -> None:
+        from fleetplan.streams.topics import Topics
+
+        self.settings = settings
+        self.topics = Topics(settings.topic_prefix)
+        self.metrics = metrics or BridgeMetrics()
+        self.ctx = zmq.asyncio.Context.instance()
+        self.sockets: list[tuple[Endpoint, zmq.asyncio.Socket]] = []
+        self.producer = producer  # injected in tests; else an idempotent aiokafka producer at start
+        self._buffered = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._queue: deque[Outgoing] = deque()
+        self._ready = asyncio.Event()
+        self._packs: dict[str, _Pack] = {}
+        self._sources: dict[str, _Source] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self._retries: set[asyncio.Task] = set()
+        self.bound: list[str] = []
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        from fleetplan.streams.topics import MAX_RECORD_BYTES, ensure_topics, event_log_specs
+
+        s = self.settings
+        if s.create_topics:
+            await ensure_topics(s.bootstrap, event_log_specs(self.topics, s.partitions), replication=s.replication)
+        if self.producer is None:
+            self.producer = AIOKafkaProducer(
+                bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
+                max_batch_size=s.max_batch_bytes, max_request_size=MAX_RECORD_BYTES,
+                request_timeout_ms=30_000, retry_backoff_ms=200,
+            )
+        await self.producer.start()
+        for ep in s.endpoints:
+            sock = self.ctx.socket(zmq.SUB if ep.kind == "sub" else zmq.PULL)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # larger messages are dropped by ZMQ
+            if ep.kind == "sub":
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+            if ep.bind:
+                sock.bind(ep.address)
+                self.bound.append(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+            else:
+                sock.connect(ep.address)
+                self.bound.append(ep.address)
+            self.sockets.append((ep, sock))
+        loop = asyncio.get_running_loop()
+        for ep, sock in self.sockets:
+            self._tasks.append(loop.create_task(self._receive(ep, sock), name=f"receive {ep.label}"))
+        self._tasks.append(loop.create_task(self._send_loop(), name="send"))
+        self._tasks.append(loop.create_task(self._tick_loop(), name="pack and heartbeat"))
+        log.info("bridge up: %s -> %s", ", ".join(self.bound), s.bootstrap)
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop reading, flush what was accepted (up to ``drain_timeout_s``), close."""
+        if self._stopping:
+            return
+        self._stopping = True
+        receivers = [t for t in self._tasks if t.get_name().startswith("receive")]
+        for t in receivers:
+            t.cancel()
+        await asyncio.gather(*receivers, return_exceptions=True)
+        self._flush_packs(force=True)
+        try:
+            await asyncio.wait_for(self._wait_drained(), drain_timeout_s)
+        except TimeoutError:
+            log.error("bridge stopped with %d accepted events not acknowledged by Kafka", self._buffered)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.producer is not None:
+            await self.producer.stop()
+        for _, sock in self.sockets:
+            sock.close(0)
+
+    async def _wait_drained(self) -> None:
+        while self._buffered:
+            self._room.clear()
+            await self._room.wait()
+
+    @property
+    def buffered(self) -> int:
+        """Accepted events not yet acknowledged by Kafka."""
+        return self._buffered
+
+    # --- ingress -------------------------------------------------------------------
+
+    async def _receive(self, ep: Endpoint, sock) -> None:
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as err:
+                log.warning("receive on %s failed: %s", ep.label, err)
+                await asyncio.sleep(0.1)
+                continue
+            self.metrics.messages.labels(ep.label).inc()
+            try:
+                await self.accept(frames, ep.label)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a bug here must not stop the bridge
+                log.exception("unexpected error on a message from %s; dead-lettering it", ep.label)
+                await self._dead(Rejected("invalid", "bridge could not process this message", "unknown",
+                                          b"".join(frames)[:PAYLOAD_LIMIT]), ep.label)
+
+    async def accept(self, frames: list[bytes], source: str = "direct") -> int:
+        """Validate one message and take its events in; returns how many were accepted."""
+        events, rejected = decode_message(frames)
+        for problem in rejected:
+            await self._dead(problem, source)
+        for event in events:
+            n = len(event.fpms) if event.type == "fpm_batch" else 1
+            await self._reserve(n)
+            self.metrics.accepted.labels(event.type).inc()
+            self._observe(event)
+            if event.type == "fpm":
+                self._pack(event)
+            elif event.type == "fpm_batch":
+                self._enqueue(Outgoing(self.topics.fpm, event.deployment.encode(), encode_event(event), n))
+                self._touch(event.deployment, self.topics.fpm)
+            else:
+                self._enqueue(Outgoing(self.topics.requests, event.deployment.encode(), encode_event(event), 1))
+                self._touch(event.deployment, self.topics.requests)
+        return len(events)
+
+    async def _reserve(self, n: int) -> None:
+        """Take buffer room for ``n`` events, waiting while the buffer is full (backpressure).
+
+        A record bigger than the whole buffer is let through alone, so it cannot wait forever.
+        """
+        while self._buffered and self._buffered + n > self.settings.buffer:
+            self._room.clear()
+            await self._room.wait()
+        self._buffered += n
+        self.metrics.buffered.set(self._buffered)
+
+    def _release(self, n: int) -> None:
+        self._buffered -= n
+        self.metrics.buffered.set(self._buffered)
+        self._room.set()
+
+    async def _dead(self, problem: Rejected, source: str) -> None:
+        letter = DeadLetter(
+            deployment=problem.deployment, time=time.time(), reason=problem.reason,
+            detail=problem.detail, source_topic=source,
+            payload=problem.payload[:PAYLOAD_LIMIT].decode("utf-8", "replace"),
+        )
+        self.metrics.deadletters.labels(problem.reason).inc()
+        await self._reserve(1)
+        self._enqueue(Outgoing(self.topics.deadletter, problem.deployment.encode(),
+                               orjson.dumps(event_to_dict(letter)), 1))
+
+    # --- packing and heartbeats -------------------------------------------------------
+
+    def _pack(self, fpm: ForwardPassMetrics) -> None:
+        second = math.floor(fpm.time)
+        pack = self._packs.get(fpm.deployment)
+        if pack is not None and pack.second != second:
+            self._emit_pack(fpm.deployment, pack)
+            pack = None
+        if pack is None:
+            pack = self._packs[fpm.deployment] = _Pack(second=second, started=time.monotonic())
+        pack.fpms.append(fpm)
+        if len(pack.fpms) >= self.settings.pack_max:
+            self._emit_pack(fpm.deployment, pack)
+
+    def _emit_pack(self, deployment: str, pack: _Pack) -> None:
+        self._packs.pop(deployment, None)
+        batch = FpmBatch(deployment=deployment, time=max(f.time for f in pack.fpms), fpms=pack.fpms)
+        self._enqueue(Outgoing(self.topics.fpm, deployment.encode(), encode_event(batch), len(pack.fpms)))
+        self._touch(deployment, self.topics.fpm)
+
+    def _flush_packs(self, force: bool = False) -> None:
+        now = time.monotonic()
+        for deployment, pack in list(self._packs.items()):
+            if force or now - pack.started >= self.settings.pack_within_s:
+                self._emit_pack(deployment, pack)
+
+    def _observe(self, event) -> None:
+        src = self._sources.get(event.deployment)
+        now = time.monotonic()
+        if src is None:
+            self._sources[event.deployment] = _Source(event.time, now)
+        else:
+            src.latest = max(src.latest, event.time)
+            src.seen_at = now
+
+    def _touch(self, deployment: str, topic: str) -> None:
+        src = self._sources.get(deployment)
+        if src is not None:
+            src.last_sent[topic] = time.monotonic()
+
+    async def _tick_loop(self) -> None:
+        s = self.settings
+        period = max(min(s.pack_within_s, s.heartbeat_s / 2 if s.heartbeat_s else 1.0), 0.005)
+        while True:
+            await asyncio.sleep(period)
+            self._flush_packs()
+            if s.heartbeat_s and not self._stopping:
+                await self._heartbeats()
+
+    async def _heartbeats(self) -> None:
+        now = time.monotonic()
+        for deployment, src in list(self._sources.items()):
+            if now - src.seen_at > FORGET_AFTER_S:
+                del self._sources[deployment]
+                continue
+            clock_time = max(src.latest + (now - src.seen_at), src.clock_sent)
+            for topic in (self.topics.fpm, self.topics.requests):
+                if now - src.last_sent.get(topic, src.seen_at) < self.settings.heartbeat_s:
+                    continue
+                if self._buffered >= self.settings.buffer:
+                    return  # the buffer is full: heartbeats wait their turn
+                beat = ClockEvent(deployment=deployment, time=clock_time, source="bridge")
+                await self._reserve(1)
+                self._enqueue(Outgoing(topic, deployment.encode(), encode_event(beat), 1))
+                src.last_sent[topic] = now
+                src.clock_sent = clock_time
+                self.metrics.heartbeats.inc()
+
+    # --- egress ----------------------------------------------------------------------
+
+    def _enqueue(self, out: Outgoing, front: bool = False) -> None:
+        (self._queue.appendleft if front else self._queue.append)(out)
+        self._ready.set()
+
+    async def _send_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            out = self._queue.popleft()
+            try:
+                future = await self.producer.send(out.topic, out.value, key=out.key)
+            except asyncio.CancelledError:
+                self._queue.appendleft(out)
+                raise
+            except Exception as err:  # noqa: BLE001 - broker down, buffer full: retry, never drop
+                await self._retry(out, err)
+                continue
+            future.add_done_callback(lambda f, out=out: self._delivered(f, out))
+
+    def _delivered(self, future: asyncio.Future, out: Outgoing) -> None:
+        if future.cancelled() or future.exception() is not None:
+            err = "cancelled" if future.cancelled() else future.exception()
+            self._retries.add(asyncio.get_running_loop().create_task(self._retry(out, err)))
+            return
+        self.metrics.produced.labels(self.topics.logical(out.topic)).inc()
+        self._release(out.events)
+
+    async def _retry(self, out: Outgoing, err) -> None:
+        task = asyncio.current_task()
+        out.attempts += 1
+        self.metrics.retries.inc()
+        if out.attempts in (1, 10) or out.attempts % 100 == 0:
+            log.warning("produce to %s failed (attempt %d): %s; retrying", out.topic, out.attempts, err)
+        await asyncio.sleep(min(self.settings.retry_backoff_s * out.attempts, 5.0))
+        self._enqueue(out, front=True)
+        self._retries.discard(task)
+
+
+async def run_bridge(settings: BridgeSettings) -> None:
+    """Run until SIGTERM/SIGINT, then drain and stop."""
+    bridge = Bridge(settings)
+    if settings.metrics_port is not None:
+        start_http_server(settings.metrics_port, registry=bridge.metrics.registry)
+    await bridge.start()
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stopped.set)
+    await stopped.wait()
+    await bridge.stop()

@@ -1,0 +1,47 @@
+"""Helpers shared by the simulator tests (imported as a module; fixtures live in conftest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetplan.sim.clock import VirtualClock
+from fleetplan.sim.engines import Engine, SimRequest
+from fleetplan.sim.traces import TraceRequest
+from fleetplan.sim.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+CONV = ROOT / "examples" / "traces" / "azure_conv_10min.csv"
+CODE = ROOT / "examples" / "traces" / "azure_code_10min.csv"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+class Recorder:
+    """Stands in for the fleet: records what an engine hands back."""
+
+    def __init__(self) -> None:
+        self.finished: list[tuple[SimRequest, float]] = []
+        self.prompts: list[tuple[SimRequest, float]] = []
+        self.drained: list[Engine] = []
+
+    def request_finished(self, req, engine, now):
+        req.end = now
+        self.finished.append((req, now))
+
+    def prompt_done(self, req, engine, now):
+        self.prompts.append((req, now))
+
+    def engine_drained(self, engine):
+        self.drained.append(engine)
+
+
+def run_all(clock: VirtualClock) -> None:
+    while clock.step():
+        pass
+
+
+
+def synthetic(rps: float, seconds: float, isl: int = 1000, osl: int = 100, seed_offset: float = 0.0) -> Workload:
+    """Evenly spaced requests: a steady load that is easy to reason about."""
+    n = int(rps * seconds)
+    rows = [TraceRequest(seed_offset + i / rps, isl, osl) for i in range(n)]
+    return Workload.from_requests("synthetic", rows, seconds)

@@ -1,0 +1,73 @@
+"""`fleetplan simulate` end to end, and its one-line errors."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from sim_helpers import CODE, ROOT
+from typer.testing import CliRunner
+
+from fleetplan.cli import _register_optional, app
+
+QUICKSTART = ROOT / "examples" / "configs" / "quickstart.yaml"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    _register_optional()
+
+
+def simulate(*args):
+    return runner.invoke(app, ["simulate", *map(str, args)])
+
+
+def test_simulate_writes_log_summary_and_report(tmp_path):
+    out = tmp_path / "run"
+    result = simulate(
+        "--trace", CODE, "--profile", "h200-llama3.1-8b", "--config", QUICKSTART,
+        "--duration", 180, "--rate-scale", 4, "--out", out, "--json", "--oracle-rounds", 2,
+    )
+    assert result.exit_code == 0, result.output
+    summary = orjson.loads(result.stdout)
+    assert set(summary["results"]) == {"planner", "oracle", "static-peak", "static-mean"}
+    planner = summary["results"]["planner"]
+    assert planner["requests"] == summary["requests"] > 0
+    assert 0.0 <= planner["sla_attainment"] <= 1.0 and planner["gpu_hours"] > 0
+    assert summary["late_events"] == 0
+    for name in ("events.jsonl", "summary.json", "report.html"):
+        assert (out / name).stat().st_size > 0
+    assert b"plotly" in (out / "report.html").read_bytes()[:4_000_000]
+    assert orjson.loads((out / "summary.json").read_bytes())["results"].keys() == summary["results"].keys()
+
+
+def test_table_output_and_baseline_policy(tmp_path):
+    result = simulate("--trace", CODE, "--duration", 120, "--policy", "static-mean", "--no-baselines")
+    assert result.exit_code == 0, result.output
+    assert "static-mean" in result.stdout and "SLA" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--trace", "BAD"], "BAD.csv:3: ContextTokens: a non-negative integer"),
+        (["--trace", CODE, "--profile", "no-such-profile"], "no such file or directory (bundled profiles"),
+        (["--trace", CODE, "--config", "CFG"], "ttft_ms"),
+        (["--trace", CODE, "--policy", "nope"], "expected MODULE:CLASS"),
+        (["--trace", CODE, "--router", "random"], "--router: expected one of"),
+        (["--trace", CODE, "--startup", "gamma:1:2"], "--startup"),
+        (["--trace", CODE, "--initial", "prefill=x"], "--initial"),
+        ([], "give exactly one of --trace FILE or --servegen FILE"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, args, message):
+    bad_trace = tmp_path / "BAD.csv"
+    bad_trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.0,-3,10\n")
+    bad_config = tmp_path / "CFG.yaml"
+    bad_config.write_text("ttft_ms: -5\n")
+    args = [bad_trace if a == "BAD" else bad_config if a == "CFG" else a for a in args]
+    result = simulate(*args, "--no-baselines")
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fleetplan: error:")
+    assert message in lines[0]

@@ -1,0 +1,79 @@
+"""A simulated engine reproduces its profile (the calibration claim, as tests)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from sim_helpers import run_all
+
+from fleetplan.sim.engines import SimRequest
+from fleetplan.sim.timing import engine_timing
+
+
+def test_pass_times_hit_every_measured_point(h200, timing):
+    for isl, ttft in zip(h200.prefill_isl.tolist(), h200.prefill_ttft_ms.tolist(), strict=True):
+        assert timing.prefill_s(isl) * 1000 == pytest.approx(ttft, rel=1e-9)
+    max_kv = h200.max_kv_tokens
+    for u, ctx, itl in zip(h200.x_kv_usage.tolist(), h200.y_context_length.tolist(), h200.z_itl_ms.tolist(), strict=True):
+        kv = u * max_kv
+        seqs = kv / ctx
+        # the interpolant is exact where a batch of whole sequences sits on a measured point
+        if seqs >= 1 and abs(seqs - round(seqs)) < 1e-9:
+            assert timing.decode_s(round(seqs), kv) * 1000 == pytest.approx(itl, rel=1e-9)
+
+
+def test_decode_time_grows_with_batch_and_context(timing):
+    assert timing.decode_s(1, 1000) < timing.decode_s(64, 64 * 1000) < timing.decode_s(128, 128 * 1000)
+    assert timing.decode_s(64, 64 * 500) <= timing.decode_s(64, 64 * 8000)
+
+
+@pytest.mark.parametrize("isl", [100, 1117, 3151, 6202, 8192])
+def test_lone_prompt_ttft_is_the_profile_ttft(make_engine, h200, timing, isl):
+    engine, clock, rec = make_engine("prefill")
+    engine.enqueue(SimRequest(0, 0.0, isl, 10))
+    run_all(clock)
+    (_, done), = rec.prompts
+    assert done == pytest.approx(timing.prefill_s(isl))
+    points = dict(zip(h200.prefill_isl.tolist(), h200.prefill_ttft_ms.tolist(), strict=True))
+    if isl in points:
+        assert done * 1000 == pytest.approx(points[isl], rel=1e-9)
+
+
+@pytest.mark.parametrize("isl", [8236, 10270, 12304, 16372])
+def test_long_prompts_are_chunked_and_stay_within_10_percent(make_engine, h200, isl):
+    engine, clock, rec = make_engine("prefill")
+    engine.enqueue(SimRequest(0, 0.0, isl, 10))
+    run_all(clock)
+    assert engine.iterations == math.ceil(isl / 8192)
+    measured = dict(zip(h200.prefill_isl.tolist(), h200.prefill_ttft_ms.tolist(), strict=True))[isl]
+    assert rec.prompts[0][1] * 1000 == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.parametrize("batch,ctx", [(1, 350), (16, 2997), (64, 2997), (128, 5644), (40, 10938)])
+def test_decode_itl_matches_the_pass_time_of_its_batch(make_engine, timing, batch, ctx):
+    engine, clock, rec = make_engine("decode")
+    osl = 101
+    for i in range(batch):
+        req = SimRequest(i, 0.0, ctx - 1, osl)
+        req.first_token = 0.0
+        engine.enqueue(req)
+    run_all(clock)
+    assert len(rec.finished) == batch
+    end = max(t for _, t in rec.finished)
+    itl = end / (osl - 1)
+    # the batch's KV grows by one token per sequence per step; ITL is taken at the midpoint
+    mid = timing.decode_s(batch, batch * (ctx + osl / 2))
+    assert itl == pytest.approx(mid, rel=0.02)
+    assert engine.iterations == osl - 1
+
+
+def test_fit_timing_uses_the_planners_linear_model(h200):
+    fit = engine_timing(h200, "fit")
+    assert fit.prefill_s(4000) > fit.prefill_s(1000) > 0
+    assert fit.decode_s(64, 64 * 2000) > fit.decode_s(1, 2000) > 0
+
+
+def test_unknown_timing_mode_is_refused(h200):
+    with pytest.raises(ValueError, match="unknown engine timing"):
+        engine_timing(h200, "magic")

@@ -1,0 +1,98 @@
+"""The MODULE:CLASS policy interface and the baselines."""
+
+from __future__ import annotations
+
+import pytest
+from sim_helpers import synthetic
+
+from fleetplan.sim.baselines import SchedulePolicy, refine_needs, static_targets
+from fleetplan.sim.experiment import run_policy
+from fleetplan.sim.policy import PolicyError, load_policy
+
+POLICY_MODULE = '''
+class StepUp:
+    """Add a prefill engine at one minute; remember what it saw."""
+
+    interval_s = 10.0
+    seen = []
+
+    def decide(self, view):
+        StepUp.seen.append(view)
+        if view.time >= 60 and view.expected["prefill"] < 2:
+            return {"prefill": 2}
+        return None
+
+
+class Broken:
+    def decide(self, view):
+        return {"prefill": -1}
+
+
+class NoDecide:
+    pass
+'''
+
+
+@pytest.fixture
+def policy_module(tmp_path, monkeypatch):
+    (tmp_path / "my_scalers.py").write_text(POLICY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_scalers"
+
+
+def test_a_user_policy_scales_the_fleet_through_the_connector(policy_module, make_setup_for):
+    setup = make_setup_for(options=__import__("fleetplan.sim.runner", fromlist=["SimOptions"]).SimOptions(startup="30"))
+    policy = load_policy(f"{policy_module}:StepUp")
+    result = run_policy(synthetic(20, 180), setup, policy, "stepup", {"prefill": 1, "decode": 1})
+    assert result.summary.peak_replicas == {"prefill": 2, "decode": 1}
+    tl = result.timeline.to_dict()
+    ready_at = tl["t"][tl["prefill_ready"].index(2)]
+    assert ready_at == pytest.approx(90.0)  # decided at 60 s (first tick at or after 60), 30 s startup
+    views = type(policy).seen
+    assert [v.time for v in views[:3]] == [10.0, 20.0, 30.0]
+    busy = views[5]
+    assert busy.traffic.num_req > 0 and busy.traffic.isl == pytest.approx(1000)
+    assert {f.role for f in busy.latest_fpm.values()} == {"prefill", "decode"}
+    assert busy.ready == {"prefill": 1, "decode": 1}
+
+
+def test_bad_policies_fail_with_a_clear_message(policy_module, make_setup_for):
+    with pytest.raises(PolicyError, match="expected MODULE:CLASS"):
+        load_policy("no_colon")
+    with pytest.raises(PolicyError, match="cannot import"):
+        load_policy("no_such_module_xyz:Thing")
+    with pytest.raises(PolicyError, match="has no 'Missing'"):
+        load_policy(f"{policy_module}:Missing")
+    with pytest.raises(PolicyError, match="no decide"):
+        load_policy(f"{policy_module}:NoDecide")
+    broken = load_policy(f"{policy_module}:Broken")
+    with pytest.raises(PolicyError, match="int >= 0"):
+        run_policy(synthetic(5, 30), make_setup_for(), broken, "broken", {"prefill": 1, "decode": 1})
+
+
+def test_schedule_starts_workers_a_startup_ahead_and_drains_after():
+    needs = [{"prefill": n, "decode": 1} for n in (1, 1, 3, 1, 1)]
+    oracle = SchedulePolicy(needs, window_s=60, lookahead_s=120)
+    assert oracle.target_at(0.0)["prefill"] == 3  # window 2 starts at 120 s = 0 + lookahead
+    assert oracle.target_at(179.0)["prefill"] == 3
+    assert oracle.target_at(180.0)["prefill"] == 1
+
+
+def test_static_targets_take_peak_and_mean():
+    needs = [{"prefill": n, "decode": 2} for n in (1, 2, 6, 3)]
+    assert static_targets(needs, "peak") == {"prefill": 6, "decode": 2}
+    assert static_targets(needs, "mean") == {"prefill": 3, "decode": 2}
+
+
+def test_refinement_raises_only_the_role_that_missed():
+    calls = []
+
+    def replay(needs):
+        calls.append([dict(n) for n in needs])
+        return [(0.5 if needs[0]["prefill"] < 3 else 1.0, 1.0), (1.0, 0.9 if needs[1]["decode"] < 2 else 1.0)]
+
+    needs, rounds = refine_needs(
+        [{"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 1}], replay, "prefill", "decode", 0.99, 5,
+    )
+    assert needs == [{"prefill": 3, "decode": 1}, {"prefill": 1, "decode": 2}]
+    assert rounds == 2

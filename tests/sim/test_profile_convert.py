@@ -1,0 +1,70 @@
+"""Splitwise and DistServe tables become profiles the planner and the simulator read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetplan.sim.profile_convert import (
+    ProfileConvertError,
+    distserve_profile,
+    profile_from_spec,
+    splitwise_profile,
+    write_profile_json,
+)
+from fleetplan.sim.profiles import load_profile
+from fleetplan.sim.timing import engine_timing
+
+SPLITWISE = """model,hardware,prompt_size,batch_size,token_size,peak_power,average_power,prompt_time,token_time,e2e_time,tensor_parallel
+m,h100,512,1,128,1,1,50.0,20.0,0,4
+m,h100,512,1,128,1,1,52.0,20.0,0,4
+m,h100,1024,1,128,1,1,90.0,21.0,0,4
+m,h100,512,8,128,1,1,300.0,24.0,0,4
+m,h100,2048,1,128,1,1,170.0,22.0,0,4
+other,h100,512,1,128,1,1,1.0,1.0,0,4
+"""
+
+DISTSERVE = {"facebook/opt-13b": {"1": {
+    "decoding_large_small_bs_threshold": 95,
+    "prefill": [20.0, 0.1, 1e-5],
+    "decoding_smallbs": [20.0, 0.0005, 0.05],
+    "decoding_largebs": [10.0, 0.0005, 0.1],
+}}}
+
+
+def test_splitwise_rows_become_prefill_and_decode_points(tmp_path):
+    path = tmp_path / "perf_model.csv"
+    path.write_text(SPLITWISE)
+    profile = splitwise_profile(path, "m", "h100", 4)
+    assert profile.tp == 4
+    points = dict(zip(profile.prefill_isl.tolist(), profile.prefill_ttft_ms.tolist(), strict=True))
+    assert points[512] == pytest.approx(51.0)  # duplicates averaged
+    assert points[4096] == pytest.approx(300.0)  # 8 prompts of 512 in one pass
+    timing = engine_timing(profile)
+    assert timing.prefill_s(1024) == pytest.approx(0.090)
+    assert timing.decode_s(8, 8 * 576) == pytest.approx(0.024)
+    with pytest.raises(ProfileConvertError, match="no rows for m/a100/tp4"):
+        splitwise_profile(path, "m", "a100", 4)
+
+
+def test_distserve_coefficients_are_sampled(tmp_path):
+    path = tmp_path / "profiler.json"
+    path.write_text(json.dumps(DISTSERVE))
+    profile = distserve_profile(path, "facebook/opt-13b", 1, max_kv_tokens=60_000)
+    timing = engine_timing(profile)
+    assert timing.prefill_s(512) * 1000 == pytest.approx(20 + 51.2 + 2.62144)
+    assert timing.decode_s(8, 8 * 512) * 1000 == pytest.approx(20 + 0.0005 * 4096 + 0.4)
+
+
+def test_spec_strings_and_json_round_trip(tmp_path):
+    path = tmp_path / "profiler.json"
+    path.write_text(json.dumps(DISTSERVE))
+    profile = profile_from_spec(f"distserve:{path}:facebook/opt-13b:1")
+    assert profile is not None and profile.max_kv_tokens == 66_144
+    assert profile_from_spec("h200-llama3.1-8b") is None
+    with pytest.raises(ProfileConvertError, match="expected splitwise"):
+        profile_from_spec("splitwise:only-a-file")
+    back = load_profile(write_profile_json(profile, tmp_path / "profile.json"))
+    assert back.max_kv_tokens == profile.max_kv_tokens
+    assert back.z_itl_ms.tolist() == profile.z_itl_ms.tolist()

@@ -1,0 +1,231 @@
+"""The bridge without a broker: wire-format decoding, packing, backpressure, retries.
+
+A fake producer stands in for Kafka so a test can hold or fail deliveries at will;
+the bridge against the real broker is in test_stream_bridge.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import orjson
+import pytest
+import zmq
+import zmq.asyncio
+
+from fleetplan.connectors.bridge import (
+    Bridge,
+    BridgeSettings,
+    Endpoint,
+    decode_message,
+    parse_endpoints,
+)
+from fleetplan.schemas.codec import MAX_EVENT_BYTES, decode_event, encode_event, event_to_dict
+from tests.streams.traffic import T0, fpm, request
+
+
+def as_dict(event) -> dict:
+    return event_to_dict(event)
+
+
+@pytest.mark.parametrize("encode", [orjson.dumps, msgpack.packb], ids=["json", "msgpack"])
+def test_one_event_or_an_array_in_json_or_msgpack(encode):
+    one = fpm("alpha", T0, 1)
+    events, rejected = decode_message([encode(as_dict(one))])
+    assert events == [one] and rejected == []
+    many = [fpm("alpha", T0 + i, i) for i in range(3)] + [request("alpha", T0, 7)]
+    events, rejected = decode_message([b"fleetplan.fpm", encode([as_dict(e) for e in many])])
+    assert events == many and rejected == []
+
+
+@pytest.mark.parametrize(("frames", "reason", "needle"), [
+    ([b"garbage"], "invalid", "JSON or msgpack"),
+    ([b"{not json"], "invalid", "valid JSON"),
+    ([b"\x85\x01"], "invalid", "valid msgpack"),
+    ([b""], "invalid", "empty"),
+    ([b"a", b"b", b"c"], "invalid", "frames"),
+    ([], "invalid", "frames"),
+    ([b'{"type": "fpm", "deployment": "alpha", "time": -1, "role": "agg", "worker_id": "w"}'], "invalid", "time"),
+    ([b'{"type": "fpm", "deployment": "alpha", "time": 1, "role": "gpu", "worker_id": "w"}'], "invalid", "role"),
+    ([b'{"type": "inventory", "deployment": "alpha", "time": 1, "role": "agg", "worker_id": "w",'
+      b' "state": "ready"}'], "invalid", "at the bridge"),
+    ([b"[1, 2]"], "invalid", "an object"),
+    ([msgpack.packb({1: 2})], "invalid", "msgpack"),
+    ([msgpack.packb({"type": msgpack.ExtType(1, b"x")})], "invalid", "type"),
+    ([b"[" * 5000 + b"]" * 5000], "invalid", "valid JSON"),
+    ([orjson.dumps({**as_dict(fpm("alpha", T0, 1)), "worker_id": "w" * (MAX_EVENT_BYTES + 10)})], "oversize", "bytes"),
+])
+def test_bad_messages_are_rejected_with_a_reason_and_never_raise(frames, reason, needle):
+    events, rejected = decode_message(frames)
+    assert events == []
+    assert len(rejected) >= 1
+    assert rejected[0].reason == reason, rejected[0]
+    assert needle in rejected[0].detail, rejected[0].detail
+
+
+def test_a_bad_event_in_an_array_does_not_reject_its_neighbours():
+    good = fpm("alpha", T0, 1)
+    bad = {**as_dict(good), "counter_id": -5}
+    events, rejected = decode_message([orjson.dumps([as_dict(good), bad, "x"])])
+    assert events == [good]
+    assert [r.reason for r in rejected] == ["invalid", "invalid"]
+    assert rejected[0].deployment == "alpha" and "counter_id" in rejected[0].detail
+
+
+def test_endpoint_parsing():
+    eps = parse_endpoints(["tcp://engine:5557", "bind:tcp://*:5558"], ["tcp://*:5559", "connect:ipc:///tmp/x"])
+    assert eps == [
+        Endpoint("sub", "tcp://engine:5557", False), Endpoint("sub", "tcp://*:5558", True),
+        Endpoint("pull", "tcp://*:5559", True), Endpoint("pull", "ipc:///tmp/x", False),
+    ]
+    with pytest.raises(ValueError, match="--pull"):
+        parse_endpoints([], ["5559"])
+
+
+class FakeProducer:
+    """Records sends; deliveries complete only when the test says so."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, bytes, asyncio.Future]] = []
+        self.delivered: list[tuple[str, bytes]] = []
+        self.fail_next_send = 0
+        self.auto = False
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, topic, value, key=None):
+        if self.fail_next_send:
+            self.fail_next_send -= 1
+            raise ConnectionError("broker down")
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((topic, value, fut))
+        if self.auto:
+            self.deliver()
+        return fut
+
+    def deliver(self, n: int | None = None, error: Exception | None = None) -> None:
+        todo, self.pending = (self.pending, []) if n is None else (self.pending[:n], self.pending[n:])
+        for topic, value, fut in todo:
+            if error is None:
+                self.delivered.append((topic, value))
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+
+def settings(**kw) -> BridgeSettings:
+    base = dict(bootstrap="unused:1", endpoints=[], create_topics=False, heartbeat_s=0, pack_within_s=0.01,
+                retry_backoff_s=0.01)
+    return BridgeSettings(**{**base, **kw})
+
+
+async def settle(producer: FakeProducer, until, timeout: float = 3.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not until():
+            await asyncio.sleep(0.005)
+
+
+async def test_fpms_are_packed_per_deployment_and_cut_at_whole_seconds():
+    producer = FakeProducer()
+    bridge = Bridge(settings(pack_max=4, pack_within_s=10), producer=producer)
+    await bridge.start()
+    try:
+        times = [T0 + 0.1, T0 + 0.2, T0 + 0.9, T0 + 1.1, T0 + 1.2, T0 + 1.3, T0 + 1.4, T0 + 1.5]
+        for i, t in enumerate(times):
+            await bridge.accept([encode_event(fpm("alpha", t, i))])
+        await bridge.accept([encode_event(request("alpha", T0 + 1.5, 1))])
+        await settle(producer, lambda: len(producer.pending) == 3)
+        producer.auto = True
+        producer.deliver()
+    finally:
+        await bridge.stop()  # flushes the open pack
+    batches = [decode_event(v) for t, v in producer.delivered if t.endswith("fpm.v1")]
+    assert [[f.time for f in b.fpms] for b in batches] == [times[:3], times[3:7], times[7:]]
+    assert all(b.time == b.fpms[-1].time for b in batches)
+    assert [decode_event(v).type for t, v in producer.delivered if t.endswith("requests.v1")] == ["request"]
+    assert bridge.buffered == 0
+
+
+async def test_a_full_buffer_stops_intake_until_kafka_acknowledges():
+    producer = FakeProducer()
+    bridge = Bridge(settings(buffer=5, pack_max=1), producer=producer)
+    await bridge.start()
+    try:
+        for i in range(5):
+            await bridge.accept([encode_event(request("alpha", T0 + i, i))])
+        assert bridge.buffered == 5
+        blocked = asyncio.ensure_future(bridge.accept([encode_event(request("alpha", T0 + 9, 9))]))
+        await asyncio.sleep(0.1)
+        assert not blocked.done()  # backpressure: the receiver would stop reading ZMQ here
+        await settle(producer, lambda: len(producer.pending) == 5)
+        producer.deliver(2)
+        await asyncio.wait_for(blocked, 2)
+        assert bridge.buffered == 4
+    finally:
+        producer.auto = True
+        producer.deliver()
+        await bridge.stop()
+
+
+async def test_failed_produces_are_retried_until_delivered():
+    producer = FakeProducer()
+    producer.fail_next_send = 3
+    bridge = Bridge(settings(), producer=producer)
+    await bridge.start()
+    try:
+        for i in range(3):
+            await bridge.accept([encode_event(request("alpha", T0 + i, i))])
+        await settle(producer, lambda: len(producer.pending) == 3)
+        producer.deliver(error=ConnectionError("lost"))  # the broker died with them in flight
+        await settle(producer, lambda: len(producer.pending) == 3)
+        producer.deliver()
+        await settle(producer, lambda: bridge.buffered == 0)
+    finally:
+        await bridge.stop()
+    ids = sorted(decode_event(v).request_id for _, v in producer.delivered)
+    assert ids == sorted(request("alpha", T0, i).request_id for i in range(3))
+    assert bridge.metrics.retries._value.get() >= 6
+
+
+async def test_idle_deployments_get_clock_heartbeats_on_both_topics():
+    producer = FakeProducer()
+    bridge = Bridge(settings(heartbeat_s=0.05), producer=producer)
+    await bridge.start()
+    try:
+        await bridge.accept([encode_event(request("alpha", T0, 1))])
+        await settle(producer, lambda: sum(b'"clock"' in v for _, v, _ in producer.pending) >= 4)
+        producer.auto = True
+        producer.deliver()
+    finally:
+        await bridge.stop()
+    clocks = [(t, decode_event(v)) for t, v in producer.delivered if b'"clock"' in v]
+    assert {t.rsplit(".", 2)[-2] for t, _ in clocks} == {"fpm", "requests"}
+    times = [c.time for _, c in clocks]
+    assert all(t >= T0 for t in times) and times == sorted(times)
+    assert all(c.source == "bridge" and c.deployment == "alpha" for _, c in clocks)
+
+
+async def test_bad_input_over_zmq_is_dead_lettered_and_the_bridge_keeps_going():
+    producer = FakeProducer()
+    bridge = Bridge(settings(endpoints=[Endpoint("pull", "tcp://127.0.0.1:*", True)]), producer=producer)
+    await bridge.start()
+    push = zmq.asyncio.Context.instance().socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(bridge.bound[0])
+    try:
+        await push.send_multipart([b"\xff\xfe garbage"])
+        await push.send_multipart([b"a", b"b", b"c"])
+        await push.send_multipart([encode_event(request("alpha", T0, 1))])
+        await settle(producer, lambda: len(producer.pending) == 3)
+        producer.auto = True
+        producer.deliver()
+    finally:
+        push.close(0)
+        await bridge.stop()
+    topics = [t.rsplit(".", 2)[-2] for t, _ in producer.delivered]
+    assert sorted(topics) == ["deadletter", "deadletter", "requests"]
+    letters = [decode_event(v) for t, v in producer.delivered if "deadletter" in t]
+    assert all(d.reason == "invalid" and d.source_topic.startswith("zmq:pull:") for d in letters)

@@ -1,0 +1,178 @@
+"""``fleetplan worker`` against the real broker: decisions, bad input, metrics, kill -9.
+
+The worker runs as a subprocess (so it can be SIGKILLed); inputs are produced
+with aiokafka as the bridge would produce them (keyed by deployment).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import urllib.request
+
+import orjson
+import pytest
+import yaml
+
+from fleetplan.schemas.codec import MAX_EVENT_BYTES, decode_event, encode_event
+from fleetplan.streams.audit import audit_kafka
+from tests.streams.helpers import decisions_of, expected_decisions, free_port, run_async, wait_for
+from tests.streams.traffic import FLEETPLAN, T0, deciding_planner, fpm, traffic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def produce(ns, fpms, requests, extra=None) -> None:
+    run_async(ns.produce(ns.topics.fpm, fpms))
+    run_async(ns.produce(ns.topics.requests, requests))
+
+
+def test_worker_decides_dead_letters_bad_input_and_serves_metrics(namespace, worker_factory):
+    port = free_port()
+    worker = worker_factory(metrics_port=port).start()
+    fa, ra = traffic("alpha", 60, batch=8)
+    fb, rb = traffic("beta", 60)
+    produce(namespace, fa + fb, ra + rb)
+    want_a = [d for d in expected_decisions("alpha", fa, ra) if d["time"] <= T0 + 55]
+    wait_for(lambda: len(decisions_of(namespace, "alpha")) >= len(want_a), 60, "alpha's decisions")
+    got_a = decisions_of(namespace, "alpha")
+    assert got_a[:len(want_a)] == want_a
+    assert [d["decision_id"] for d in decisions_of(namespace, "beta")] == list(range(len(decisions_of(namespace, "beta"))))
+
+    # Bad input next to good input: dead-lettered with a reason; the worker keeps deciding.
+    late = fpm("alpha", T0 + 2.0, 10_000)
+    run_async(namespace.produce(namespace.topics.fpm, [late], raw=[
+        (b"alpha", b"\x00\x01 not json"),
+        (b"alpha", b'{"type": "fpm", "deployment": "alpha", "time": "soon"}'),
+        (b"alpha", b"{" + b" " * MAX_EVENT_BYTES + b"}"),
+        (b"gamma", encode_event(fpm("alpha", T0 + 70, 1))),
+    ]))
+    fa2, ra2 = traffic("alpha", 30, start=T0 + 60, batch=8)
+    produce(namespace, fa2, ra2)
+
+    def letters():
+        return [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.deadletter))]
+
+    found = wait_for(lambda: (ls := letters()) and len(ls) >= 5 and ls, 30, "five dead letters")
+    reasons = sorted(d["reason"] for d in found)
+    assert reasons == ["invalid", "invalid", "invalid", "late", "oversize"]
+    late_letter = next(d for d in found if d["reason"] == "late")
+    assert decode_event(late_letter["payload"].encode()) == late
+    assert all(d["detail"] for d in found)
+    assert worker.alive()
+    want_all = [d for d in expected_decisions("alpha", fa + fa2, ra + ra2) if d["time"] <= T0 + 85]
+    wait_for(lambda: len(decisions_of(namespace, "alpha")) >= len(want_all), 30, "decisions after bad input")
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for name in ("fleetplan_replica_target{", "fleetplan_load_reason{", "fleetplan_engine_queue_depth{",
+                 "fleetplan_decision_latency_seconds_bucket", "fleetplan_consumer_lag{",
+                 "fleetplan_late_events_total{", "fleetplan_deadletters_total{", "fleetplan_estimated_ttft_ms",
+                 "fleetplan_traffic_mirror_checks_total"):
+        assert name in body, name
+    assert 'fleetplan_deadletters_total{reason="invalid"} 3.0' in body
+    assert 'fleetplan_traffic_mirror_mismatches_total{' not in body
+
+    result = audit_kafka(namespace.bootstrap, "alpha", planner=deciding_planner(),
+                         topic_prefix=namespace.prefix, partitions=namespace.partitions)
+    assert result.ok, result.lines()
+    assert result.excluded_late == 1 and len(result.reproduced) >= len(want_all)
+
+
+def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_factory, config_file):
+    """SIGKILL the worker while it is deciding, restart it: state comes back from the
+    changelog, decision ids continue with no gap or repeat, and the audit passes."""
+    fpms, reqs = traffic("alpha", 240, batch=4)
+    worker = worker_factory().start()
+    stop = threading.Event()
+
+    def feed() -> None:  # a steady stream: 240 s of event time over ~12 s of wall time
+        for w in range(0, 240, 5):
+            if stop.is_set():
+                return
+            lo, hi = T0 + w, T0 + w + 5
+            produce(namespace, [e for e in fpms if lo <= e.time < hi], [e for e in reqs if lo <= e.time < hi])
+            time.sleep(0.25)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    wait_for(lambda: len(decisions_of(namespace, "alpha")) >= 6, 60, "the first decisions")
+    worker.kill()
+    killed_at = len(decisions_of(namespace, "alpha"))
+    time.sleep(1.0)  # the stream goes on while the worker is down
+    worker.start()
+    feeder.join(60)
+    stop.set()
+
+    want = [d for d in expected_decisions("alpha", fpms, reqs) if d["time"] <= T0 + 230]
+    wait_for(lambda: len(decisions_of(namespace, "alpha")) >= len(want), 90, "all decisions after restart")
+    got = decisions_of(namespace, "alpha")
+    assert len(got) > killed_at
+    assert [d["decision_id"] for d in got] == list(range(len(got))), "gap or repeat"
+    assert got[:len(want)] == want
+    assert "owning partitions" in worker.log()
+
+    result = audit_kafka(namespace.bootstrap, "alpha", planner=deciding_planner(),
+                         topic_prefix=namespace.prefix, partitions=namespace.partitions)
+    assert result.ok, result.lines()
+    assert len(result.reproduced) == len(got)
+    run = subprocess.run([FLEETPLAN, "audit", "--deployment", "alpha", "--bootstrap", namespace.bootstrap,
+                          "--topic-prefix", namespace.prefix, "--config", str(config_file)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and f"OK: {len(got)} decision(s) reproduced" in run.stdout, run.stdout + run.stderr
+
+
+def test_windowed_traffic_table_mirrors_the_cores_window(namespace, worker_factory, tmp_path):
+    """The Faust tumbling windowed table of request aggregates is a checked mirror of the
+    window the core folds (DeploymentState.window): at each throughput tick both agree."""
+    config = tmp_path / "throughput.yaml"
+    config.write_text(yaml.safe_dump({
+        "mode": "agg", "throughput_adjustment_interval_seconds": 10, "load_adjustment_interval_seconds": 5,
+        "load_predictor": "constant", "grace_seconds": 1,
+    }))
+    port = free_port()
+    worker_factory(config=config, metrics_port=port).start()
+    fpms, reqs = traffic("alpha", 60)
+    produce(namespace, fpms, reqs)
+
+    def checked() -> list[dict]:
+        diags = [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.ticks))]
+        return [d["traffic_mirror"] for d in diags if "traffic_mirror" in d]
+
+    mirrors = wait_for(lambda: (c := checked()) and len(c) >= 3 and c, 40, "three mirrored windows")
+    assert all(m["mismatch"] is None and m["count"] > 0 for m in mirrors), mirrors
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'fleetplan_traffic_mirror_checks_total{deployment="alpha"}' in body
+    assert "fleetplan_traffic_mirror_mismatches_total{" not in body
+
+
+def test_two_workers_share_the_partitions_and_a_rebalance_loses_nothing(namespace, worker_factory):
+    """Scale-out by partition: a second worker joins mid-stream and takes a partition
+    over (its state comes from the changelog); every deployment's decisions continue."""
+    deployments = ["alpha", "epsilon"]  # partitions 0 and 1 of 2
+    inputs = {d: traffic(d, 150, batch=4) for d in deployments}
+    first = worker_factory(instance="w1").start()
+
+    def feed(lo: float, hi: float) -> None:
+        for w in range(int(lo), int(hi), 10):
+            f = [e for d in deployments for e in inputs[d][0] if T0 + w <= e.time < T0 + w + 10]
+            r = [e for d in deployments for e in inputs[d][1] if T0 + w <= e.time < T0 + w + 10]
+            produce(namespace, f, r)
+            time.sleep(0.2)
+
+    feed(0, 60)
+    wait_for(lambda: all(decisions_of(namespace, d) for d in deployments), 40, "decisions from one worker")
+    second = worker_factory(instance="w2").start()
+    feed(60, 150)
+    for d in deployments:
+        want = [x for x in expected_decisions(d, *inputs[d]) if x["time"] <= T0 + 140]
+        wait_for(lambda d=d, want=want: len(decisions_of(namespace, d)) >= len(want), 60, f"{d}'s decisions")
+        got = decisions_of(namespace, d)
+        assert [x["decision_id"] for x in got] == list(range(len(got))), f"gap or repeat for {d}"
+        assert got[:len(want)] == want
+        result = audit_kafka(namespace.bootstrap, d, planner=deciding_planner(),
+                             topic_prefix=namespace.prefix, partitions=namespace.partitions)
+        assert result.ok, result.lines()
+    logs = first.log() + second.log()
+    assert "revoked partitions" in first.log()
+    assert "owning partitions [0]" in logs and "owning partitions [1]" in logs

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from fleetplan.models.forecast import (
     TrafficForecaster,
     TrafficObservation,

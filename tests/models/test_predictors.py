@@ -7,6 +7,9 @@ import math
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from fleetplan.models.predictors import (
     KalmanPredictor,
     Predictor,
@@ -15,8 +18,6 @@ from fleetplan.models.predictors import (
     predictor_from_state,
     predictor_kinds,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 # Kinds that run without optional extras; ARIMA gets small windows so the
 # property tests stay fast (selection cost grows with the window).

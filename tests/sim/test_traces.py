@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from fleetplan.sim.traces import TraceFormatError, TraceRequest, read_trace, trace_arrivals
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"

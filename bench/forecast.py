@@ -50,8 +50,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetplan.models import ensemble  # noqa: F401  (registers the "ensemble" kind)
 from fleetplan.models import predictors as predictors_module
-from fleetplan.models.ensemble import EnsemblePredictor
 from fleetplan.models.forecast import (
     TrafficForecaster,
     TrafficObservation,
@@ -60,11 +60,6 @@ from fleetplan.models.forecast import (
 )
 from fleetplan.models.quantiles import QuantileForecaster
 from fleetplan.sim.traces import read_trace, trace_arrivals
-
-# Until models/predictors.py registers the ensemble kind, register it here
-# (bench only: the package's registry is not touched by the package).
-if EnsemblePredictor.kind not in predictors_module.predictor_kinds():
-    predictors_module._KINDS[EnsemblePredictor.kind] = EnsemblePredictor
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data"
@@ -152,7 +147,10 @@ def client_windows(data: Path, model: str, days: int, top: int) -> list[list[Tra
         out.append(
             [
                 TrafficObservation(
-                    SERVEGEN_WINDOW_S, n, lengths[i].isl if n > 0 else 0.0, lengths[i].osl if n > 0 else 0.0
+                    SERVEGEN_WINDOW_S,
+                    n,
+                    lengths[i].isl if n > 0 else 0.0,
+                    lengths[i].osl if n > 0 else 0.0,
                 )
                 for i, n in enumerate(counts[client])
             ]
@@ -184,10 +182,14 @@ def dev_series(data: Path) -> list[Series]:
     per_day = DAY_S // SERVEGEN_WINDOW_S
     for model in SERVEGEN_WEEK:
         windows = servegen_windows(data, model)[: 4 * per_day]  # the test warm-up
-        out.append(Series(f"dev-servegen-{model}-d0-3", SERVEGEN_WINDOW_S, tuple(windows), 2 * per_day))
+        out.append(
+            Series(f"dev-servegen-{model}-d0-3", SERVEGEN_WINDOW_S, tuple(windows), 2 * per_day)
+        )
     for model in SERVEGEN_DAY:
         windows = servegen_windows(data, model)
-        out.append(Series(f"dev-servegen-{model}", SERVEGEN_WINDOW_S, tuple(windows), len(windows) // 2))
+        out.append(
+            Series(f"dev-servegen-{model}", SERVEGEN_WINDOW_S, tuple(windows), len(windows) // 2)
+        )
     for model in SERVEGEN_WEEK:
         for rank, windows in enumerate(client_windows(data, model, days=4, top=3)):
             name = f"dev-client-{model}-{rank + 1}"
@@ -219,7 +221,9 @@ def score(kind: str, series: Series) -> Score:
         start = time.perf_counter()
         n_hat, isl_hat, osl_hat = forecaster.forecast()
         costs.append((time.perf_counter() - start) * 1e3)
-        losses.append(window_loss((n_hat, isl_hat, osl_hat), (actual.num_req, actual.isl, actual.osl)))
+        losses.append(
+            window_loss((n_hat, isl_hat, osl_hat), (actual.num_req, actual.isl, actual.osl))
+        )
         if actual.num_req > 0:
             apes.append(abs(n_hat - actual.num_req) / actual.num_req)
         unders.append(1.0 if n_hat < actual.num_req else 0.0)
@@ -245,7 +249,7 @@ class Coverage:
     series: str
     kind: str
     windows: int
-    calibrated: bool  # min_pairs reached before the first scored window
+    calibrated: bool  # the P90 over HORIZON windows was conformal at the first scored window
     p50: float  # share of windows with n <= P50 (one window ahead), %
     p90: float  # share with n <= P90, %
     p90_h: float  # share with max(n over HORIZON windows) <= P90 of that max, %
@@ -259,7 +263,7 @@ def coverage(kind: str, series: Series, q: float = 0.9) -> Coverage:
     """Held-out coverage of the quantile forecasts of ``kind`` on ``series``."""
     qf = QuantileForecaster(kind, prophet_interval_s=float(series.interval_s))
     qf.warm(series.windows[: series.warm])
-    calibrated = qf.calibrated(HORIZON)
+    calibrated = qf.calibrated(q, HORIZON)
     scored = series.windows[series.warm :]
     counts = [w.num_req for w in scored]
     hits50, hits90, hits90h, headroom, spans = 0, 0, 0, [], 0
@@ -383,6 +387,17 @@ def coverage_markdown(rows: list[Coverage]) -> str:
     return "\n".join(lines)
 
 
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder")
@@ -418,8 +433,8 @@ def main(argv: list[str] | None = None) -> None:
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"# forecast benchmark ({args.split}): {platform.python_version()}, "
-        f"{os.cpu_count()} cores, load {load:.1f}, {elapsed:.0f} s\n"
+        f"# forecast benchmark ({args.split}): {cpu_name()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, load average {load:.1f}, {elapsed:.0f} s\n"
     )
     print(markdown(scores, kinds, series))
     print()

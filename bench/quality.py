@@ -221,7 +221,10 @@ def markdown(rows: list[dict], scales: dict) -> str:
         for r in wrows:
             if r["policy"] not in policies:
                 policies.append(r["policy"])
-        order = ["static-peak", "static-mean", "oracle"]
+        order = ["static-peak", "static-mean", "oracle"] + [
+            f"planner {loops}" + ("" if loops == "load" else f" ({p})")
+            for loops in LOOPS for p in (["constant"] if loops == "load" else ["constant", "arima", "kalman", "prophet"])
+        ]
         policies = [p for p in order if p in policies] + sorted(p for p in policies if p not in order)
         for p in policies:
             cells = [p]

@@ -17,9 +17,12 @@ Idle windows (a zero after traffic) are handled apart: a run of zeros is
 an outage or a lull, not a level the members should average in, and the
 window after an idle one is often a partial one (a tenant starting up).
 The members learn only from busy windows; the forecast after an idle
-window is the median of what followed the last few idle windows (0 for
-another idle window), and 0 before any was seen, as the reference's last
-value would say.
+window is the lower median of what followed the last few idle windows (0
+for another idle window), and 0 before any was seen, as the reference's
+last value would say.
+
+Importing this module registers the ``ensemble`` kind with
+``make_predictor`` / ``predictor_from_state``.
 
 The window length (for the daily cycle) is the ``prophet_interval_s``
 parameter, documented as the throughput interval: set it to
@@ -31,7 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from fleetplan.models.predictors import Predictor, PredictorParams
+from fleetplan.models.predictors import Predictor, PredictorParams, register_predictor
 from fleetplan.models.seasonal import DailyProfile
 
 __all__ = ["EnsemblePredictor", "MEMBERS"]
@@ -46,7 +49,6 @@ MEMBERS = (
     "daily_last",  # last value moved along the daily cycle
     "daily_smooth",  # smoothed deseasonalized level plus the daily cycle
 )
-_SEASONAL = frozenset({"daily_last", "daily_smooth"})
 
 EWMA_FAST = 0.6
 EWMA_SLOW = 0.15
@@ -71,6 +73,11 @@ DAILY_HARMONICS = 3
 DAILY_MEMORY_DAYS = 3.0
 
 
+# log1p of the largest float, less a margin: a trend extrapolated from values
+# near the float limit must not overflow expm1
+_MAX_Z = 709.0
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -79,6 +86,7 @@ def _median(values: list[float]) -> float:
     return 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
+@register_predictor
 class EnsemblePredictor(Predictor):
     """Loss-weighted ensemble of level, trend, robust and daily-cycle members."""
 
@@ -153,9 +161,10 @@ class EnsemblePredictor(Predictor):
             self._slow += EWMA_SLOW * (z - self._slow)
             predicted = self._trend_level + TREND_DAMPING * self._trend
             level = predicted + TREND_ALPHA * (z - predicted)
-            self._trend = TREND_BETA * (level - self._trend_level) + (
-                1.0 - TREND_BETA
-            ) * TREND_DAMPING * self._trend
+            self._trend = (
+                TREND_BETA * (level - self._trend_level)
+                + (1.0 - TREND_BETA) * TREND_DAMPING * self._trend
+            )
             self._trend_level = level
             self._daily_level += DAILY_SMOOTH_ALPHA * (z - shape_now - self._daily_level)
         self._last_z = z
@@ -233,7 +242,7 @@ class EnsemblePredictor(Predictor):
         forecasts = self._member_forecasts(self._clock)
         weights = self._weights(forecasts)
         z = math.fsum(w * f for w, f in zip(weights, forecasts, strict=True) if f is not None)
-        return math.expm1(max(z, 0.0))
+        return math.expm1(min(max(z, 0.0), _MAX_Z))
 
     # --- state ---------------------------------------------------------------
 

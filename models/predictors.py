@@ -48,6 +48,7 @@ __all__ = [
     "make_predictor",
     "predictor_from_state",
     "predictor_kinds",
+    "register_predictor",
 ]
 
 
@@ -335,15 +336,15 @@ _KPSS_ALPHA = 0.05
 class _ArimaFit:
     order: tuple[int, int, int]
     params: tuple[float, ...]
-    aic: float
+    score: float  # lower is better
 
 
 @contextmanager
 def _quiet_statsmodels() -> Iterator[None]:
     """Silence convergence and interpolation warnings from statsmodels.
 
-    A bad candidate order is expected during selection; it loses on AIC or
-    fails over to the last value, and its warnings would only be noise.
+    A bad candidate order is expected during selection; it loses or fails
+    over to the last value, and its warnings would only be noise.
     """
     # Import first: statsmodels installs "always" warning filters when its
     # exceptions module is first imported, which would shadow ours.
@@ -365,7 +366,7 @@ def _choose_d(y: np.ndarray) -> int:
     """Differencing order by a KPSS stationarity test, as auto_arima does.
 
     AIC cannot compare models with different d (they explain different
-    data), so d is chosen first and only (p, q) by AIC.
+    data), so auto_arima chooses d first and only (p, q) by AIC.
     """
     from statsmodels.tsa.stattools import kpss
 
@@ -388,25 +389,49 @@ def _fit_order(y: np.ndarray, order: tuple[int, int, int], start=None):
     return model.fit(start_params=start, cov_type="none")
 
 
-def _select_order(y: np.ndarray) -> _ArimaFit | None:
-    """Best (p, d, q) by AIC over p, q in 0..2 (d from KPSS); None if no fit."""
+def _candidate_orders(y: np.ndarray, smoothing_rescue: bool) -> list[tuple[int, int, int]]:
+    """(p, d, q) with p, q in 0..2 at the KPSS d, as many as the window supports.
+
+    With ``smoothing_rescue`` a stationary verdict also gets the random walk
+    (0,1,0), which is the constant predictor, and simple exponential
+    smoothing (0,1,1): KPSS has little power on a few hundred noisy points,
+    and these two are what a mean-reverting fit most often loses to.
+    """
     d = _choose_d(y)
     limit = _max_pq(len(y) - d)
+    orders = [(p, d, q) for p in range(_MAX_P + 1) for q in range(_MAX_Q + 1) if p + q <= limit]
+    if smoothing_rescue and d == 0:
+        orders.append((0, 1, 0))
+        if _max_pq(len(y) - 1) >= 1:
+            orders.append((0, 1, 1))
+    return orders
+
+
+def _one_step_error(res, y: np.ndarray) -> float:
+    """Mean absolute one-step-ahead error over the second half of the window.
+
+    These are the filter's own forecasts, i.e. what the planner would have
+    been told, and unlike AIC they compare models with different d.
+    """
+    predicted = np.asarray(res.fittedvalues, dtype=float)
+    half = len(y) // 2
+    return float(np.mean(np.abs(predicted[half:] - y[half:])))
+
+
+def _select_order(y: np.ndarray, criterion: str) -> _ArimaFit | None:
+    """The best candidate by ``criterion`` ("one_step" or "aic"); None if none fits."""
     best: _ArimaFit | None = None
-    for p in range(_MAX_P + 1):
-        for q in range(_MAX_Q + 1):
-            if p + q > limit:
-                continue
-            try:
-                res = _fit_order(y, (p, d, q))
-            except Exception:  # a candidate that cannot be fitted just loses
-                continue
-            aic = float(res.aic)
-            params = tuple(float(v) for v in res.params)
-            if not math.isfinite(aic) or not all(math.isfinite(v) for v in params):
-                continue
-            if best is None or aic < best.aic:
-                best = _ArimaFit((p, d, q), params, aic)
+    for order in _candidate_orders(y, smoothing_rescue=criterion == "one_step"):
+        try:
+            res = _fit_order(y, order)
+        except Exception:  # a candidate that cannot be fitted just loses
+            continue
+        score = _one_step_error(res, y) if criterion == "one_step" else float(res.aic)
+        params = tuple(float(v) for v in res.params)
+        if not math.isfinite(score) or not all(math.isfinite(v) for v in params):
+            continue
+        if best is None or score < best.score:  # ties: the simpler, earlier order
+            best = _ArimaFit(order, params, score)
     return best
 
 
@@ -423,11 +448,16 @@ class ArimaPredictor(Predictor):
     """ARIMA whose order follows the traffic.
 
     The order (p, d, q) is re-selected every ``arima_reselect_every`` points
-    on the last ``arima_max_history`` points: d by a KPSS test, then (p, q)
-    in 0..2 by AIC (statsmodels state-space MLE). Selections fall on a
-    fixed grid of point counts (min_points, min_points + N, ...), so the
-    model used at any point is a function of the series alone, not of when
-    someone asked for a forecast. Between selections the chosen model and
+    on the last ``arima_max_history`` points: d by a KPSS test, (p, q) in
+    0..2, plus the random walk and exponential smoothing when KPSS says
+    stationary; each candidate is fitted by statsmodels' state-space MLE
+    and the one with the smallest one-step-ahead error over the second half
+    of the window wins. That error is what the planner would have been
+    told, and unlike AIC it compares models with different d (measured
+    against AIC in docs/predictors.md). Selections fall on a fixed grid of
+    point counts (min_points, min_points + N, ...), so the model used at
+    any point is a function of the series alone, not of when someone asked
+    for a forecast. Between selections the chosen model and
     its fitted coefficients are run (Kalman-filtered, not refit) over the
     latest window, which moves the level with every point for a few
     milliseconds. The reference instead picks an order once and only nudges
@@ -435,6 +465,7 @@ class ArimaPredictor(Predictor):
     """
 
     kind = "arima"
+    _criterion = "one_step"
 
     def __init__(self, params: PredictorParams | None = None) -> None:
         super().__init__(params)
@@ -491,7 +522,7 @@ class ArimaPredictor(Predictor):
         if np.ptp(y) == 0.0:
             return  # a flat window has no dynamics to fit
         with _quiet_statsmodels():
-            fit = _select_order(y)
+            fit = _select_order(y, self._criterion)
         if fit is not None:
             self._order, self._coefs = fit.order, fit.params
 
@@ -547,6 +578,7 @@ class FrozenArimaPredictor(ArimaPredictor):
     """
 
     kind = "arima_frozen"
+    _criterion = "aic"  # auto_arima's
 
     def __init__(self, params: PredictorParams | None = None) -> None:
         super().__init__(params)
@@ -676,6 +708,22 @@ _KINDS: dict[str, type[Predictor]] = {
         ProphetPredictor,
     )
 }
+
+
+def register_predictor(cls: type[Predictor]) -> type[Predictor]:
+    """Make a Predictor subclass available by its ``kind`` (a class decorator).
+
+    Lets a new predictor live in its own module, as a new scaler does in
+    KEDA, without editing this one. Registering another class under a taken
+    kind is refused, so a state can never be restored into the wrong model.
+    """
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"{cls.__name__} needs a non-empty class attribute 'kind'")
+    if _KINDS.get(kind, cls) is not cls:
+        raise ValueError(f"predictor kind {kind!r} is already registered")
+    _KINDS[kind] = cls
+    return cls
 
 
 def predictor_kinds() -> tuple[str, ...]:

@@ -27,9 +27,14 @@ errors over to a different load level, and a forecaster that improves gets
 tighter quantiles by itself. Quantiles are made non-decreasing in h (a
 longer horizon never asks for less), and are never negative.
 
-While fewer than ``min_pairs`` pairs exist the quantiles are not
-calibrated: the largest ratio seen so far is used (0 before any), and
-``calibrated(h)`` says so.
+A forecast of zero (after an idle window) is its own regime: a ratio to
+zero says nothing about a ratio to a busy forecast, so origins are pooled
+by whether their forecast was zero, and only the pool that matches the
+current forecast calibrates it. A pool with nothing in it yet falls back to
+the recent counts themselves (the q-quantile of the largest count in h
+windows), and with fewer than ``q / (1 - q)`` values (9 for the P90) the
+largest value is used; ``calibrated(q, h)`` says whether the quantile is a
+proper conformal one.
 """
 
 from __future__ import annotations
@@ -37,13 +42,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fleetplan.models import ensemble  # noqa: F401  (registers DEFAULT_KIND)
 from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
 
 __all__ = ["QuantileForecaster"]
 
 DEFAULT_KIND = "ensemble"
 DEFAULT_HISTORY = 256
-DEFAULT_MIN_PAIRS = 20
 
 
 def _count(value: float) -> float:
@@ -51,11 +56,31 @@ def _count(value: float) -> float:
     return v if math.isfinite(v) and v > 0.0 else 0.0
 
 
+def _rank(m: int, q: float) -> int:
+    """The conformal rank of the q-quantile among m values (1-based; > m: none)."""
+    return max(1, math.ceil((m + 1) * q))
+
+
 def _conformal(values: list[float], q: float) -> float:
     """The ceil((m + 1) q)-th smallest of m values, capped at the largest."""
     ordered = sorted(values)
-    rank = math.ceil((len(ordered) + 1) * q)
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
+    return ordered[min(_rank(len(ordered), q), len(ordered)) - 1]
+
+
+def _check(q: float, horizon_windows: int) -> tuple[float, int]:
+    q = float(q)
+    if not (0.0 < q < 1.0):
+        raise ValueError(f"q must be in (0, 1), got {q!r}")
+    try:
+        horizon = int(horizon_windows)
+        whole = not isinstance(horizon_windows, bool) and horizon == horizon_windows
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    if not whole:
+        raise ValueError(f"horizon_windows must be a whole number, got {horizon_windows!r}")
+    if horizon < 1:
+        raise ValueError(f"horizon_windows must be >= 1, got {horizon_windows!r}")
+    return q, horizon
 
 
 class QuantileForecaster:
@@ -63,8 +88,7 @@ class QuantileForecaster:
 
     ``kind`` and ``params`` build the wrapped ``TrafficForecaster`` (the
     point forecasts are exactly its). ``history`` is how many recent
-    windows calibrate the quantiles, ``min_pairs`` how many are needed
-    before they count as calibrated.
+    windows calibrate the quantiles.
     """
 
     def __init__(
@@ -72,16 +96,12 @@ class QuantileForecaster:
         kind: str = DEFAULT_KIND,
         *,
         history: int = DEFAULT_HISTORY,
-        min_pairs: int = DEFAULT_MIN_PAIRS,
         **params: Any,
     ) -> None:
-        if history < 2:
-            raise ValueError("history must be >= 2")
-        if min_pairs < 1:
-            raise ValueError("min_pairs must be >= 1")
+        if isinstance(history, bool) or not isinstance(history, int) or history < 2:
+            raise ValueError(f"history must be an int >= 2, got {history!r}")
         self._forecaster = TrafficForecaster(kind, **params)
-        self.history = int(history)
-        self.min_pairs = int(min_pairs)
+        self.history = history
         # (forecast made before the window, requests that arrived), oldest first
         self._forecasts: list[float] = []
         self._actuals: list[float] = []
@@ -92,13 +112,11 @@ class QuantileForecaster:
         forecaster: TrafficForecaster,
         *,
         history: int = DEFAULT_HISTORY,
-        min_pairs: int = DEFAULT_MIN_PAIRS,
     ) -> QuantileForecaster:
         """Wrap an existing (possibly warmed) forecaster; calibration starts empty."""
         state = {
             "forecaster": forecaster.to_state(),
             "history": history,
-            "min_pairs": min_pairs,
             "forecasts": [],
             "actuals": [],
         }
@@ -137,9 +155,22 @@ class QuantileForecaster:
         """The wrapped point forecaster (KV hit rate, accept length, predictors)."""
         return self._forecaster
 
-    def calibrated(self, horizon_windows: int = 1) -> bool:
-        """True when at least ``min_pairs`` origins calibrate this horizon."""
-        return len(self._forecasts) - int(horizon_windows) + 1 >= self.min_pairs
+    def calibrated(self, q: float = 0.9, horizon_windows: int = 1) -> bool:
+        """True when ``quantile(q, horizon_windows)`` is a conformal quantile.
+
+        That needs at least ``q / (1 - q)`` past origins in the pool that
+        matches the current forecast (zero or not) spanning the horizon;
+        before that the quantiles are the largest values seen, or the
+        recent counts themselves.
+        """
+        q, horizon = _check(q, horizon_windows)
+        zero = self._forecaster.forecast()[0] == 0.0
+        m = sum(
+            1
+            for s in range(len(self._forecasts) - horizon + 1)
+            if (self._forecasts[s] == 0.0) == zero
+        )
+        return m > 0 and _rank(m, q) <= m
 
     def quantile(self, q: float, horizon_windows: int = 1) -> float:
         """The q-quantile of the largest request count in the next ``horizon_windows`` windows."""
@@ -147,42 +178,45 @@ class QuantileForecaster:
 
     def quantiles(self, q: float, horizon_windows: int) -> list[float]:
         """``quantile(q, h)`` for h = 1 .. horizon_windows, in one pass (non-decreasing)."""
-        q = float(q)
-        if not (0.0 < q < 1.0):
-            raise ValueError(f"q must be in (0, 1), got {q!r}")
-        horizon = int(horizon_windows)
-        if horizon < 1:
-            raise ValueError(f"horizon_windows must be >= 1, got {horizon_windows!r}")
-        base = math.log1p(self._forecaster.forecast()[0])
-        ratios = self._ratios(horizon)
+        q, horizon = _check(q, horizon_windows)
+        point = self._forecaster.forecast()[0]
+        zero = point == 0.0
+        base = math.log1p(point)
+        matching, counts = self._spreads(horizon, zero)
         out: list[float] = []
-        floor = -math.inf
+        level = -math.inf
         for h in range(1, horizon + 1):
-            values = ratios[h - 1]
-            if not values:
-                # no origin spans h windows yet: extend the shorter horizon's spread
-                spread = floor if floor > -math.inf else 0.0
-            elif len(values) < self.min_pairs:
-                spread = max(values)  # not calibrated yet: the worst miss seen
+            if matching[h - 1]:
+                value = base + _conformal(matching[h - 1], q)
+            elif counts[h - 1]:
+                value = _conformal(counts[h - 1], q)  # no matching origin: the counts themselves
             else:
-                spread = _conformal(values, q)
-            floor = max(floor, spread)
-            out.append(max(0.0, math.expm1(base + floor)))
+                value = base  # nothing observed spans h windows yet
+            level = max(level, value)
+            out.append(max(0.0, math.expm1(level)))
         return out
 
-    def _ratios(self, horizon: int) -> list[list[float]]:
-        """r_h(s) for every origin s and h = 1 .. horizon (index h - 1)."""
+    def _spreads(self, horizon: int, zero: bool) -> tuple[list[list[float]], list[list[float]]]:
+        """Per h = 1 .. horizon (index h - 1), over past origins s:
+
+        - r_h(s) for the origins whose forecast was zero iff ``zero``;
+        - log1p of the largest count in h windows from every origin.
+        """
         forecasts, actuals = self._forecasts, self._actuals
         m = len(forecasts)
         logs = [math.log1p(a) for a in actuals]
-        out: list[list[float]] = [[] for _ in range(horizon)]
+        matching: list[list[float]] = [[] for _ in range(horizon)]
+        counts: list[list[float]] = [[] for _ in range(horizon)]
         for s in range(m):
             anchor = math.log1p(forecasts[s])
+            same_regime = (forecasts[s] == 0.0) == zero
             peak = -math.inf
             for h in range(1, min(horizon, m - s) + 1):
                 peak = max(peak, logs[s + h - 1])
-                out[h - 1].append(peak - anchor)
-        return out
+                counts[h - 1].append(peak)
+                if same_regime:
+                    matching[h - 1].append(peak - anchor)
+        return matching, counts
 
     # --- state ---------------------------------------------------------------
 
@@ -190,7 +224,6 @@ class QuantileForecaster:
         return {
             "forecaster": self._forecaster.to_state(),
             "history": self.history,
-            "min_pairs": self.min_pairs,
             "forecasts": list(self._forecasts),
             "actuals": list(self._actuals),
         }
@@ -200,9 +233,8 @@ class QuantileForecaster:
         qf = cls.__new__(cls)
         qf._forecaster = TrafficForecaster.from_state(state["forecaster"])
         qf.history = int(state["history"])
-        qf.min_pairs = int(state["min_pairs"])
-        if qf.history < 2 or qf.min_pairs < 1:
-            raise ValueError("quantile state needs history >= 2 and min_pairs >= 1")
+        if qf.history < 2:
+            raise ValueError("quantile state needs history >= 2")
         qf._forecasts = [float(v) for v in state["forecasts"]]
         qf._actuals = [float(v) for v in state["actuals"]]
         if len(qf._forecasts) != len(qf._actuals):

@@ -36,6 +36,7 @@ def simulate(
     servegen: Annotated[Path | None, typer.Option("--servegen", help="generate the workload from ServeGen clients_rate_10min CSV(.gz) instead of --trace")] = None,
     servegen_model: Annotated[str, typer.Option("--servegen-model", help="ServeGen model column (m-large, m-mid, ...)")] = "m-large",
     router: Annotated[str, typer.Option("--router", help="round-robin | least-loaded | prefix")] = "least-loaded",
+    prefix_block_tokens: Annotated[int, typer.Option("--prefix-block-tokens", help="tokens per prompt hash block (Mooncake: 512)")] = 512,
     startup: Annotated[str, typer.Option("--startup", help="worker startup seconds, or uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA")] = "120",
     initial: Annotated[str, typer.Option("--initial", help="initial fleet: warm (sized for the first startup period), min, or e.g. prefill=2,decode=3")] = "warm",
     fpm_interval: Annotated[float, typer.Option("--fpm-interval", help="seconds between sampled FPMs per engine")] = 1.0,
@@ -52,6 +53,7 @@ def simulate(
         run = _prepare(
             trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
             servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
+            prefix_block_tokens,
         )
     except _UserError as err:
         fail(str(err))
@@ -65,6 +67,7 @@ class _UserError(Exception):
 def _prepare(
     trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
     servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
+    prefix_block_tokens=512,
 ) -> dict:
     from fleetplan.bootstrap import build_planner
     from fleetplan.models.config import ConfigError, load_config
@@ -82,7 +85,8 @@ def _prepare(
         raise _UserError(f"--router: expected one of {', '.join(ROUTERS)}, got {router!r}")
     if engine_timing not in TIMING_MODES:
         raise _UserError(f"--engine-timing: expected one of {', '.join(TIMING_MODES)}, got {engine_timing!r}")
-    for name, value in (("--rate-scale", rate_scale), ("--speed", speed), ("--fpm-interval", fpm_interval), ("--window", window)):
+    for name, value in (("--rate-scale", rate_scale), ("--speed", speed), ("--fpm-interval", fpm_interval),
+                        ("--window", window), ("--prefix-block-tokens", prefix_block_tokens)):
         if not value > 0:
             raise _UserError(f"{name}: must be > 0, got {value}")
     try:
@@ -104,7 +108,7 @@ def _prepare(
         raise _UserError(f"profile {profile}: {err}") from None
     options = SimOptions(
         router=router, startup=startup, fpm_interval_s=fpm_interval, seed=seed, timing=engine_timing,
-        window_s=window,
+        window_s=window, prefix_block_tokens=prefix_block_tokens,
     )
     try:
         setup = make_setup(cfg, prof, options)
@@ -278,11 +282,11 @@ def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, roun
     if name == "planner":
         return experiment.run_planner(workload, setup, run["planner"], initial, log=log_fh, progress=progress)
     if name == "oracle":
-        return experiment.run_oracle(workload, setup, sizing, goal, rounds, progress=note)
+        return experiment.run_oracle(workload, setup, sizing, goal, rounds, progress=note, log=log_fh)
     if name == "static-peak":
-        return experiment.run_static(workload, setup, sizing, "peak")
+        return experiment.run_static(workload, setup, sizing, "peak", log=log_fh)
     if name == "static-mean":
-        return experiment.run_static(workload, setup, sizing, "mean")
+        return experiment.run_static(workload, setup, sizing, "mean", log=log_fh)
     return experiment.run_policy(workload, setup, run["policy_obj"], name, initial=initial, log=log_fh, progress=progress)
 
 
@@ -301,10 +305,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         "gpus_per_engine": setup.gpus,
         "policy": main.policy,
         "results": {r.policy: {**r.summary.to_dict(), "wall_s": r.wall_s, "sim_per_wall": r.end_s / r.wall_s if r.wall_s else None} for r in results},
-        "oracle_gpu_hours_ratio": {
-            r.policy: r.summary.gpu_hours / results_by(results, "oracle").summary.gpu_hours
-            for r in results if results_by(results, "oracle") is not None and results_by(results, "oracle").summary.gpu_hours > 0
-        },
+        "oracle_gpu_hours_ratio": _oracle_ratios(results),
         "sizing": {
             "window_s": sizing.window_s, "engine_rps_at_mean_shape": sizing.engine_rps,
             "oracle_refine_rounds": sizing.refine_rounds,
@@ -322,6 +323,13 @@ def _summary_json(run, sizing, results, out) -> dict:
             "report": str(out / "report.html"),
         },
     }
+
+
+def _oracle_ratios(results) -> dict:
+    oracle = results_by(results, "oracle")
+    if oracle is None or not oracle.summary.gpu_hours > 0:
+        return {}
+    return {r.policy: r.summary.gpu_hours / oracle.summary.gpu_hours for r in results}
 
 
 def results_by(results, name):

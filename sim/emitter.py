@@ -6,13 +6,16 @@ run's JSONL log, so the log holds exactly the inputs the planner saw, in
 the order it saw them, and ``fleetplan plan`` replays it decision for
 decision.
 
-Events are built with ``model_validate`` on plain dicts: a few microseconds
-each, and a simulator bug that produced a negative count or a NaN fails
-loudly here instead of deep in the planner.
+Events are built from complete dicts of known-good values without
+re-validation (about 1.8 µs instead of 5 µs each; a day of traffic is
+millions of events). ``FLEETPLAN_SIM_VALIDATE=1`` validates every event
+instead, to catch a simulator bug that produced a negative count or a NaN;
+the tests check that both ways give equal events.
 """
 
 from __future__ import annotations
 
+import os
 from typing import IO
 
 from fleetplan.schemas.codec import encode_event
@@ -21,14 +24,38 @@ from fleetplan.schemas.events import (
     ClockEvent,
     ForwardPassMetrics,
     InventoryEvent,
+    QueuedRequests,
     RequestRecord,
+    ScheduledRequests,
 )
 
-_fpm = ForwardPassMetrics.model_validate
-_request = RequestRecord.model_validate
-_inventory = InventoryEvent.model_validate
-_clock = ClockEvent.model_validate
-_ack = Ack.model_validate
+VALIDATE = os.environ.get("FLEETPLAN_SIM_VALIDATE", "") not in ("", "0")
+_set = object.__setattr__
+
+
+def _trusted(cls):
+    """A constructor that takes a dict holding every field, already of the right type."""
+    if VALIDATE:
+        return cls.model_validate
+
+    def build(values: dict):
+        obj = cls.__new__(cls)
+        _set(obj, "__dict__", values)
+        _set(obj, "__pydantic_fields_set__", set(values))
+        _set(obj, "__pydantic_extra__", None)
+        _set(obj, "__pydantic_private__", None)
+        return obj
+
+    return build
+
+
+_fpm = _trusted(ForwardPassMetrics)
+_scheduled = _trusted(ScheduledRequests)
+_queued = _trusted(QueuedRequests)
+_request = _trusted(RequestRecord)
+_inventory = _trusted(InventoryEvent)
+_clock = _trusted(ClockEvent)
+_ack = _trusted(Ack)
 
 
 class EventLog:
@@ -47,18 +74,21 @@ class EventLog:
 def fpm_event(deployment: str, time: float, role: str, worker_id: str, s: dict) -> ForwardPassMetrics:
     n_pre, pre_tokens, pre_kv, n_dec, dec_kv = s["sched"]
     q_pre_n, q_pre_tokens, q_dec_n, q_dec_kv = s["queued"]
+    scheduled = {
+        "num_prefill_requests": n_pre, "sum_prefill_tokens": pre_tokens, "var_prefill_length": 0.0,
+        "sum_prefill_kv_tokens": pre_kv, "num_decode_requests": n_dec,
+        "sum_decode_kv_tokens": dec_kv, "var_decode_kv_tokens": 0.0,
+    }
+    queued = {
+        "num_prefill_requests": q_pre_n, "sum_prefill_tokens": q_pre_tokens, "var_prefill_length": 0.0,
+        "num_decode_requests": q_dec_n, "sum_decode_kv_tokens": q_dec_kv, "var_decode_kv_tokens": 0.0,
+    }
     return _fpm({
-        "deployment": deployment, "time": time, "role": role, "worker_id": worker_id,
-        "counter_id": s["counter"], "wall_time": s["wall_time"],
-        "scheduled": {
-            "num_prefill_requests": n_pre, "sum_prefill_tokens": pre_tokens,
-            "sum_prefill_kv_tokens": pre_kv, "num_decode_requests": n_dec,
-            "sum_decode_kv_tokens": dec_kv,
-        },
-        "queued": {
-            "num_prefill_requests": q_pre_n, "sum_prefill_tokens": q_pre_tokens,
-            "num_decode_requests": q_dec_n, "sum_decode_kv_tokens": q_dec_kv,
-        },
+        "deployment": deployment, "time": float(time), "schema_version": 1, "type": "fpm",
+        "role": role, "worker_id": worker_id, "dp_rank": 0,
+        "counter_id": s["counter"], "wall_time": float(s["wall_time"]),
+        "scheduled": scheduled if VALIDATE else _scheduled(scheduled),
+        "queued": queued if VALIDATE else _queued(queued),
     })
 
 
@@ -68,7 +98,8 @@ def request_event(deployment: str, req) -> RequestRecord:
     itl = (req.end - req.first_token) / (req.osl - 1) * 1000.0 if req.osl > 1 else None
     start = req.prefill_start if req.prefill_start >= 0 else req.arrival
     return _request({
-        "deployment": deployment, "time": req.end, "request_id": req.rid,
+        "deployment": deployment, "time": float(req.end), "schema_version": 1, "type": "request",
+        "request_id": req.rid, "model": None,
         "input_tokens": req.isl, "output_tokens": req.osl, "cached_tokens": req.cached,
         "request_received_ms": req.arrival * 1000.0,
         "prefill_wait_time_ms": (start - req.arrival) * 1000.0,
@@ -77,6 +108,7 @@ def request_event(deployment: str, req) -> RequestRecord:
         "total_time_ms": (req.end - req.arrival) * 1000.0,
         "avg_itl_ms": itl,
         "kv_hit_rate": req.cached / req.isl,
+        "accept_length": None, "queue_depth": None,
         "prefill_worker_id": None if prefill is None else prefill.worker_id,
         "decode_worker_id": None if decode is None else decode.worker_id,
     })
@@ -87,17 +119,17 @@ def inventory_event(
     decision_id: int | None,
 ) -> InventoryEvent:
     return _inventory({
-        "deployment": deployment, "time": time, "worker_id": worker_id, "role": role,
-        "state": state, "gpus": gpus, "decision_id": decision_id,
+        "deployment": deployment, "time": float(time), "schema_version": 1, "type": "inventory",
+        "worker_id": worker_id, "role": role, "state": state, "gpus": gpus, "decision_id": decision_id,
     })
 
 
 def clock_event(deployment: str, time: float) -> ClockEvent:
-    return _clock({"deployment": deployment, "time": time, "source": "sim"})
+    return _clock({"deployment": deployment, "time": float(time), "schema_version": 1, "type": "clock", "source": "sim"})
 
 
 def ack_event(deployment: str, time: float, decision_id: int, status: str, observed: dict) -> Ack:
     return _ack({
-        "deployment": deployment, "time": time, "decision_id": decision_id, "status": status,
-        "observed": observed,
+        "deployment": deployment, "time": float(time), "schema_version": 1, "type": "ack",
+        "decision_id": decision_id, "status": status, "observed": dict(observed), "error": None,
     })

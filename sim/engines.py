@@ -102,6 +102,9 @@ class Engine:
         self.stopped: float | None = None
         self.does_prefill = role in ("prefill", "agg")
         self.does_decode = role in ("decode", "agg")
+        self.prefill_role = role == "prefill"
+        self.max_num_batched_tokens = limits.max_num_batched_tokens
+        self.max_num_seqs = limits.max_num_seqs
         # queues and batch
         self.waiting: deque[SimRequest] = deque()   # not yet admitted
         self.prefilling: list[SimRequest] = []      # admitted, prompt not done (agg, prefill)
@@ -116,6 +119,7 @@ class Engine:
         self.waiting_kv = 0        # isl + 1 of the same: the KV they bring (FPM queued)
         self.counter = 0        # decode steps completed (every running sequence got a token)
         self.prefill_first = prefill_first and role == "agg"
+        self.piggyback = role == "agg" and not self.prefill_first  # decode steps ride in prompt passes
         self.inbound = 0        # KV transfers on their way here (a draining engine waits for them)
         # the pass (or macro-step) in flight
         self.busy = False
@@ -202,53 +206,59 @@ class Engine:
     # -- the iteration loop ----------------------------------------------------------
 
     def _admissible(self) -> bool:
-        if not self.waiting:
+        waiting = self.waiting
+        if not waiting:
             return False
-        req = self.waiting[0]
-        lim = self.limits
-        if self.role == "prefill":
+        if self.prefill_role:
             return True
         seqs = self.running + len(self.prefilling)
         if seqs == 0:
             return True  # an empty engine takes anything, even an oversize context
-        return seqs < lim.max_num_seqs and self.kv_reserved + req.isl + req.osl <= self.max_kv_tokens
+        req = waiting[0]
+        return seqs < self.max_num_seqs and self.kv_reserved + req.isl + req.osl <= self.max_kv_tokens
 
     def _admit(self) -> None:
-        if self.role == "prefill":
-            while self.waiting:
-                self.prefilling.append(self.waiting.popleft())
+        waiting = self.waiting
+        if not waiting:
             return
+        if self.prefill_role:
+            self.prefilling.extend(waiting)
+            waiting.clear()
+            return
+        agg = self.role == "agg"
         while self._admissible():
-            req = self.waiting.popleft()
-            self.kv_reserved += req.isl + req.osl
-            if self.role == "agg":
+            req = waiting.popleft()
+            context = req.isl + req.osl
+            self.kv_reserved += context
+            if agg:
                 self.prefilling.append(req)
             else:
-                self.waiting_context -= req.isl + req.osl
+                self.waiting_context -= context
                 self.waiting_kv -= req.isl + 1
                 self._join_decode(req)
 
     def _join_decode(self, req: SimRequest) -> None:
         """Start decoding ``req``: its first token exists, ``osl - 1`` to go."""
-        req.join_counter = self.counter
+        counter = self.counter
+        req.join_counter = counter
         self.running += 1
         self.kv += req.isl + 1
-        heapq.heappush(self.finishing, (self.counter + req.osl - 1, req.index, req))
+        heapq.heappush(self.finishing, (counter + req.osl - 1, req.index, req))
 
     def _schedule(self, now: float) -> None:
         """Start the next pass (or macro-step) at ``now``, or go idle."""
-        lim = self.limits
-        timing = self.timing
         if self.prefilling:
-            piggyback = self.role == "agg" and not self.prefill_first
-            budget = lim.max_num_batched_tokens - (self.running if piggyback else 0)
-            max_seqs = lim.max_num_seqs
+            piggyback = self.piggyback
+            budget = self.max_num_batched_tokens - (self.running if piggyback else 0)
+            max_seqs = self.max_num_seqs
             chunk = []
             tokens = 0
             for req in self.prefilling:
                 if budget <= 0 or len(chunk) >= max_seqs:
                     break
-                take = min(req.prefill_tokens - req.prefilled, budget)
+                take = req.prefill_tokens - req.prefilled
+                if take > budget:
+                    take = budget
                 if take <= 0:
                     continue
                 chunk.append((req, take))
@@ -259,26 +269,29 @@ class Engine:
                     self.unstarted -= 1
                     self.unstarted_tokens -= req.isl
             self.prefill_backlog -= tokens
-            decodes = self.role == "agg" and not self.prefill_first
-            if decodes:
-                d = timing.mixed_s(tokens, self.running, self.kv)
+            if piggyback:
+                d = self.timing.mixed_s(tokens, self.running, self.kv)
             else:
-                d = timing.prefill_s(tokens)
+                d = self.timing.prefill_s(tokens)
             self._chunk = chunk
-            self._start(now, d, 1, decodes)
+            self._start(now, d, 1, piggyback)
             return
-        if self.running:
-            k = min(self.finishing[0][0] - self.counter, MAX_MACRO_ITERATIONS)
-            k = max(k, 1)
-            d = timing.decode_s(self.running, self.kv + self.running * (k - 1) / 2.0)
+        running = self.running
+        if running:
+            k = self.finishing[0][0] - self.counter
+            if k > MAX_MACRO_ITERATIONS:
+                k = MAX_MACRO_ITERATIONS
+            elif k < 1:
+                k = 1
+            d = self.timing.decode_s(running, self.kv + running * (k - 1) / 2.0)
             self._chunk = []
-            self._start(now, d, k)
+            self._start(now, d, k, True)
             return
         self.busy = False
         if self.state == "draining" and self.idle:
             self.fleet.engine_drained(self)
 
-    def _start(self, now: float, d: float, k: int, decodes: bool = True) -> None:
+    def _start(self, now: float, d: float, k: int, decodes: bool) -> None:
         self.busy = True
         self._seg_start = now
         self._seg_d = d
@@ -286,8 +299,9 @@ class Engine:
         self._seg_b = self.running if decodes else 0
         self._seg_decodes = decodes
         self._seg_kv0 = self.kv
-        self._version += 1
-        self.clock.at(now + d * k, self._boundary, self._version)
+        version = self._version + 1
+        self._version = version
+        self.clock.at(now + d * k, self._boundary, version)
 
     def _cut_segment(self, now: float) -> None:
         """End the macro-step after the iteration in progress, so new work can join."""
@@ -307,18 +321,24 @@ class Engine:
             self.counter += k
             self.kv += self._seg_b * k
         self.iterations += k
-        for req, take in self._chunk:
-            req.prefilled += take
-            if req.prefilled >= req.prefill_tokens:
-                self._prompt_done(req, now)
-        self._chunk = []
+        chunk = self._chunk
+        if chunk:
+            self._chunk = []
+            for req, take in chunk:
+                req.prefilled += take
+                if req.prefilled >= req.prefill_tokens:
+                    self._prompt_done(req, now)
         finishing = self.finishing
-        while finishing and finishing[0][0] <= self.counter:
-            _, _, req = heapq.heappop(finishing)
-            self.running -= 1
-            self.kv -= req.isl + req.osl
-            self.kv_reserved -= req.isl + req.osl
-            self.fleet.request_finished(req, self, now)
+        if finishing:
+            counter = self.counter
+            fleet = self.fleet
+            while finishing and finishing[0][0] <= counter:
+                req = heapq.heappop(finishing)[2]
+                context = req.isl + req.osl
+                self.running -= 1
+                self.kv -= context
+                self.kv_reserved -= context
+                fleet.request_finished(req, self, now)
         self._admit()
         self._schedule(now)
 

@@ -145,7 +145,7 @@ def window_attainment(result: RunResult, setup: FleetSetup, window_s: float, n_w
 
 def run_oracle(
     workload: Workload, setup: FleetSetup, sizing: Sizing, goal: float, rounds: int,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, log: IO[bytes] | None = None,
 ) -> RunResult:
     """Refine the per-window needs by replay, then run the final oracle."""
     lookahead = setup.startup().upper()
@@ -163,9 +163,11 @@ def run_oracle(
     needs, used = refine_needs(sizing.floor_needs, replay, prompt_role, decode_role, goal, rounds)
     sizing.needs = needs
     sizing.refine_rounds = used
-    return run_policy(workload, setup, SchedulePolicy(needs, window, lookahead), "oracle")
+    return run_policy(workload, setup, SchedulePolicy(needs, window, lookahead), "oracle", log=log)
 
 
-def run_static(workload: Workload, setup: FleetSetup, sizing: Sizing, how: str) -> RunResult:
+def run_static(
+    workload: Workload, setup: FleetSetup, sizing: Sizing, how: str, log: IO[bytes] | None = None,
+) -> RunResult:
     targets = static_targets(sizing.needs, how)
-    return run_policy(workload, setup, StaticPolicy(targets, f"static-{how}"), f"static-{how}", targets)
+    return run_policy(workload, setup, StaticPolicy(targets, f"static-{how}"), f"static-{how}", targets, log=log)

@@ -46,7 +46,7 @@ from fleetplan.sim.connector import SimConnector
 from fleetplan.sim.engines import Engine, SimRequest
 from fleetplan.sim.fleet import FleetListener, KvTransfer, SimFleet
 from fleetplan.sim.metrics import ReplicaTimeline, RequestLog, Summary, summarize
-from fleetplan.sim.policy import PolicyView, Traffic, check_targets, policy_interval
+from fleetplan.sim.policy import PolicyContext, PolicyView, Traffic, check_targets, policy_interval
 from fleetplan.sim.router import make_router
 from fleetplan.sim.startup import StartupTime, parse_startup
 from fleetplan.sim.timing import EngineTiming, engine_timing
@@ -231,6 +231,13 @@ class PolicyController:
 
     def start(self, loop: ClosedLoop) -> None:
         self.loop = loop
+        bind = getattr(self.policy, "bind", None)
+        if callable(bind):
+            setup = loop.setup
+            bind(PolicyContext(
+                roles=self.roles, config=setup.config, profile=setup.profile,
+                startup_s=setup.startup().upper(), gpus_per_engine=dict(setup.gpus),
+            ))
         loop.clock.at(self.interval_s, self._tick)
 
     def observe(self, event) -> None:

@@ -103,9 +103,10 @@ def trace_arrivals(reqs: Iterable[TraceRequest]) -> list[tuple[float, float, flo
 
 
 def _open_text(path: Path) -> io.TextIOBase:
-    if path.name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+    # utf-8-sig: a byte-order mark (spreadsheet exports) is not part of line 1
+    if path.name.lower().endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
 
 
 def _base_suffix(path: Path) -> str:
@@ -129,7 +130,7 @@ def _detect(path: Path, numbered: Iterator[tuple[int, str]]):
         buffered.append((lineno, line))
         if not line.strip():
             continue
-        if line.lstrip("\ufeff").startswith("TIMESTAMP"):
+        if line.startswith("TIMESTAMP"):
             fmt = "azure"
         else:
             record = _json_object(path, lineno, line)
@@ -218,7 +219,7 @@ def _azure_rows(path: Path, numbered: Iterable[tuple[int, str]]) -> Iterator[_Ro
             continue
         fields = next(csv.reader([line]))
         if not header_seen:
-            names = tuple(f.strip().lstrip("\ufeff") for f in fields)
+            names = tuple(f.strip() for f in fields)
             if names != AZURE_HEADER:
                 raise TraceFormatError(
                     path, lineno, "header", f"{','.join(AZURE_HEADER)}, got {line.strip()!r}"

@@ -9,13 +9,15 @@ point recoverable without gaps or repeats:
    dead letters and tick diagnostics) to the ``deployments`` table;
 2. flush: the states are durable;
 3. send the outbox records; flush: they are durable;
-4. acknowledge the records that are settled, so Faust may commit them.
+4. mark the records the router settled; their partitions' resume offsets
+   (:mod:`fleetplan.streams.positions`) move past them and are committed.
 
-Records whose events wait for a future tick keep an extra reference and are
-acknowledged only once a saved tick has folded them, so a restarted worker
-reads them again from the committed offset. On every (re)assignment the
-router is rebuilt from the table: Faust seeks back to the committed offsets
-then, so in-memory buffers would otherwise see those records twice.
+Records whose events wait for a future tick are not settled, so the
+resume offset stays at or before them and a restarted worker reads them
+again. The worker commits those resume offsets itself (Faust's own commit,
+which assumes "read" means "done", is replaced) and seeks to them after
+every assignment, rebuilding the router from the table: in-memory buffers
+would otherwise see the re-read records twice.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ import time
 
 import faust
 import orjson
+from faust.types import TP
 
 from fleetplan.models.planner import Planner
 from fleetplan.schemas import topics as canonical
 from fleetplan.streams.app import WorkerSettings
 from fleetplan.streams.kafka_io import read_partitions
 from fleetplan.streams.metrics import WorkerMetrics
+from fleetplan.streams.positions import InputPositions
 from fleetplan.streams.router import InputRecord, RoutedBatch, Router
 from fleetplan.streams.tables import (
     Output,
@@ -65,7 +69,13 @@ class PlannerWorker:
         self.watermarks = Watermarks(CLOCKED, settings.idle_after_s)
         self.router = Router(planner, self.watermarks, load=self._load)
         self.owned: set[int] = set()
+        self.positions = InputPositions()
+        self._committed: dict[tuple[str, int], int] = {}
+        self._jumps = 0
         self._lock = asyncio.Lock()
+        # Deployments whose stored outbox this process has already delivered: a
+        # rebalance that hands them back need not send it again.
+        self._delivered: set[str] = set()
         self._input_names = set(self.topics.inputs)
         self._output_names = {
             canonical.DECISIONS: self.topics.decisions,
@@ -83,6 +93,9 @@ class PlannerWorker:
                                      partitions=settings.partitions, expires_s=4 * interval)
         self.states.on_recover(self._on_recovered)
         app.on_partitions_revoked.connect(self._on_revoked)
+        # Faust's ack-based commit would commit offsets of records waiting for a tick
+        # (and of records it skipped during a rebalance): commit resume offsets instead.
+        app.consumer.commit = self._commit_positions
         self.source = app.topic(
             *self.topics.inputs, key_type=bytes, value_type=bytes,
             key_serializer="raw", value_serializer="raw", partitions=settings.partitions,
@@ -108,30 +121,35 @@ class PlannerWorker:
 
     async def _handle(self, events) -> None:
         started = time.monotonic()
-        generation = self.app.consumer_generation_id
         records: list[InputRecord] = []
         last_offsets: dict[tuple[str, int], int] = {}
         for event in events:
             message = event.message
-            if message.partition not in self.owned or getattr(message, "generation_id", generation) != generation:
-                continue  # from before the last rebalance: Faust reads it again
-            message.incref()  # released (acked) by us once settled; see the module docstring
+            # Never acknowledged: Faust's commit is replaced (see the module docstring),
+            # and an acknowledgement would only grow its bookkeeping.
+            message.incref()
+            tp = (message.topic, message.partition)
+            if message.partition not in self.owned or not self.positions.accept(tp, message.offset, started):
+                pos = self.positions.partitions.get(tp)
+                log.warning("DEBUG skip %s@%s owned=%s expected=%s", tp, message.offset, message.partition in self.owned, pos and pos.expected)
+                continue  # read before the last seek, or twice around it: it comes again in order
             received = getattr(message, "time_in", None) or started
             records.append(InputRecord(
                 self.topics.logical(message.topic), message.partition, message.offset,
-                event.key, event.value, received, event,
+                event.key, event.value, received, (message.topic, message.partition, message.offset),
             ))
-            last_offsets[(message.topic, message.partition)] = message.offset
-        log.debug("batch of %d events, %d routed (generation %s, owned %s)",
-                  len(events), len(records), generation, sorted(self.owned))
+            last_offsets[tp] = message.offset
         if not records:
             return
+        if self.positions.jumps != self._jumps:
+            log.warning("skipped a gap in an input partition's offsets (%d so far): transactional "
+                        "producers or retention overtaking this worker", self.positions.jumps)
+            self._jumps = self.positions.jumps
         batch = self.router.route(records, time.monotonic())
         self._mirror(batch)
         await self._persist(batch)
-        for handle in batch.release:
-            if handle is not None:
-                handle.ack()
+        for topic, partition, offset in batch.release:
+            self.positions.settle((topic, partition), offset)
         self._observe(batch, last_offsets, started)
 
     def _mirror(self, batch: RoutedBatch) -> None:
@@ -175,10 +193,12 @@ class PlannerWorker:
         producer = self.app.producer
         for dep, raw in saves:
             self.states[dep.name.encode()] = raw
+            self._delivered.discard(dep.name)
         if saves:
             await producer.flush()
         await self._send(outputs, {d.name: d.partition for d, _ in saves})
         self.router.sent(batch)
+        self._delivered.update(d.name for d, _ in saves)
         done = time.monotonic()
         for tick in batch.ticks:
             if tick.watermark_at is not None:
@@ -212,7 +232,7 @@ class PlannerWorker:
             m.observe_tick(tick.report, tick.deployment.state)
         for (topic, partition), offset in last_offsets.items():
             try:
-                high = self.app.consumer.highwater(faust.types.TP(topic, partition))
+                high = self.app.consumer.highwater(TP(topic, partition))
             except Exception:  # noqa: BLE001 - lag is best effort while rebalancing
                 continue
             if high is not None:
@@ -233,14 +253,18 @@ class PlannerWorker:
             gone = {tp.partition for tp in revoked if tp.topic in self._input_names}
             self.owned -= gone
             self.router.drop_partitions(gone)
+            self.positions.forget(gone)
             if gone:
                 log.info("revoked partitions %s", sorted(gone))
 
     async def _on_recovered(self) -> None:
-        """Rebuild the router from the table for the partitions now owned, re-send outboxes."""
+        """Rebuild the router from the table for the partitions now owned, seek to the
+        resume offsets, re-send outboxes."""
         async with self._lock:
-            owned = {tp.partition for tp in self.app.consumer.assignment() if tp.topic in self._input_names}
+            consumer = self.app.consumer
+            owned = {tp.partition for tp in consumer.assignment() if tp.topic in self._input_names}
             self.router.drop_partitions(list(self.router.by_partition))
+            self.positions.forget(set(self.positions_partitions()))
             self.owned = owned
             self.watermarks.assign(owned, time.monotonic())
             pending = []
@@ -252,11 +276,56 @@ class PlannerWorker:
                     continue
                 name = key.decode() if isinstance(key, bytes) else key
                 dep = self.router.adopt(name, stored)
-                if dep.outbox:
+                if name in self._delivered:
+                    dep.outbox = []
+                elif dep.outbox:
                     pending.append(dep)
+            await self._seek_to_resume(owned)
             log.info("owning partitions %s with %d deployments", sorted(owned), len(self.router.deployments))
             if pending:
                 await self._resend(pending)
+
+    def positions_partitions(self) -> set[int]:
+        return {p for _, p in self.positions.partitions}
+
+    async def _seek_to_resume(self, owned: set[int]) -> None:
+        """Read every owned input partition again from its committed resume offset.
+
+        ``seek_wait`` runs in the consumer's own thread: a plain ``seek`` from
+        this thread can race the fetcher and be lost.
+        """
+        consumer = self.app.consumer
+        tps = [TP(t, p) for t in sorted(self._input_names) for p in sorted(owned)]
+        if not tps:
+            return
+        committed = await consumer.seek_to_committed()
+        earliest = await consumer.earliest_offsets(*tps)
+        resume = {}
+        for tp in tps:
+            offset = committed.get(tp)
+            resume[tp] = max(offset if offset is not None and offset >= 0 else 0, earliest.get(tp) or 0)
+            self.positions.reset((tp.topic, tp.partition), resume[tp])
+            self._committed[(tp.topic, tp.partition)] = resume[tp]
+        await consumer.seek_wait(resume)
+        log.warning("DEBUG seek %s", {f"{tp.topic[-10:]}/{tp.partition}": o for tp, o in resume.items()})
+
+    async def _commit_positions(self, topics=None, start_new_transaction: bool = True) -> bool:
+        """Commit the resume offsets that moved (replaces Faust's ack-based commit)."""
+        offsets = {}
+        for (topic, partition), pos in list(self.positions.partitions.items()):
+            resume = pos.resume
+            if partition in self.owned and self._committed.get((topic, partition)) != resume:
+                offsets[TP(topic, partition)] = resume
+        if not offsets:
+            return False
+        try:
+            done = await self.app.consumer._commit(offsets)
+        except Exception as err:  # noqa: BLE001 - a failed commit only means more replay
+            log.warning("committing resume offsets failed: %s", err)
+            return False
+        if done:
+            self._committed.update({(tp.topic, tp.partition): o for tp, o in offsets.items()})
+        return bool(done)
 
     async def _resend(self, deployments) -> None:
         """Send recovered outboxes, skipping decisions the topic already holds."""
@@ -279,6 +348,7 @@ class PlannerWorker:
                     continue
                 outputs.append(out)
             dep.outbox = []
+            self._delivered.add(dep.name)
         log.info("re-sending %d outbox records of %d deployments", len(outputs), len(deployments))
         await self._send(outputs, {d.name: d.partition for d in deployments})
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sim_helpers import Recorder
+from tests.sim.sim_helpers import Recorder
 
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.perf import EngineLimits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from sim_helpers import CODE, ROOT
+from tests.sim.sim_helpers import CODE, ROOT
 from typer.testing import CliRunner
 
 from fleetplan.cli import _register_optional, app
@@ -71,3 +71,15 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("fleetplan: error:")
     assert message in lines[0]
+
+
+def test_a_baseline_as_the_main_policy_writes_its_log(tmp_path):
+    out = tmp_path / "oracle"
+    result = simulate("--trace", CODE, "--policy", "oracle", "--rate-scale", 4, "--duration", 240,
+                      "--out", out, "--json", "--no-baselines")
+    assert result.exit_code == 0, result.output
+    lines = (out / "events.jsonl").read_bytes().splitlines()
+    assert any(b'"type":"request"' in line for line in lines)
+    decisions = [line for line in lines if b'"type":"decision"' in line]
+    acks = [line for line in lines if b'"type":"ack"' in line]
+    assert len(decisions) == orjson.loads(result.stdout)["results"]["oracle"]["decisions"] == len(acks)

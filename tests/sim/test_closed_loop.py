@@ -6,7 +6,7 @@ import io
 
 import orjson
 import pytest
-from sim_helpers import CONV
+from tests.sim.sim_helpers import CONV
 from typer.testing import CliRunner
 
 from fleetplan.cli import _register_optional, app
@@ -89,3 +89,23 @@ def test_same_seed_same_run(workload, h200):
         run_planner(workload, setup, Planner(cfg, profile=h200), {"prefill": 1, "decode": 1}, log=buf)
         logs.append(buf.getvalue())
     assert logs[0] == logs[1]
+
+
+def test_an_aggregated_fleet_replays_too(h200, tmp_path):
+    from fleetplan.sim.runner import SimOptions, make_setup
+
+    conf = {**CONFIG, "mode": "agg"}
+    cfg = config_from_dict(conf)
+    reqs = slice_trace(read_trace(CONV), 0, 240)
+    workload = Workload.from_requests("conv4", rate_scale(reqs, 8, seed=2, duration_s=240), 240)
+    log = tmp_path / "agg.jsonl"
+    with log.open("wb") as fh:
+        result = run_planner(workload, make_setup(cfg, h200, SimOptions()), Planner(cfg, profile=h200), {"agg": 1}, log=fh)
+    assert result.decisions and result.late_events == 0
+    config = tmp_path / "agg.yaml"
+    config.write_text("\n".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in conf.items()))
+    _register_optional()
+    out = CliRunner().invoke(app, ["plan", "--events", str(log), "--config", str(config), "--profile", "h200-llama3.1-8b"])
+    assert out.exit_code == 0, out.output
+    logged = [line for line in log.read_bytes().splitlines() if b'"type":"decision"' in line]
+    assert out.stdout_bytes.splitlines() == logged

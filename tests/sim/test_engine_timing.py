@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from sim_helpers import run_all
+from tests.sim.sim_helpers import run_all
 
 from fleetplan.sim.engines import SimRequest
 from fleetplan.sim.timing import engine_timing

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sim_helpers import run_all
+from tests.sim.sim_helpers import run_all
 
 from fleetplan.models.perf import EngineLimits
 from fleetplan.sim.engines import MAX_MACRO_ITERATIONS, SimRequest

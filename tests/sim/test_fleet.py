@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sim_helpers import run_all
+from tests.sim.sim_helpers import run_all
 
 from fleetplan.sim.clock import VirtualClock
 from fleetplan.sim.connector import SimConnector

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sim_helpers import synthetic
+from tests.sim.sim_helpers import synthetic
 
 from fleetplan.sim.baselines import SchedulePolicy, refine_needs, static_targets
 from fleetplan.sim.experiment import run_policy
@@ -20,6 +20,18 @@ class StepUp:
         StepUp.seen.append(view)
         if view.time >= 60 and view.expected["prefill"] < 2:
             return {"prefill": 2}
+        return None
+
+
+class Bound:
+    """Remembers what bind() was told."""
+
+    context = None
+
+    def bind(self, context):
+        Bound.context = context
+
+    def decide(self, view):
         return None
 
 
@@ -96,3 +108,12 @@ def test_refinement_raises_only_the_role_that_missed():
     )
     assert needs == [{"prefill": 3, "decode": 1}, {"prefill": 1, "decode": 2}]
     assert rounds == 2
+
+
+def test_bind_receives_the_run_context(policy_module, make_setup_for):
+    policy = load_policy(f"{policy_module}:Bound")
+    run_policy(synthetic(5, 20), make_setup_for(ttft_ms=300), policy, "bound", {"prefill": 1, "decode": 1})
+    context = type(policy).context
+    assert context.roles == ("prefill", "decode")
+    assert context.config.ttft_ms == 300 and context.startup_s == 120.0
+    assert context.gpus_per_engine == {"prefill": 1, "decode": 1}

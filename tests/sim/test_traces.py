@@ -237,3 +237,12 @@ def test_malformed_line_names_file_line_and_field(tmp_path, name, text, line, fi
     assert str(err.value).startswith(f"{path}:{line}: {field}: ")
     assert (err.value.path, err.value.line, err.value.field) == (str(path), line, field)
     assert isinstance(err.value, ValueError)
+
+
+def test_byte_order_mark_is_not_part_of_line_one(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + AZURE.read_bytes())
+    assert read_trace(path) == read_trace(AZURE)
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + MOONCAKE.read_bytes())
+    assert read_trace(path) == read_trace(MOONCAKE)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sim_helpers import CONV, DATA
+from tests.sim.sim_helpers import CONV, DATA
 
 from fleetplan.sim.servegen import ServeGenError, servegen_workload
 from fleetplan.sim.traces import TraceRequest, read_trace

@@ -1,0 +1,183 @@
+"""Quantile forecasts: calibration on seeded series, horizons, idle regime, exact state."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetplan.models import ensemble  # noqa: F401  (registers the "ensemble" kind)
+from fleetplan.models.forecast import TrafficObservation
+from fleetplan.models.quantiles import QuantileForecaster
+
+
+def window(n: float, isl: float = 2000.0, osl: float = 200.0) -> TrafficObservation:
+    return TrafficObservation(duration_s=60.0, num_req=n, isl=isl, osl=osl)
+
+
+def bits(x: float) -> str:
+    return float(x).hex()
+
+
+def lognormal_counts(size: int, seed: int, sigma: float = 0.3, level: float = 500.0) -> list[float]:
+    """Requests per window: a steady level with known lognormal noise."""
+    rng = np.random.default_rng(seed)
+    return [float(v) for v in np.round(level * np.exp(sigma * rng.standard_normal(size)))]
+
+
+def held_out_coverage(kind: str, counts: list[float], warm: int, q: float, horizon: int) -> float:
+    qf = QuantileForecaster(kind, history=200)
+    qf.warm(window(n) for n in counts[:warm])
+    hits, spans = 0, 0
+    for i in range(warm, len(counts) - horizon + 1):
+        upper = qf.quantile(q, horizon)
+        spans += 1
+        hits += max(counts[i : i + horizon]) <= upper
+        qf.observe(window(counts[i]))
+    return hits / spans
+
+
+# --- calibration -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["constant", "ensemble"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_p90_is_exceeded_in_about_a_tenth_of_held_out_windows(kind, seed):
+    counts = lognormal_counts(1400, seed)
+    coverage = held_out_coverage(kind, counts, warm=200, q=0.9, horizon=1)
+    assert 0.86 <= coverage <= 0.94
+
+
+def test_p50_splits_held_out_windows_in_half():
+    counts = lognormal_counts(1400, seed=5)
+    assert 0.45 <= held_out_coverage("ensemble", counts, warm=200, q=0.5, horizon=1) <= 0.55
+
+
+def test_p90_of_the_max_over_a_startup_horizon_is_calibrated():
+    # The max of 4 windows is far above the one-window P90; its own P90 covers ~90%.
+    counts = lognormal_counts(1400, seed=9)
+    one = held_out_coverage("ensemble", counts, warm=200, q=0.9, horizon=1)
+    assert 0.86 <= one <= 0.94
+    qf = QuantileForecaster("ensemble", history=200)
+    qf.warm(window(n) for n in counts[:200])
+    hits, spans = 0, 0
+    for i in range(200, len(counts) - 4):
+        hits += max(counts[i : i + 4]) <= qf.quantile(0.9, 1)
+        spans += 1
+        qf.observe(window(counts[i]))
+    assert hits / spans < 0.75  # the next-window P90 under-provisions a 4-window startup
+    assert 0.86 <= held_out_coverage("ensemble", counts, warm=200, q=0.9, horizon=4) <= 0.94
+
+
+def test_quantiles_scale_with_the_load_level():
+    # Errors are ratios: calibrated at 500/window, still right after a 10x step.
+    counts = lognormal_counts(800, seed=4) + lognormal_counts(600, seed=8, level=5000.0)
+    coverage = held_out_coverage("ensemble", counts, warm=900, q=0.9, horizon=1)
+    assert 0.85 <= coverage <= 0.95
+
+
+# --- shape of the answer -------------------------------------------------------
+
+
+def test_quantiles_grow_with_horizon_and_level():
+    qf = QuantileForecaster("ensemble")
+    qf.warm(window(n) for n in lognormal_counts(300, seed=3))
+    upper = qf.quantiles(0.9, 12)
+    assert all(a <= b for a, b in zip(upper, upper[1:], strict=False))
+    assert upper == [qf.quantile(0.9, h) for h in range(1, 13)]
+    assert qf.quantile(0.5) <= qf.quantile(0.9) <= qf.quantile(0.99)
+    assert qf.calibrated(0.9, 12)
+
+
+def test_forecast_is_the_wrapped_point_forecast():
+    qf = QuantileForecaster("ensemble")
+    for n in (100.0, 120.0, 90.0):
+        qf.observe(window(n, isl=1000.0, osl=50.0))
+    assert qf.forecast() == qf.forecaster.forecast()
+    assert qf.forecast()[1:] == pytest.approx((1000.0, 50.0))
+
+
+def test_no_data_and_uncalibrated_answers():
+    qf = QuantileForecaster("ensemble")
+    assert qf.quantile(0.9, 3) == 0.0 and not qf.calibrated()
+    for n in (100.0, 150.0, 80.0):
+        qf.observe(window(n))
+    assert not qf.calibrated(0.9, 1)  # 3 origins: the P90 needs 9
+    assert qf.quantile(0.9) >= qf.forecast()[0]  # the worst miss seen, not less
+
+
+def test_after_an_idle_window_the_idle_regime_calibrates():
+    # Zero forecasts (after idle windows) are followed by idle windows here:
+    # their ratios must not inflate busy quantiles, nor busy ones the idle answer.
+    counts = ([300.0] * 8 + [0.0] * 4) * 30
+    qf = QuantileForecaster("ensemble")
+    qf.warm(window(n) for n in counts)
+    qf.observe(window(300.0))
+    busy = qf.quantile(0.9)
+    assert busy == pytest.approx(300.0, rel=0.05)
+    for _ in range(2):
+        qf.observe(window(0.0))
+    assert qf.forecast()[0] == 0.0
+    assert qf.quantile(0.5) == 0.0
+    assert qf.quantile(0.9, 4) == pytest.approx(300.0, rel=0.05)  # the lull ends within 4
+
+
+def test_bad_arguments_are_refused():
+    qf = QuantileForecaster("constant")
+    for q in (0.0, 1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError):
+            qf.quantile(q)
+    for h in (0, -1, 1.5, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError):
+            qf.quantile(0.9, h)
+    with pytest.raises(ValueError):
+        QuantileForecaster("constant", history=1)
+
+
+# --- never negative, exact state -----------------------------------------------
+
+nasty = st.one_of(
+    st.floats(min_value=-1e9, max_value=1e9, allow_nan=False),
+    st.sampled_from([0.0, float("nan"), float("inf"), float("-inf")]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(nasty, max_size=40), q=st.floats(0.01, 0.99), horizon=st.integers(1, 8))
+def test_quantiles_are_never_negative_and_finite(values, q, horizon):
+    qf = QuantileForecaster("ensemble", history=16)
+    for v in values:
+        qf.observe(window(v))
+        upper = qf.quantiles(q, horizon)
+        assert all(math.isfinite(u) and u >= 0.0 for u in upper)
+        assert all(a <= b for a, b in zip(upper, upper[1:], strict=False))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.just(0.0), st.floats(1.0, 1e5)), min_size=1, max_size=40),
+    rest=st.lists(st.floats(0.0, 1e5), max_size=10),
+)
+def test_state_round_trips_exactly_and_continues_bit_for_bit(values, rest):
+    a = QuantileForecaster("ensemble", history=24)
+    for v in values:
+        a.observe(window(v))
+    b = QuantileForecaster.from_state(json.loads(json.dumps(a.to_state(), allow_nan=False)))
+    assert b.to_state() == a.to_state()
+    for v in rest:
+        assert [bits(x) for x in a.quantiles(0.9, 4)] == [bits(x) for x in b.quantiles(0.9, 4)]
+        a.observe(window(v))
+        b.observe(window(v))
+    assert a.to_state() == b.to_state()
+
+
+def test_wrapping_keeps_the_callers_forecaster():
+    qf = QuantileForecaster("constant")
+    qf.observe(window(10.0))
+    wrapped = QuantileForecaster.wrapping(qf.forecaster, history=8)
+    assert wrapped.forecaster is qf.forecaster
+    assert wrapped.to_state()["forecasts"] == [] and wrapped.history == 8

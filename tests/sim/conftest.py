@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from tests.sim.sim_helpers import Recorder
 
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.perf import EngineLimits
@@ -12,6 +11,7 @@ from fleetplan.sim.engines import Engine
 from fleetplan.sim.profiles import load_profile
 from fleetplan.sim.runner import SimOptions, make_setup
 from fleetplan.sim.timing import engine_timing
+from tests.sim.sim_helpers import Recorder
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from tests.sim.sim_helpers import CODE, ROOT
 from typer.testing import CliRunner
 
 from fleetplan.cli import _register_optional, app
+from tests.sim.sim_helpers import CODE, ROOT
 
 QUICKSTART = ROOT / "examples" / "configs" / "quickstart.yaml"
 runner = CliRunner()

@@ -6,7 +6,6 @@ import io
 
 import orjson
 import pytest
-from tests.sim.sim_helpers import CONV
 from typer.testing import CliRunner
 
 from fleetplan.cli import _register_optional, app
@@ -16,6 +15,7 @@ from fleetplan.models.planner import Planner
 from fleetplan.sim.experiment import run_planner
 from fleetplan.sim.traces import read_trace
 from fleetplan.sim.workload import Workload, rate_scale, slice_trace
+from tests.sim.sim_helpers import CONV
 
 CONFIG = {
     "load_predictor": "constant", "max_gpu_budget": 64, "enable_load_scaling": True,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from tests.sim.sim_helpers import run_all
 
 from fleetplan.sim.engines import SimRequest
 from fleetplan.sim.timing import engine_timing
+from tests.sim.sim_helpers import run_all
 
 
 def test_pass_times_hit_every_measured_point(h200, timing):

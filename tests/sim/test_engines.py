@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from tests.sim.sim_helpers import run_all
 
 from fleetplan.models.perf import EngineLimits
 from fleetplan.sim.engines import MAX_MACRO_ITERATIONS, SimRequest
+from tests.sim.sim_helpers import run_all
 
 
 def decode_req(i, isl=1000, osl=50, t=0.0):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from tests.sim.sim_helpers import run_all
 
 from fleetplan.sim.clock import VirtualClock
 from fleetplan.sim.connector import SimConnector
@@ -11,6 +10,7 @@ from fleetplan.sim.engines import SimRequest
 from fleetplan.sim.fleet import FleetListener, KvTransfer, SimFleet
 from fleetplan.sim.router import make_router
 from fleetplan.sim.startup import parse_startup
+from tests.sim.sim_helpers import run_all
 
 
 class Log(FleetListener):

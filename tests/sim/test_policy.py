@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from tests.sim.sim_helpers import synthetic
 
 from fleetplan.sim.baselines import SchedulePolicy, refine_needs, static_targets
 from fleetplan.sim.experiment import run_policy
 from fleetplan.sim.policy import PolicyError, load_policy
+from tests.sim.sim_helpers import synthetic
 
 POLICY_MODULE = '''
 class StepUp:

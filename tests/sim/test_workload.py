@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from tests.sim.sim_helpers import CONV, DATA
 
 from fleetplan.sim.servegen import ServeGenError, servegen_workload
 from fleetplan.sim.traces import TraceRequest, read_trace
 from fleetplan.sim.workload import rate_scale, slice_trace, speed, trace_duration
+from tests.sim.sim_helpers import CONV, DATA
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ class PlannerConfig(BaseModel):
     itl_ms: float = Field(50.0, gt=0, alias="itl")
 
     # predictors
-    load_predictor: Literal["constant", "arima", "arima_frozen", "kalman", "prophet"] = "arima"
+    load_predictor: Literal["constant", "arima", "arima_frozen", "kalman", "prophet", "ensemble"] = "arima"
     load_predictor_log1p: bool = False
     load_predictor_warmup_trace: str | None = None
     prophet_window_size: int = Field(50, ge=5)

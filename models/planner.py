@@ -501,4 +501,5 @@ def _predictor_params(cfg: PlannerConfig) -> dict:
         "kalman_q_trend": cfg.kalman_q_trend,
         "kalman_r": cfg.kalman_r,
         "kalman_min_points": cfg.kalman_min_points,
+        "prophet_interval_s": float(cfg.throughput_adjustment_interval_seconds),
     }

@@ -11,7 +11,7 @@ from tests.models.test_sequencer import SCENARIO
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.integers(min_value=1, max_value=len(SCENARIO) - 1), st.sampled_from(["constant", "kalman", "arima"]))
+@given(st.integers(min_value=1, max_value=len(SCENARIO) - 1), st.sampled_from(["constant", "kalman", "arima", "ensemble"]))
 def test_snapshot_mid_stream_then_continue(make_fleet, cut, predictor):
     straight = make_fleet(enable_load_scaling=True, load_predictor=predictor)
     expected = [o.to_dict() for o in straight.run(SCENARIO)]

@@ -106,7 +106,15 @@ def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_facto
     stop.set()
 
     want = [d for d in expected_decisions("alpha", fpms, reqs) if d["time"] <= T0 + 230]
-    wait_for(lambda: len(decisions_of(namespace, "alpha")) >= len(want), 90, "all decisions after restart")
+    try:
+        wait_for(lambda: len(decisions_of(namespace, "alpha")) >= len(want), 90, "all decisions after restart")
+    except AssertionError:
+        got = decisions_of(namespace, "alpha")
+        diags = [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.ticks))]
+        print("GOT", len(got), "WANT", len(want), [(d["time"], d["decision_id"]) for d in got][-5:],
+              [(d["time"], d["decision_id"]) for d in want][-5:])
+        print("DIAG", [(x["time"], x["clock"], x["decision_id"], x["load_reason"]) for x in diags][-30:])
+        raise
     got = decisions_of(namespace, "alpha")
     assert len(got) > killed_at
     assert [d["decision_id"] for d in got] == list(range(len(got))), "gap or repeat"

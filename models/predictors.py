@@ -382,11 +382,16 @@ def _max_pq(n_eff: int) -> int:
     return max(0, (n_eff - 5) // 4)
 
 
+_MAX_ITER = 40
+"""MLE iterations per candidate fit: enough for these small models to settle,
+and a hard bound on the cost of a selection (unbounded, one fit took 10 s)."""
+
+
 def _fit_order(y: np.ndarray, order: tuple[int, int, int], start=None):
     from statsmodels.tsa.arima.model import ARIMA
 
     model = ARIMA(y, order=order, trend=_trend_for(order[1]))
-    return model.fit(start_params=start, cov_type="none")
+    return model.fit(start_params=start, cov_type="none", method_kwargs={"maxiter": _MAX_ITER})
 
 
 def _candidate_orders(y: np.ndarray, smoothing_rescue: bool) -> list[tuple[int, int, int]]:

@@ -16,9 +16,13 @@ So, per input topic-partition:
 * ``expected`` is the next offset this incarnation will accept. Records must
   arrive in offset order without gaps: a smaller offset is a duplicate (read
   twice around a seek), a larger one a leftover fetched before the seek.
-  A real gap (a transaction marker, retention overtaking a lagging worker)
-  would stall a partition, so after ``gap_timeout_s`` of only larger offsets
-  the partition jumps ahead, with a warning.
+
+A seek can be undone: Faust drops re-read records older than the last one it
+handed out, and a batch fetched before the seek can be handed out after it.
+So a partition that keeps delivering larger offsets than expected is
+sought again (``reseek_after_s`` apart). A real gap (a transaction marker,
+retention overtaking a lagging worker) would stall the partition forever,
+so after ``max_reseeks`` attempts it jumps ahead, with a warning.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class PartitionPosition:
     unsettled: deque = field(default_factory=deque)
     settled: set = field(default_factory=set)
     blocked_since: float | None = None
+    reseeks: int = 0
     saved_resume: int | None = None
 
     @property
@@ -45,8 +50,9 @@ class PartitionPosition:
 class InputPositions:
     """Resume offsets and the in-order filter of the partitions this worker owns."""
 
-    def __init__(self, gap_timeout_s: float = 10.0) -> None:
-        self.gap_timeout_s = gap_timeout_s
+    def __init__(self, reseek_after_s: float = 1.0, max_reseeks: int = 5) -> None:
+        self.reseek_after_s = reseek_after_s
+        self.max_reseeks = max_reseeks
         self.partitions: dict[tuple[str, int], PartitionPosition] = {}
         self.jumps = 0
 
@@ -66,15 +72,26 @@ class InputPositions:
         if offset < pos.expected:
             return False  # a duplicate delivery around a seek
         if offset > pos.expected:
-            if pos.blocked_since is None:
-                pos.blocked_since = now
-            if now - pos.blocked_since < self.gap_timeout_s:
+            if pos.reseeks < self.max_reseeks:
+                if pos.blocked_since is None:
+                    pos.blocked_since = now
                 return False  # fetched before the seek; it comes again in order
-            self.jumps += 1  # a real gap in the log: move on
+            self.jumps += 1  # sought again and again: a real gap in the log, move on
         pos.blocked_since = None
+        pos.reseeks = 0
         pos.expected = offset + 1
         pos.unsettled.append(offset)
         return True
+
+    def due_for_reseek(self, now: float) -> dict[tuple[str, int], int]:
+        """Partitions blocked on a missing offset long enough to seek to it again."""
+        out = {}
+        for tp, pos in self.partitions.items():
+            if pos.blocked_since is not None and now - pos.blocked_since >= self.reseek_after_s:
+                pos.reseeks += 1
+                pos.blocked_since = None
+                out[tp] = pos.expected
+        return out
 
     def settle(self, tp: tuple[str, int], offset: int) -> None:
         pos = self.partitions.get(tp)

@@ -101,6 +101,7 @@ class PlannerWorker:
             key_serializer="raw", value_serializer="raw", partitions=settings.partitions,
         )
         app.agent(self.source, name="fleetplan.route")(self._agent)
+        app.timer(1.0)(self._reseek_blocked)
 
     # --- partition routing of table writes ----------------------------------
 
@@ -130,8 +131,6 @@ class PlannerWorker:
             message.incref()
             tp = (message.topic, message.partition)
             if message.partition not in self.owned or not self.positions.accept(tp, message.offset, started):
-                pos = self.positions.partitions.get(tp)
-                log.warning("DEBUG skip %s@%s owned=%s expected=%s", tp, message.offset, message.partition in self.owned, pos and pos.expected)
                 continue  # read before the last seek, or twice around it: it comes again in order
             received = getattr(message, "time_in", None) or started
             records.append(InputRecord(
@@ -307,7 +306,14 @@ class PlannerWorker:
             self.positions.reset((tp.topic, tp.partition), resume[tp])
             self._committed[(tp.topic, tp.partition)] = resume[tp]
         await consumer.seek_wait(resume)
-        log.warning("DEBUG seek %s", {f"{tp.topic[-10:]}/{tp.partition}": o for tp, o in resume.items()})
+
+    async def _reseek_blocked(self) -> None:
+        """Seek again where a partition waits for an offset that a stale batch undid."""
+        async with self._lock:
+            due = self.positions.due_for_reseek(time.monotonic())
+            if due:
+                log.info("seeking again to %s", {f"{t}[{p}]": o for (t, p), o in due.items()})
+                await self.app.consumer.seek_wait({TP(t, p): o for (t, p), o in due.items()})
 
     async def _commit_positions(self, topics=None, start_new_transaction: bool = True) -> bool:
         """Commit the resume offsets that moved (replaces Faust's ack-based commit)."""

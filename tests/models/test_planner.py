@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from fleetplan.schemas import ControlEvent, SetAdvisory, SetMinEndpoints
 from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
@@ -223,3 +226,40 @@ def test_fpm_batch_equals_one_by_one(make_fleet):
         one.planner.apply(a, f)
     batched.planner.apply(b, FpmBatch(deployment="d", time=fpms[-1].time, fpms=fpms))
     assert a.to_data() == b.to_data()
+
+
+def test_warm_start_from_a_trace(tmp_path):
+    """`load_predictor_warmup_trace` warms the forecaster before the first window."""
+    from fleetplan.bootstrap import build_planner
+
+    trace = tmp_path / "warm.jsonl"
+    # 10 minutes of Mooncake rows at 2 req/s, ISL 1000 / OSL 100
+    trace.write_text("".join(
+        f'{{"timestamp": {i * 500}, "input_length": 1000, "output_length": 100, "hash_ids": [1]}}\n'
+        for i in range(1200)))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"load_predictor: constant\nload_predictor_warmup_trace: {trace}\n")
+    planner = build_planner(cfg, "h200-llama3.1-8b")
+    # three full 180 s windows of 360 requests and the trailing 60 s (120), as Dynamo buckets
+    assert [o.num_req for o in planner.warmup] == [360.0, 360.0, 360.0, 120.0]
+    assert planner.new_state("d").forecaster.forecast() == (120.0, 1000.0, 100.0)
+
+
+sizes = st.integers(0, 6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rate=st.floats(0, 120), lo=sizes, hi=st.integers(3, 12), budget=st.integers(2, 20),
+       prefill=sizes, decode=sizes)
+def test_targets_never_break_bounds_or_budget(make_fleet, rate, lo, hi, budget, prefill, decode):
+    fleet = make_fleet(min_endpoint=min(lo, hi), max_endpoint=hi, max_gpu_budget=budget)
+    evs = [ready(f"p{i}", "prefill") for i in range(prefill)] + [ready(f"d{i}", "decode") for i in range(decode)]
+    evs += requests(rate, T0 + 1, T0 + 182) if rate >= 0.01 else []
+    from fleetplan.schemas import ClockEvent
+
+    evs.append(ClockEvent(deployment="d", time=T0 + 182))
+    for d in decisions(fleet.run(evs)):
+        assert sum(d.targets.values()) <= budget
+        for n in d.targets.values():
+            assert n <= hi
+            assert n >= min(lo, hi) or sum(d.targets.values()) + 1 > budget

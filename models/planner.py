@@ -30,7 +30,13 @@ from fleetplan.models.load import (
 )
 from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
-from fleetplan.models.state import DeploymentState, PendingDecision, TrafficWindow, Worker
+from fleetplan.models.state import (
+    DeploymentState,
+    PendingDecision,
+    TrafficWindow,
+    Worker,
+    request_kv_hit_rate,
+)
 from fleetplan.models.throughput import propose_throughput
 from fleetplan.schemas.events import (
     Ack,
@@ -343,19 +349,26 @@ class Planner:
 # --- apply handlers ---------------------------------------------------------
 
 
-def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
+def _admit_fpm(state: DeploymentState, fpm: ForwardPassMetrics):
+    """Record an FPM as its engine's latest; the role's perf model, or None to skip it."""
     model = state.perf.get(fpm.role)
     if model is None:
-        return  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
+        return None  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
     worker = state.workers.get(fpm.worker_id)
     if worker is None:
         # Discovery: an engine that reports metrics exists, even before inventory says so.
         gpus = state.config.gpus_per_engine(fpm.role) or 1
         state.workers[fpm.worker_id] = Worker(fpm.role, "ready", gpus, fpm.time)
     elif worker.state == "gone":
-        return
+        return None
     state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
-    model.observe(fpm)
+    return model
+
+
+def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
+    model = _admit_fpm(state, fpm)
+    if model is not None:
+        model.observe(fpm)
 
 
 def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch) -> None:
@@ -366,17 +379,8 @@ def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch) -> None:
     """
     by_role: dict[Role, list[ForwardPassMetrics]] = {}
     for fpm in batch.fpms:
-        model = state.perf.get(fpm.role)
-        if model is None:
-            continue
-        worker = state.workers.get(fpm.worker_id)
-        if worker is None:
-            gpus = state.config.gpus_per_engine(fpm.role) or 1
-            state.workers[fpm.worker_id] = Worker(fpm.role, "ready", gpus, fpm.time)
-        elif worker.state == "gone":
-            continue
-        state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
-        by_role.setdefault(fpm.role, []).append(fpm)
+        if _admit_fpm(state, fpm) is not None:
+            by_role.setdefault(fpm.role, []).append(fpm)
     for role, fpms in by_role.items():
         state.perf[role].observe_batch(FpmColumns.from_fpms(fpms))
 
@@ -386,9 +390,7 @@ def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
     w.count += 1
     w.sum_isl += req.input_tokens
     w.sum_osl += req.output_tokens
-    kv = req.kv_hit_rate
-    if kv is None and req.cached_tokens and req.input_tokens:
-        kv = min(req.cached_tokens / req.input_tokens, 1.0)
+    kv = request_kv_hit_rate(req)
     if kv is not None:
         w.sum_kv_hit += kv
         w.n_kv_hit += 1

@@ -33,6 +33,14 @@ class PendingDecision:
     targets: dict[Role, int]
 
 
+def request_kv_hit_rate(req) -> float | None:
+    """A request's prefix-cache hit rate: reported, else cached over input tokens."""
+    kv = req.kv_hit_rate
+    if kv is None and req.cached_tokens and req.input_tokens:
+        kv = min(req.cached_tokens / req.input_tokens, 1.0)
+    return kv
+
+
 @dataclass
 class TrafficWindow:
     """Finished requests since the last throughput tick (sums, so merging is exact)."""

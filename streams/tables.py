@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import faust
 import orjson
 
-from fleetplan.models.state import DeploymentState
+from fleetplan.models.state import DeploymentState, request_kv_hit_rate
 from fleetplan.schemas.events import RequestRecord
 
 STORED_VERSION = 1
@@ -133,9 +133,7 @@ class TrafficSums:
         self.count += 1
         self.sum_isl += req.input_tokens
         self.sum_osl += req.output_tokens
-        kv = req.kv_hit_rate
-        if kv is None and req.cached_tokens and req.input_tokens:
-            kv = min(req.cached_tokens / req.input_tokens, 1.0)
+        kv = request_kv_hit_rate(req)
         if kv is not None:
             self.sum_kv_hit += kv
             self.n_kv_hit += 1

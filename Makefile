@@ -19,7 +19,8 @@ install: $(STAMP)
 ## make run: simulate the bundled real trace slice against a simulated fleet
 run: install
 	$(BIN)/fleetplan simulate --trace examples/traces/azure_conv_10min.csv \
-		--profile h200-llama3.1-8b --config examples/configs/quickstart.yaml --out $(OUT)
+		--rate-scale 20 --profile h200-llama3.1-8b --config examples/configs/quickstart.yaml \
+		--out $(OUT)
 
 ## make test: install, start real Kafka and Redis, run the whole suite
 test: install services

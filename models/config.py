@@ -65,6 +65,8 @@ class PlannerConfig(BaseModel):
     enable_throughput_scaling: bool = True
     enable_load_scaling: bool = False
     max_throughput_scaling_replicas: int = Field(8, ge=1)
+    target_utilization: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    hold_scale_down_until_floor: bool = False
 
     # SLA
     ttft_ms: float = Field(500.0, gt=0, alias="ttft")

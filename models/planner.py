@@ -270,6 +270,12 @@ class Planner:
             signal = self._signal(state, role, engines, kv_hit, accept)
             scratch.signals[role] = signal
             scratch.load_reasons[role] = signal.reason
+            if signal.step < 0 and cfg.hold_scale_down_until_floor and cfg.throughput_enabled \
+                    and role not in state.lower_bound:
+                # Before the first throughput floor, an idle start would shed
+                # capacity the predicted load is about to need.
+                scratch.load_reasons[role] = "scale_down_capped_by_throughput"
+                continue
             if signal.step:
                 targets[role] = max(baseline[role] + signal.step, 0)
         reasons = list(scratch.load_reasons.values())

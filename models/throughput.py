@@ -74,7 +74,9 @@ def propose_throughput(
             if cap is None or cap.rps <= 0:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)
             capacity[role] = cap.rps
-            desired = replicas_for(demand_rps, cap.rps, minimums[role])
+            # Sizing at 100% of the SLA-bound rate leaves no room for bursts
+            # within the window; target_utilization < 1 keeps headroom.
+            desired = replicas_for(demand_rps, cap.rps * config.target_utilization, minimums[role])
         else:
             desired = minimums[role]
         targets[role] = cap_change(

@@ -263,3 +263,24 @@ def test_targets_never_break_bounds_or_budget(make_fleet, rate, lo, hi, budget, 
         for n in d.targets.values():
             assert n <= hi
             assert n >= min(lo, hi) or sum(d.targets.values()) + 1 > budget
+
+
+def test_target_utilization_keeps_headroom(make_fleet):
+    # 20 rps over 15.44 rps per prefill engine: 2 engines at 100%, 2 at 80% (16 / 12.35 -> 2)
+    for util, expected in ((1.0, 2), (0.8, 2), (0.6, 3)):
+        fleet = make_fleet(target_utilization=util)
+        (d,) = decisions(fleet.run([ready("p0", "prefill"), ready("d0", "decode"),
+                                    *requests(20, T0 + 1, T0 + 182)]))
+        assert d.targets["prefill"] == expected, util
+
+
+def test_hold_scale_down_until_the_first_floor(make_fleet):
+    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
+    evs += _engines(T0 + 1, "prefill", 3, queued_prefill=0)
+    evs += _engines(T0 + 1, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    evs.append(fpm("d0", "decode", T0 + 6, counter=7, decode_reqs=4, decode_kv=12_000))
+    # Dynamo's behaviour: the idle start sheds a prefill engine at once
+    assert decisions(make_fleet(enable_load_scaling=True).run(list(evs)))
+    held = make_fleet(enable_load_scaling=True, hold_scale_down_until_floor=True).run(list(evs))
+    assert decisions(held) == []
+    assert [o for o in held if o.time == T0 + 5][0].load_reasons["prefill"] == "scale_down_capped_by_throughput"

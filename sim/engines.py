@@ -107,7 +107,8 @@ class Engine:
         self.max_num_seqs = limits.max_num_seqs
         # queues and batch
         self.waiting: deque[SimRequest] = deque()   # not yet admitted
-        self.prefilling: list[SimRequest] = []      # admitted, prompt not done (agg, prefill)
+        # admitted, prompt not done (agg, prefill); FCFS, so prompts finish from the front
+        self.prefilling: deque[SimRequest] = deque()
         self.finishing: list[tuple[int, int, SimRequest]] = []  # (finish counter, index, req)
         self.running = 0
         self.kv = 0             # KV tokens held by running sequences at ``counter``
@@ -343,7 +344,11 @@ class Engine:
         self._schedule(now)
 
     def _prompt_done(self, req: SimRequest, now: float) -> None:
-        self.prefilling.remove(req)
+        prefilling = self.prefilling
+        if prefilling[0] is req:
+            prefilling.popleft()  # the usual case: a pass serves the queue from its head
+        else:
+            prefilling.remove(req)
         req.prefill_end = now
         self._remember_prefix(req)
         if self.role == "prefill":

@@ -23,11 +23,15 @@ would otherwise see the re-read records twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import shutil
 import time
+import weakref
 
 import faust
 import orjson
+from faust.streams import _current_event
 from faust.types import TP
 
 from fleetplan.models.planner import Planner
@@ -72,6 +76,7 @@ class PlannerWorker:
         self.positions = InputPositions()
         self._committed: dict[tuple[str, int], int] = {}
         self._jumps = 0
+        self._partition_event: dict[int, object] = {}
         self._lock = asyncio.Lock()
         # Deployments whose stored outbox this process has already delivered: a
         # rebalance that hands them back need not send it again.
@@ -132,6 +137,7 @@ class PlannerWorker:
             tp = (message.topic, message.partition)
             if message.partition not in self.owned or not self.positions.accept(tp, message.offset, started):
                 continue  # read before the last seek, or twice around it: it comes again in order
+            self._partition_event[message.partition] = event
             received = getattr(message, "time_in", None) or started
             records.append(InputRecord(
                 self.topics.logical(message.topic), message.partition, message.offset,
@@ -165,7 +171,8 @@ class PlannerWorker:
                     delta.add(add.event)
                     delta.upto = max(delta.upto, add.offset)
             if delta.upto > current.upto:
-                self.traffic.add(deployment, start, delta)
+                with self._writing_for(adds[0].partition):
+                    self.traffic.add(deployment, start, delta)
         for tick in batch.ticks:
             report, dep = tick.report, tick.deployment
             if report.observed is None:
@@ -191,7 +198,8 @@ class PlannerWorker:
             return
         producer = self.app.producer
         for dep, raw in saves:
-            self.states[dep.name.encode()] = raw
+            with self._writing_for(dep.partition):
+                self.states[dep.name.encode()] = raw
             self._delivered.discard(dep.name)
         if saves:
             await producer.flush()
@@ -205,6 +213,21 @@ class PlannerWorker:
                 self.metrics.tick_latency.observe(latency)
                 if tick.report.decision is not None:
                     self.metrics.decision_latency.observe(latency)
+
+    @contextlib.contextmanager
+    def _writing_for(self, partition: int):
+        """Make an event of ``partition`` Faust's current event while writing a table.
+
+        The changelog partition comes from ``partition_for_key``, but Faust's
+        RocksDB store files a key under the current event's partition; in a
+        batch of many partitions that must be the deployment's own.
+        """
+        event = self._partition_event.get(partition)
+        token = _current_event.set(None if event is None else weakref.ref(event))
+        try:
+            yield
+        finally:
+            _current_event.reset(token)
 
     async def _send(self, outputs: list[Output], partitions: dict[str, int]) -> None:
         if not outputs:
@@ -253,6 +276,8 @@ class PlannerWorker:
             self.owned -= gone
             self.router.drop_partitions(gone)
             self.positions.forget(gone)
+            for p in gone:
+                self._partition_event.pop(p, None)
             if gone:
                 log.info("revoked partitions %s", sorted(gone))
 
@@ -375,6 +400,10 @@ def run_worker(settings: WorkerSettings) -> None:
     asyncio.run(ensure_topics(settings.bootstrap, specs, replication=settings.replication))
     asyncio.set_event_loop(asyncio.new_event_loop())
     app = create_app(settings)
+    if settings.store.startswith("rocksdb:"):
+        # A kill -9 can leave local RocksDB ahead of the changelog (written, never
+        # flushed); the runtime's guarantees rest on the changelog, so rebuild from it.
+        shutil.rmtree(app.conf.tabledir, ignore_errors=True)
     worker = PlannerWorker(app, planner, settings)
     if settings.metrics_port is not None:
         worker.metrics.serve(settings.metrics_port, settings.metrics_host)

@@ -57,7 +57,14 @@ def test_unknown_kind_names_the_valid_kinds():
         make_predictor("oracle")
     for kind in ("constant", "arima", "arima_frozen", "kalman", "prophet"):
         assert kind in str(err.value)
-    assert set(predictor_kinds()) == {"constant", "arima", "arima_frozen", "kalman", "prophet", "ensemble"}
+    assert set(predictor_kinds()) == {
+        "constant",
+        "arima",
+        "arima_frozen",
+        "kalman",
+        "prophet",
+        "ensemble",
+    }
 
 
 def test_unknown_parameter_is_rejected():

@@ -23,6 +23,12 @@ from tests.streams.traffic import FLEETPLAN, T0, deciding_planner, fpm, traffic
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
+def tick_trail(ns, last: int = 30) -> str:
+    """The last ticks as time@clock:decision_id, to explain a failure."""
+    diags = [orjson.loads(r.value) for r in run_async(ns.read(ns.topics.ticks))]
+    return " ".join(f"{d['time']}@{d['clock']}:{d['decision_id']}" for d in diags[-last:])
+
+
 def produce(ns, fpms, requests, extra=None) -> None:
     run_async(ns.produce(ns.topics.fpm, fpms))
     run_async(ns.produce(ns.topics.requests, requests))
@@ -108,22 +114,12 @@ def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_facto
     want = [d for d in expected_decisions("alpha", fpms, reqs) if d["time"] <= T0 + 230]
     try:
         wait_for(lambda: len(decisions_of(namespace, "alpha")) >= len(want), 90, "all decisions after restart")
-    except AssertionError:
-        got = decisions_of(namespace, "alpha")
-        diags = [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.ticks))]
-        print("GOT", len(got), "WANT", len(want), [(d["time"], d["decision_id"]) for d in got][-5:],
-              [(d["time"], d["decision_id"]) for d in want][-5:])
-        print("DIAG", [(x["time"], x["clock"], x["decision_id"], x["load_reason"]) for x in diags][-30:])
-        raise
+    except AssertionError as err:
+        raise AssertionError(f"{err}; ticks: {tick_trail(namespace)}") from None
     got = decisions_of(namespace, "alpha")
     assert len(got) > killed_at
     assert [d["decision_id"] for d in got] == list(range(len(got))), "gap or repeat"
-    if got[:len(want)] != want:
-        letters = [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.deadletter))]
-        print("LATE", [(x["time"], x["detail"]) for x in letters][:20])
-        diags = [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.ticks))]
-        print("DIAG", [(x["time"], x["clock"], x["decision_id"], x["load_reason"]) for x in diags][:40])
-    assert got[:len(want)] == want
+    assert got[:len(want)] == want, tick_trail(namespace)
     assert "owning partitions" in worker.log()
 
     result = audit_kafka(namespace.bootstrap, "alpha", planner=deciding_planner(),

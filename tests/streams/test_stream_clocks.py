@@ -1,0 +1,81 @@
+"""Event-time clocks and input positions, in-process."""
+
+from __future__ import annotations
+
+from fleetplan.streams.positions import InputPositions
+from fleetplan.streams.topics import CLOCKED, partition_for
+from fleetplan.streams.watermark import Watermarks
+
+FPM, REQ = CLOCKED
+TP = ("fpm", 0)
+
+
+def test_a_deployment_clock_is_its_slowest_live_source():
+    w = Watermarks(CLOCKED, idle_after_s=5)
+    w.observe(FPM, 0, "a", 100.0, now=0.0)
+    assert w.time(0, "a", now=0.1)[0] is None  # requests may still show up
+    w.observe(REQ, 0, "a", 90.0, now=0.2)
+    assert w.time(0, "a", now=0.3)[0] == 90.0
+    w.observe(REQ, 0, "a", 120.0, now=0.4)
+    assert w.time(0, "a", now=0.5)[0] == 100.0
+
+
+def test_deployments_on_one_partition_keep_their_own_clocks():
+    w = Watermarks(CLOCKED, idle_after_s=5)
+    for src in CLOCKED:
+        w.observe(src, 0, "ahead", 500.0, now=0.0)
+        w.observe(src, 0, "behind", 100.0, now=0.0)
+    assert w.time(0, "ahead", now=1.0)[0] == 500.0
+    assert w.time(0, "behind", now=1.0)[0] == 100.0
+
+
+def test_a_missing_or_silent_source_stops_holding_the_clock():
+    w = Watermarks(CLOCKED, idle_after_s=5)
+    w.observe(FPM, 0, "a", 100.0, now=0.0)
+    assert w.time(0, "a", now=4.0)[0] is None
+    w.observe(FPM, 0, "a", 100.0, now=5.5)
+    assert w.time(0, "a", now=6.0)[0] == 100.0  # no request records at all: FPMs alone
+    w.observe(REQ, 0, "a", 50.0, now=6.5)
+    assert w.time(0, "a", now=7.0)[0] == 100.0  # never backwards
+
+
+def test_an_idle_deployment_follows_its_partition():
+    w = Watermarks(CLOCKED, idle_after_s=5)
+    for src in CLOCKED:
+        w.observe(src, 0, "quiet", 100.0, now=0.0)
+        w.observe(src, 0, "busy", 100.0, now=0.0)
+    for t in range(1, 10):
+        for src in CLOCKED:
+            w.observe(src, 0, "busy", 100.0 + t, now=float(t))
+    assert w.time(0, "quiet", now=9.5)[0] == 109.0
+
+
+def test_records_are_accepted_in_order_and_resume_waits_for_the_unsettled():
+    p = InputPositions()
+    p.reset(TP, 10)
+    assert not p.accept(TP, 9, now=0)  # before the resume offset: a duplicate
+    assert all(p.accept(TP, o, now=0) for o in (10, 11, 12))
+    assert not p.accept(TP, 11, now=0)  # read twice around a seek
+    p.settle(TP, 11)
+    assert p.resume(TP) == 10  # 10 still waits for its tick
+    p.settle(TP, 10)
+    assert p.resume(TP) == 12
+    p.settle(TP, 12)
+    assert p.resume(TP) == 13 and p.changed() == {0: {"fpm": 13}} and p.changed() == {}
+
+
+def test_a_partition_stuck_past_its_expected_offset_is_sought_again_then_jumps():
+    p = InputPositions(reseek_after_s=1.0, max_reseeks=2)
+    p.reset(TP, 0)
+    assert not p.accept(TP, 5, now=0.0)  # a leftover fetched before the seek
+    assert p.due_for_reseek(now=0.5) == {}
+    assert p.due_for_reseek(now=1.0) == {TP: 0}
+    assert not p.accept(TP, 6, now=1.5)
+    assert p.due_for_reseek(now=2.6) == {TP: 0}
+    assert p.accept(TP, 7, now=3.0)  # sought twice, still no offset 0: a real gap
+    assert p.jumps == 1 and p.resume(TP) == 7
+
+
+def test_deployments_hash_like_kafkas_default_partitioner():
+    # Known values of murmur2 as used by the Java client and aiokafka.
+    assert [partition_for(d, 2) for d in ("alpha", "epsilon")] == [0, 1]

@@ -25,7 +25,7 @@ run: install
 ## make test: install, start real Kafka and Redis, run the whole suite
 test: install services
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(BIN)/pytest -q
 
 test-unit: install
 	$(BIN)/pytest -q -m "not kafka and not redis"

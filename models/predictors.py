@@ -460,13 +460,13 @@ class ArimaPredictor(Predictor):
     of the window wins. That error is what the planner would have been
     told, and unlike AIC it compares models with different d (measured
     against AIC in docs/predictors.md). Selections fall on a fixed grid of
-    point counts (min_points, min_points + N, ...), so the model used at
-    any point is a function of the series alone, not of when someone asked
-    for a forecast. Between selections the chosen model and
-    its fitted coefficients are run (Kalman-filtered, not refit) over the
-    latest window, which moves the level with every point for a few
-    milliseconds. The reference instead picks an order once and only nudges
-    coefficients afterwards, which flattens to the mean when traffic turns.
+    point counts (every point for the first N, then every N), so the model
+    used at any point is a function of the series alone, not of when
+    someone asked for a forecast. Between selections the chosen order is
+    refitted on the latest window, starting from the selection's
+    coefficients, which takes a few milliseconds. The reference instead
+    picks an order once and only nudges coefficients afterwards, which
+    flattens to the mean when traffic turns.
     """
 
     kind = "arima"
@@ -512,8 +512,15 @@ class ArimaPredictor(Predictor):
         return np.log1p(y) if self._log_mode else y
 
     def _grid_point(self) -> int:
+        """The point count whose window the model in use must be chosen on.
+
+        Every point for the first N points (small windows are cheap to fit
+        and an order chosen on five points is a guess), then every N.
+        """
         every, first = self.params.arima_reselect_every, self.min_points
-        return first + ((self._count - first) // every) * every
+        if self._count < first + every:
+            return self._count
+        return first + every + ((self._count - first - every) // every) * every
 
     def _ensure_selected(self) -> None:
         due = self._grid_point()
@@ -542,12 +549,31 @@ class ArimaPredictor(Predictor):
             return self._from_model_space(float(y[-1]))
         if self._order is None:
             return self._last
+        with _quiet_statsmodels():
+            value = self._model_forecast(y)
+        return self._last if value is None else self._from_model_space(value)
+
+    def _model_forecast(self, y: np.ndarray) -> float | None:
+        """Refit the chosen order on the latest window, then forecast one step.
+
+        The fit starts from the coefficients found at selection, so it takes
+        a few optimizer steps, and it keeps the mean and coefficients current
+        between selections (filtering with the selection's coefficients
+        would hold a d=0 model at the mean of an old window). The starting
+        point is itself a function of the series, so this stays pure. If the
+        refit fails, the selection's coefficients are used as they are.
+        """
         try:
-            with _quiet_statsmodels():
-                value = _forecast_with(y, self._order, self._coefs)
+            res = _fit_order(y, self._order, start=np.asarray(self._coefs))
+            value = float(res.forecast(1)[0])
+            if math.isfinite(value):
+                return value
+        except Exception:  # fall back to the selection's coefficients
+            pass
+        try:
+            return _forecast_with(y, self._order, self._coefs)
         except Exception:  # a forecast must never take the planner down
-            return self._last
-        return self._from_model_space(value)
+            return None
 
     def _from_model_space(self, value: float) -> float:
         return math.expm1(value) if self._log_mode else value
@@ -575,11 +601,12 @@ class FrozenArimaPredictor(ArimaPredictor):
     """The reference's ARIMA, kept as a benchmark baseline.
 
     Like pmdarima's auto_arima as the Dynamo Planner uses it: the order is
-    chosen once, at the first forecast with at least ``arima_min_points``
-    points whose window is not flat, and never again; if that order is (0, d, 0) in raw mode it is
-    chosen again on log1p(y) and the model stays in log space. Afterwards
-    each forecast refits the coefficients starting from the previous ones
-    (as ``model.update`` does), so they drift slowly while the order stays.
+    chosen by AIC once, at the first forecast with at least
+    ``arima_min_points`` points whose window is not flat, and never again;
+    if that order is (0, d, 0) in raw mode it is chosen again on log1p(y)
+    and the model stays in log space. Afterwards each new point refits the
+    coefficients starting from the previous ones (as ``model.update``
+    does), so they drift slowly while the order stays.
     """
 
     kind = "arima_frozen"
@@ -613,6 +640,13 @@ class FrozenArimaPredictor(ArimaPredictor):
         self._ensure_selected()
         self._update_coefs()
         return self._run_model()
+
+    def _model_forecast(self, y: np.ndarray) -> float | None:
+        # _update_coefs already refitted for this point; just run the model.
+        try:
+            return _forecast_with(y, self._order, self._coefs)
+        except Exception:  # a forecast must never take the planner down
+            return None
 
     def _update_coefs(self) -> None:
         # Once per new point, not per call: asking twice must not move the model.

@@ -388,3 +388,11 @@ def test_a_new_kind_can_be_registered_from_its_own_module():
             predictors.register_predictor(Impostor)
     finally:
         predictors._KINDS.pop("test_doubling", None)
+
+
+def test_arima_after_a_short_warm_up_follows_the_recent_level():
+    # Request counts per 3-minute window, Azure conv trace (first 30 min).
+    # An order chosen on the first five windows and held for twelve would
+    # forecast their mean (~885); re-selection and refitting follow the rise.
+    counts = [785.0, 933.0, 851.0, 901.0, 954.0, 867.0, 1045.0, 1147.0, 1216.0, 1409.0]
+    assert fed("arima", counts).predict_next() > 1200.0

@@ -1,8 +1,10 @@
 """Benchmark the live runtime: FPM ingest and decision latency on the real broker.
 
     .venv/bin/python bench/bench_ingest.py [--bootstrap 127.0.0.1:19092] [--fpms 200000]
+        [--stages ingest,latency] [--live-engines 2] [--heartbeat 1] [--batch-within 0.05]
 
-Stages, each on fresh topics (a unique prefix, deleted afterwards):
+Stages, each on fresh topics (a unique prefix, deleted afterwards); ``--stages``
+picks ``ingest`` (1-3) and/or ``latency`` (4):
 
 1. bridge: push ``--fpms`` FPMs over ZMQ (msgpack arrays of 100 events) into a
    ``fleetplan bridge`` process; FPM/s until the bridge has every one
@@ -13,11 +15,15 @@ Stages, each on fresh topics (a unique prefix, deleted afterwards):
 3. worker: ``fleetplan worker`` with 1, then 2 processes (each a new app id)
    reads the backlog; FPM/s from the first FPM routed to the last (summed over
    the processes' Prometheus endpoints).
-4. decision latency: bridge and one worker live; deployments publish FPMs in
-   real time (event time = wall time) with a load pattern that decides every
-   other tick; per decision, its Kafka timestamp minus (tick time + grace),
+4. decision latency: bridge and one worker live; ``--live-deployments`` x
+   ``--live-engines`` engines publish FPMs at 50 Hz in real time (event time =
+   wall time) with a load pattern that decides every other tick; per decision,
+   its Kafka timestamp minus (tick time + grace),
    the earliest moment the watermark could pass the tick. p50/p99, beside the
-   worker's own histogram (watermark passed -> decision acknowledged).
+   worker's own histogram (watermark passed -> decision acknowledged), and
+   split by the input topics' timestamps: when the first FPM record and the
+   first requests-topic record past tick + grace reached Kafka, and from the
+   later of them to the decision.
 
 Not a test: nothing asserts. Prints a markdown table and the machine.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import os
 import platform
 import re
@@ -113,7 +120,7 @@ class Bench:
     def bridge(self, prefix: str, port: int, pull: str) -> Proc:
         return Proc([FLEETPLAN, "bridge", "--bootstrap", self.args.bootstrap, "--pull", f"bind:{pull}",
                      "--topic-prefix", prefix, "--partitions", str(self.args.partitions), "--replication", "1",
-                     "--metrics-port", str(port), "--heartbeat", "1", "--buffer", "200000"],
+                     "--metrics-port", str(port), "--heartbeat", str(self.args.heartbeat), "--buffer", "200000"],
                     self.tmp / f"bridge-{port}.log")
 
     def worker(self, prefix: str, app_id: str, port: int, n: int) -> Proc:
@@ -121,7 +128,8 @@ class Bench:
                      "--app-id", app_id, "--topic-prefix", prefix, "--partitions", str(self.args.partitions),
                      "--replication", "1", "--store", "memory://", "--datadir", str(self.tmp / f"{app_id}-{n}"),
                      "--session-timeout", "6", "--idle-after", "2", "--metrics-port", str(port),
-                     "--instance-id", f"{app_id}-{n}", "--batch-max", str(self.args.batch_max)],
+                     "--instance-id", f"{app_id}-{n}", "--batch-max", str(self.args.batch_max),
+                     "--batch-within", str(self.args.batch_within)],
                     self.tmp / f"worker-{app_id}-{n}.log")
 
     # --- stages -----------------------------------------------------------------
@@ -238,7 +246,7 @@ class Bench:
             counter, start = 0, time.time()
             while time.time() - start < a.live_seconds:
                 now = time.time()
-                batch = [fpm(d, e, counter, now, hot=True) for d in deployments for e in range(2)]
+                batch = [fpm(d, e, counter, now, hot=True) for d in deployments for e in range(a.live_engines)]
                 push.send(msgpack.packb(batch))
                 counter += 1
                 time.sleep(0.02)
@@ -250,37 +258,72 @@ class Bench:
             worker.stop()
             bridge.stop()
         records = asyncio.run(read_topic(a.bootstrap, f"{prefix}fleetplan.decisions.v1"))
-        lat = []
+        inputs = {name: first_past(asyncio.run(read_topic(a.bootstrap, f"{prefix}fleetplan.{name}.v1")))
+                  for name in ("fpm", "requests")}
+        lat, parts = [], {"fpm": [], "requests": [], "worker": []}
         for r in records:
             d = orjson.loads(r.value)
             if d["deployment"].startswith("live"):
-                lat.append(r.timestamp_ms / 1000.0 - (d["time"] + CONFIG["grace_seconds"]))
-        return {"decisions": len(lat), "external": lat, "internal": histogram}
+                due = d["time"] + CONFIG["grace_seconds"]
+                lat.append(r.timestamp_ms / 1000.0 - due)
+                arrived = [inputs[name](d["deployment"], due) for name in ("fpm", "requests")]
+                if None not in arrived:
+                    parts["fpm"].append(arrived[0] - due)
+                    parts["requests"].append(arrived[1] - due)
+                    parts["worker"].append(r.timestamp_ms / 1000.0 - max(arrived))
+        return {"decisions": len(lat), "external": lat, "internal": histogram, "parts": parts}
 
     # --- run ----------------------------------------------------------------------
 
     def run(self) -> None:
         a = self.args
         prefix = f"bench{uuid.uuid4().hex[:6]}."
+        bridge = raw = workers = latency = None
         try:
             asyncio.run(create_topics(a.bootstrap, prefix, a.partitions))
-            bridge = self.stage_bridge(prefix)
-            print(f"bridge: {bridge}", file=sys.stderr)
-            raw = asyncio.run(self.stage_raw(f"{prefix}fleetplan.fpm.v1"))
-            print(f"raw: {raw}", file=sys.stderr)
-            workers = [self.stage_worker(prefix, k, bridge["fpms"]) for k in a.workers]
-            print(f"workers: {workers}", file=sys.stderr)
-            # Fresh topics: the live worker must not start with the backlog above.
-            live = f"bench{uuid.uuid4().hex[:6]}."
-            asyncio.run(create_topics(a.bootstrap, live, a.partitions))
-            try:
-                latency = self.stage_latency(live)
-            finally:
-                asyncio.run(delete_topics(a.bootstrap, live))
-            print(f"latency: {latency['decisions']} decisions, internal {latency['internal']}", file=sys.stderr)
+            if "ingest" in a.stages:
+                bridge = self.stage_bridge(prefix)
+                print(f"bridge: {bridge}", file=sys.stderr)
+                raw = asyncio.run(self.stage_raw(f"{prefix}fleetplan.fpm.v1"))
+                print(f"raw: {raw}", file=sys.stderr)
+                workers = [self.stage_worker(prefix, k, bridge["fpms"]) for k in a.workers]
+                print(f"workers: {workers}", file=sys.stderr)
+            if "latency" in a.stages:
+                # Fresh topics: the live worker must not start with the backlog above.
+                live = f"bench{uuid.uuid4().hex[:6]}."
+                asyncio.run(create_topics(a.bootstrap, live, a.partitions))
+                try:
+                    latency = self.stage_latency(live)
+                finally:
+                    asyncio.run(delete_topics(a.bootstrap, live))
+                print(f"latency: {latency['decisions']} decisions, internal {latency['internal']}",
+                      file=sys.stderr)
         finally:
             asyncio.run(delete_topics(a.bootstrap, prefix))
         report(a, bridge, raw, workers, latency)
+
+
+def first_past(records):
+    """f(deployment, t): the Kafka timestamp (s) of the first record of the deployment
+    whose event time is >= t, i.e. when its source's clock first reached t on the topic."""
+    by_dep: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        by_dep.setdefault(r.key.decode(), []).append((orjson.loads(r.value)["time"], r.timestamp_ms / 1000.0))
+    index = {}
+    for dep, rows in by_dep.items():
+        rows.sort()
+        earliest, suffix = float("inf"), []
+        for _, ts in reversed(rows):
+            earliest = min(earliest, ts)
+            suffix.append(earliest)
+        index[dep] = ([t for t, _ in rows], suffix[::-1])
+
+    def at(deployment: str, t: float) -> float | None:
+        times, suffix = index.get(deployment, ([], []))
+        i = bisect.bisect_left(times, t)
+        return suffix[i] if i < len(times) else None
+
+    return at
 
 
 def parse_histogram(body: str, name: str) -> dict:
@@ -356,10 +399,17 @@ def machine() -> str:
 
 
 def report(a, bridge, raw, workers, latency) -> None:
-    rate = lambda n, s: f"{n / s:,.0f}"  # noqa: E731
-    per_record = bridge["fpms"] / max(bridge["records"], 1)
     print(f"Command: `.venv/bin/python bench/bench_ingest.py {' '.join(sys.argv[1:])}`  ")
     print(f"Machine: {machine()}  ")
+    if bridge is not None:
+        report_ingest(a, bridge, raw, workers)
+    if latency is not None:
+        report_latency(a, latency)
+
+
+def report_ingest(a, bridge, raw, workers) -> None:
+    rate = lambda n, s: f"{n / s:,.0f}"  # noqa: E731
+    per_record = bridge["fpms"] / max(bridge["records"], 1)
     print(f"Load: {bridge['fpms']:,} FPMs, {a.deployments} deployments x {a.engines} engines, "
           f"{a.partitions} partitions; the bridge packed {per_record:.0f} FPMs per record.\n")
     print("| stage | FPM events/s | records/s | notes |")
@@ -374,12 +424,21 @@ def report(a, bridge, raw, workers, latency) -> None:
         print(f"| Kafka -> worker ({w['processes']} process{'es' if w['processes'] > 1 else ''}) | "
               f"{rate(w['fpms'], w['seconds'])} | {rate(w['fpms'] / per_record, w['seconds'])} | "
               f"mean batch {w['mean_batch_s'] * 1000:.1f} ms |")
+
+
+def report_latency(a, latency) -> None:
     ext = latency["external"]
     internal = latency["internal"]
-    print(f"\nDecision latency ({latency['decisions']} decisions, {a.live_deployments} live deployments, "
-          f"bridge + 1 worker): tick + grace -> decision on the topic p50 {quantile(ext, 0.5) * 1000:.0f} ms, "
+    print(f"\nDecision latency ({latency['decisions']} decisions, {a.live_deployments} live deployments x "
+          f"{a.live_engines} engines, {a.live_deployments * a.live_engines * 50:,} FPMs/s, bridge + 1 worker): "
+          f"tick + grace -> decision on the topic p50 {quantile(ext, 0.5) * 1000:.0f} ms, "
           f"p99 {quantile(ext, 0.99) * 1000:.0f} ms; the worker's histogram (watermark passed -> "
           f"acknowledged) p50 <= {fmt_le(internal.get('p50_le'))}, p99 <= {fmt_le(internal.get('p99_le'))}.")
+    parts = latency["parts"]
+    show = lambda v: f"p50 {quantile(v, 0.5) * 1000:.0f} ms, p99 {quantile(v, 0.99) * 1000:.0f} ms"  # noqa: E731
+    print(f"Where it goes (Kafka timestamps): the first FPM record past tick + grace is on the topic "
+          f"{show(parts['fpm'])} after it, the first requests-topic record (a heartbeat) {show(parts['requests'])}; "
+          f"from the later of the two to the decision on the topic {show(parts['worker'])}.")
 
 
 def fmt_le(v) -> str:
@@ -397,6 +456,11 @@ def main() -> None:
     p.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     p.add_argument("--live-deployments", type=int, default=16)
     p.add_argument("--live-seconds", type=float, default=30.0)
+    p.add_argument("--live-engines", type=int, default=2, help="engines per live deployment (50 FPMs/s each)")
+    p.add_argument("--batch-within", type=float, default=0.05, help="the workers' --batch-within (its default: 0.05)")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="the bridges' --heartbeat (its default: 1)")
+    p.add_argument("--stages", type=lambda s: s.split(","), default=["ingest", "latency"],
+                   help="comma-separated: ingest (bridge, raw consume, workers), latency")
     Bench(p.parse_args()).run()
 
 

@@ -22,12 +22,16 @@ one decode engine):
 For each workload and each SLA (500 ms / 50 ms, Dynamo's default, and
 200 ms / 20 ms) it runs static-peak, static-mean, the hindsight oracle, and
 the planner with the throughput loop only, the load loop only and both
-loops, each loop configuration that forecasts once per predictor
-(constant, arima, kalman; prophet is an optional extra, run if installed).
-Every planner config is Dynamo's default except the SLA, the predictor, the
-loops and ``max_gpu_budget`` (raised so the budget never binds). All
-contenders start from the same warm fleet (sized for the first startup
-period), except the static and oracle fleets, which start at their own counts.
+loops, twice: with Dynamo's sizing (``REFERENCE_SIZING``: 100 % utilisation,
+point forecast, mean request, no queueing floor; rows "dynamo ...") and with
+fleetplan's default sizing (docs/sizing.md; rows "fleetplan ..."); each
+loop configuration that forecasts once per predictor (constant, arima,
+kalman, and ensemble for fleetplan's sizing; prophet is an optional extra,
+run if installed). Every other config field is the default except the SLA
+and ``max_gpu_budget`` (raised so the budget never binds). All contenders
+start from the same warm fleet (sized for the traffic until the first
+decision can take effect), except the static and oracle fleets, which start
+at their own counts.
 """
 
 from __future__ import annotations
@@ -61,8 +65,11 @@ class Spec:
     router: str = "least-loaded"
 
 
-def predictors() -> list[str]:
-    out = ["constant", "arima", "kalman"]
+SIZINGS = ("dynamo", "fleetplan")
+
+
+def predictors(sizing: str = "dynamo") -> list[str]:
+    out = ["constant", "arima", "kalman"] + (["ensemble"] if sizing == "fleetplan" else [])
     try:
         import prophet  # noqa: F401
 
@@ -143,17 +150,18 @@ def run_baselines(spec: Spec, sla) -> list[dict]:
     return rows
 
 
-def run_planner_config(spec: Spec, sla, loops: str, predictor: str) -> list[dict]:
+def run_planner_config(spec: Spec, sla, loops: str, predictor: str, sizing: str = "dynamo") -> list[dict]:
+    from fleetplan.models.config import REFERENCE_SIZING
     from fleetplan.models.planner import Planner
     from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload
 
-    cfg, setup = make_setup(spec, sla, {**LOOPS[loops], "load_predictor": predictor})
+    base = dict(REFERENCE_SIZING) if sizing == "dynamo" else {}
+    cfg, setup = make_setup(spec, sla, {**base, **LOOPS[loops], "load_predictor": predictor})
     workload = build_workload(spec)
-    sizing = size_workload(workload, setup)
-    initial = initial_fleet("warm", setup, sizing)
+    initial = initial_fleet("warm", setup, size_workload(workload, setup))
     t0 = time.perf_counter()
     result = run_planner(workload, setup, Planner(cfg, profile=setup.profile), initial)
-    name = f"planner {loops}" + ("" if loops == "load" else f" ({predictor})")
+    name = f"{sizing} {loops}" + ("" if loops == "load" else f" ({predictor})")
     return [_row(spec, sla, name, result, time.perf_counter() - t0)]
 
 
@@ -178,7 +186,10 @@ def _task(args):
     return run_planner_config(spec, sla, *extra)
 
 
-def specs(data: Path, only: set[str], min_engines: int, servegen_engines: int, hours: float) -> list[Spec]:
+def specs(
+    data: Path, only: set[str], min_engines: int, servegen_engines: int, hours: float, choose: bool = True,
+) -> list[Spec]:
+    """The workloads named in ``only``, rate-scaled (``choose``) or at scale 1."""
     traces = data / "traces"
     base = [
         Spec("azure-conv-30min", "trace", str(traces / "azure2023" / "AzureLLMInferenceTrace_conv_first30min.csv"), "h200-llama3.1-8b"),
@@ -193,11 +204,11 @@ def specs(data: Path, only: set[str], min_engines: int, servegen_engines: int, h
     out = []
     for s in base:
         if s.name.split("-")[1] in only or s.name.split("-")[0] in only:
-            out.append(choose_scale(s, min_engines, integer=True))
+            out.append(choose_scale(s, min_engines, integer=True) if choose else s)
     for s in gen:
         if s.model in only:
             # sized at the tight SLA, where the fleet is largest (decode-bound on the 70B)
-            out.append(choose_scale(s, servegen_engines, integer=False, sla=SLAS[1]))
+            out.append(choose_scale(s, servegen_engines, integer=False, sla=SLAS[1]) if choose else s)
     return out
 
 
@@ -222,8 +233,9 @@ def markdown(rows: list[dict], scales: dict) -> str:
             if r["policy"] not in policies:
                 policies.append(r["policy"])
         order = ["static-peak", "static-mean", "oracle"] + [
-            f"planner {loops}" + ("" if loops == "load" else f" ({p})")
-            for loops in LOOPS for p in (["constant"] if loops == "load" else ["constant", "arima", "kalman", "prophet"])
+            f"{sizing} {loops}" + ("" if loops == "load" else f" ({p})")
+            for sizing in SIZINGS for loops in LOOPS
+            for p in (["constant"] if loops == "load" else ["constant", "arima", "kalman", "ensemble", "prophet"])
         ]
         policies = [p for p in order if p in policies] + sorted(p for p in policies if p not in order)
         for p in policies:
@@ -277,9 +289,10 @@ def main() -> None:
     for s in chosen:
         for sla in SLAS:
             tasks.append(("baselines", s, sla, None))
-            for loops in LOOPS:
-                for predictor in (["constant"] if loops == "load" else predictors()):
-                    tasks.append(("planner", s, sla, (loops, predictor)))
+            for sizing in SIZINGS:
+                for loops in LOOPS:
+                    for predictor in (["constant"] if loops == "load" else predictors(sizing)):
+                        tasks.append(("planner", s, sla, (loops, predictor, sizing)))
     rows: list[dict] = []
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:

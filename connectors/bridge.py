@@ -19,7 +19,12 @@ request records over ZMQ, to SUB or PULL endpoints of the bridge. The bridge:
 * sends a clock heartbeat for a deployment's topic that has been idle for
   ``heartbeat_s``, so the worker's event-time clock keeps moving; its time
   is the deployment's latest event time plus the wall time since, so it
-  stays in the sources' clock domain rather than the bridge's;
+  stays in the sources' clock domain rather than the bridge's. A topic
+  that carried nothing since the deployment's clock crossed a multiple of
+  ``heartbeat_s`` gets its heartbeat right then, not up to ``heartbeat_s``
+  later: ticks fall on whole seconds, so with a grace period that is a
+  multiple of ``heartbeat_s`` an idle topic (requests, at low traffic) no
+  longer holds a tick back by up to ``heartbeat_s``;
 * dead-letters anything invalid with the reason, and never crashes on input.
 
 It stamps nothing it cannot know: events carry their own event time and
@@ -58,7 +63,7 @@ log = logging.getLogger("fleetplan.bridge")
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """Largest ZMQ message read (an array of events); each event is still held to MAX_EVENT_BYTES."""
 
-ACCEPTED_TYPES = ("fpm", "fpm_batch", "request")
+ACCEPTED_TYPES = ("fpm", "fpm_batch", "request", "arrival")
 PAYLOAD_LIMIT = 4096
 FORGET_AFTER_S = 600.0
 """A deployment silent this long gets no more heartbeats (it is probably gone)."""
@@ -222,6 +227,8 @@ class _Source:
     seen_at: float
     last_sent: dict[str, float] = field(default_factory=dict)
     clock_sent: float = 0.0
+    # per topic, the latest event time a record sent on it carried (data or heartbeat)
+    sent_time: dict[str, float] = field(default_factory=dict)
 
 
 class BridgeMetrics:
@@ -368,10 +375,10 @@ class Bridge:
                 self._pack(event)
             elif event.type == "fpm_batch":
                 self._enqueue(Outgoing(self.topics.fpm, event.deployment.encode(), encode_event(event), n))
-                self._touch(event.deployment, self.topics.fpm)
+                self._touch(event.deployment, self.topics.fpm, event.time)
             else:
                 self._enqueue(Outgoing(self.topics.requests, event.deployment.encode(), encode_event(event), 1))
-                self._touch(event.deployment, self.topics.requests)
+                self._touch(event.deployment, self.topics.requests, event.time)
         return len(events)
 
     async def _reserve(self, n: int) -> None:
@@ -419,7 +426,7 @@ class Bridge:
         self._packs.pop(deployment, None)
         batch = FpmBatch(deployment=deployment, time=max(f.time for f in pack.fpms), fpms=pack.fpms)
         self._enqueue(Outgoing(self.topics.fpm, deployment.encode(), encode_event(batch), len(pack.fpms)))
-        self._touch(deployment, self.topics.fpm)
+        self._touch(deployment, self.topics.fpm, batch.time)
 
     def _flush_packs(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -436,10 +443,12 @@ class Bridge:
             src.latest = max(src.latest, event.time)
             src.seen_at = now
 
-    def _touch(self, deployment: str, topic: str) -> None:
+    def _touch(self, deployment: str, topic: str, event_time: float) -> None:
         src = self._sources.get(deployment)
         if src is not None:
             src.last_sent[topic] = time.monotonic()
+            if event_time > src.sent_time.get(topic, -math.inf):
+                src.sent_time[topic] = event_time
 
     async def _tick_loop(self) -> None:
         s = self.settings
@@ -452,13 +461,15 @@ class Bridge:
 
     async def _heartbeats(self) -> None:
         now = time.monotonic()
+        every = self.settings.heartbeat_s
         for deployment, src in list(self._sources.items()):
             if now - src.seen_at > FORGET_AFTER_S:
                 del self._sources[deployment]
                 continue
             clock_time = max(src.latest + (now - src.seen_at), src.clock_sent)
             for topic in (self.topics.fpm, self.topics.requests):
-                if now - src.last_sent.get(topic, src.seen_at) < self.settings.heartbeat_s:
+                if now - src.last_sent.get(topic, src.seen_at) < every and not self._crossed(
+                        deployment, src, topic, clock_time):
                     continue
                 if self._buffered >= self.settings.buffer:
                     return  # the buffer is full: heartbeats wait their turn
@@ -467,7 +478,17 @@ class Bridge:
                 self._enqueue(Outgoing(topic, deployment.encode(), encode_event(beat), 1))
                 src.last_sent[topic] = now
                 src.clock_sent = clock_time
+                src.sent_time[topic] = max(src.sent_time.get(topic, clock_time), clock_time)
                 self.metrics.heartbeats.inc()
+
+    def _crossed(self, deployment: str, src: _Source, topic: str, clock_time: float) -> bool:
+        """Whether the deployment's clock crossed a multiple of ``heartbeat_s`` that
+        ``topic`` has not carried yet (an FPM pack on its way will carry it)."""
+        if topic == self.topics.fpm and deployment in self._packs:
+            return False
+        sent = src.sent_time.get(topic)
+        every = self.settings.heartbeat_s
+        return sent is None or math.floor(sent / every) < math.floor(clock_time / every)
 
     # --- egress ----------------------------------------------------------------------
 

@@ -77,10 +77,11 @@ def plan(
         typer.echo(f"fleetplan: {late} late event(s) refused", err=True)
 
 
-def _register_optional() -> None:
-    """Commands of the runtime packages, registered if present."""
+def _register_optional() -> list:
+    """Commands of the runtime packages, registered if present; returns their modules."""
     import importlib
 
+    registered = []
     for module in ("fleetplan.sim.cli", "fleetplan.streams.cli", "fleetplan.connectors.cli"):
         try:
             mod = importlib.import_module(module)
@@ -89,11 +90,18 @@ def _register_optional() -> None:
                 raise
             continue
         mod.register(app)
+        registered.append(mod)
+    return registered
 
 
 def main() -> None:
-    _register_optional()
-    app()
+    args = sys.argv[1:]
+    for mod in _register_optional():
+        # Options typer cannot express (an optional value) are spelled out first.
+        rewrite = getattr(mod, "rewrite_args", None)
+        if rewrite is not None:
+            args = rewrite(args)
+    app(args=args)
 
 
 if __name__ == "__main__":

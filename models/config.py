@@ -6,10 +6,12 @@ runtime (Prometheus endpoints, report paths, plugin lists) are accepted and
 ignored, so such a file still loads; any other unknown field fails at start
 with its name, as does every invalid value.
 
-One deliberate difference: ``optimization_target`` defaults to ``"sla"``.
-Dynamo's bare default, ``"throughput"``, silently switches to threshold
-scaling and ignores ``ttft_ms``/``itl_ms``, which surprises anyone who set an
-SLA. Set it explicitly to get Dynamo's behaviour.
+Deliberate differences: ``optimization_target`` defaults to ``"sla"``
+(Dynamo's bare default, ``"throughput"``, silently switches to threshold
+scaling and ignores ``ttft_ms``/``itl_ms``, which surprises anyone who set
+an SLA), and the sizing fields of ``REFERENCE_SIZING`` default to
+fleetplan's measured-better values. Set them explicitly to get Dynamo's
+behaviour.
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ DYNAMO_RUNTIME_FIELDS = frozenset({
 """Dynamo fields that configure its own runtime, not the planning algorithm."""
 
 
+REFERENCE_SIZING: dict[str, object] = {
+    "target_utilization": 1.0,
+    "hold_scale_down_until_floor": False,
+    "throughput_sizing": "point",
+    "capacity_mix": "mean",
+    "prefill_sizing": "rate",
+}
+"""The values that size the fleet exactly as Dynamo's planner does (docs/sizing.md).
+
+fleetplan's defaults differ on these fields only, because the simulator
+measured Dynamo's sizing missing the SLA on every rate-scaled real trace.
+"""
+
+
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the field and what was expected."""
 
@@ -65,8 +81,16 @@ class PlannerConfig(BaseModel):
     enable_throughput_scaling: bool = True
     enable_load_scaling: bool = False
     max_throughput_scaling_replicas: int = Field(8, ge=1)
-    target_utilization: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    hold_scale_down_until_floor: bool = False
+    # sizing past the reference (fleetplan's own defaults; REFERENCE_SIZING and docs/sizing.md)
+    target_utilization: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
+    hold_scale_down_until_floor: bool = True
+    throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
+    sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)
+    startup_seconds: float = Field(120.0, ge=0, allow_inf_nan=False)
+    burst_window_seconds: int = Field(60, ge=0)
+    capacity_mix: Literal["mean", "buckets"] = "buckets"
+    prefill_sizing: Literal["rate", "queueing"] = "queueing"
+    queueing_sla_share: float = Field(0.99, gt=0, lt=1, allow_inf_nan=False)
 
     # SLA
     ttft_ms: float = Field(500.0, gt=0, alias="ttft")
@@ -145,6 +169,11 @@ class PlannerConfig(BaseModel):
     @property
     def roles(self) -> tuple[Role, ...]:
         return ROLES_OF_MODE[self.mode]
+
+    @property
+    def burst_seconds(self) -> int:
+        """The burst sub-window in use: never longer than a throughput window (0: off)."""
+        return min(self.burst_window_seconds, self.throughput_adjustment_interval_seconds)
 
     @property
     def sla_mode(self) -> bool:

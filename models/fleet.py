@@ -15,7 +15,7 @@ from fleetplan.models.planner import Planner, TickReport
 from fleetplan.models.sequencer import advance, offer, watermark_of
 from fleetplan.models.state import DeploymentState
 
-INPUT_TYPES = frozenset({"fpm", "fpm_batch", "request", "inventory", "control", "ack", "clock"})
+INPUT_TYPES = frozenset({"fpm", "fpm_batch", "request", "arrival", "inventory", "control", "ack", "clock"})
 """Events the planner folds; decisions and dead letters are outputs and are skipped."""
 
 

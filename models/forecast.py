@@ -119,6 +119,11 @@ class TrafficForecaster:
         )
 
     @property
+    def last_osl(self) -> float | None:
+        """The mean OSL of the last busy window fed, if any."""
+        return self._last_osl
+
+    @property
     def kv_hit_rate(self) -> float:
         """Last observed KV hit rate; 0.0 (no prefill discount) before any."""
         return 0.0 if self._kv_hit_rate is None else self._kv_hit_rate

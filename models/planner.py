@@ -15,11 +15,12 @@ targets change.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
-from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
+from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.load import (
     EngineLoads,
     LoadSignal,
@@ -28,8 +29,11 @@ from fleetplan.models.load import (
     prefill_signal,
     threshold_signal,
 )
+from fleetplan.models.mix import LengthMix, mix_factor
 from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
+from fleetplan.models.quantiles import QuantileForecaster
+from fleetplan.models.startup import record_scale_up, startup_horizon_windows, startup_sample
 from fleetplan.models.state import (
     DeploymentState,
     PendingDecision,
@@ -48,6 +52,7 @@ from fleetplan.schemas.events import (
     FpmBatch,
     InventoryEvent,
     PredictedLoad,
+    RequestArrival,
     RequestRecord,
     Role,
     RoleEstimate,
@@ -129,7 +134,7 @@ class Planner:
 
     def new_state(self, deployment: str) -> DeploymentState:
         cfg = self.config
-        forecaster = TrafficForecaster(cfg.load_predictor, **_predictor_params(cfg))
+        forecaster = QuantileForecaster(cfg.load_predictor, **_predictor_params(cfg))
         if self.warmup:
             forecaster.warm(self.warmup)
         return DeploymentState(
@@ -220,7 +225,11 @@ class Planner:
         interval = cfg.throughput_adjustment_interval_seconds
         start = state.window_start if state.window_start is not None else now - interval
         duration = min(max(now - start, 1e-9), interval)
-        obs = state.window.observation(duration)
+        obs = state.window.observation(
+            duration, by_arrival=state.seen_arrivals, last_osl=state.forecaster.forecaster.last_osl,
+        )
+        peak = state.window.peak_count(interval, cfg.burst_seconds, by_arrival=state.seen_arrivals)
+        mix = state.window.length_mix
         state.window = TrafficWindow()
         state.window_start = now
         if not state.seen_traffic:
@@ -238,9 +247,21 @@ class Planner:
         if obs.accept_length is not None:
             state.last_accept_length = obs.accept_length
             accept = obs.accept_length
-        state.forecaster.observe(full)
+        if cfg.capacity_mix == "buckets" and mix.count:
+            state.mix_factor = _mix_factors(state, mix, kv_hit, accept)
+        # a partial first window has partial sub-windows too: its peak is not a peak
+        state.forecaster.observe(full, peak=peak if duration >= interval else None)
         forecast = state.forecaster.forecast()
-        proposal = propose_throughput(cfg, baseline, minimums, forecast, kv_hit, accept, state.perf)
+        sized = horizon = None
+        if cfg.throughput_sizing == "startup_quantile":
+            horizon = startup_horizon_windows(state)
+            # never below the point forecast (an uncalibrated quantile is the point)
+            sized = max(forecast[0], state.forecaster.quantile(cfg.sizing_quantile, horizon))
+        factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
+        proposal = propose_throughput(
+            cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
+            sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
+        )
         scratch.predicted = proposal.predicted
         scratch.capacity = proposal.capacity_rps
         if proposal.targets is None:
@@ -331,6 +352,8 @@ class Planner:
             advisory=advisory,
         )
         state.next_decision_id += 1
+        if any(targets[r] > baseline[r] for r in targets):
+            record_scale_up(state, decision.decision_id, now)
         if advisory:
             # Advisory decisions are recorded, not executed: the fleet keeps its
             # counts, so only a change of advice is worth a new decision.
@@ -409,7 +432,25 @@ def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
     if req.avg_itl_ms is not None:
         w.sum_itl_ms += req.avg_itl_ms
         w.n_itl += 1
+    LengthMix(w.mix).add(req.input_tokens, req.output_tokens)
+    _count_burst(w.burst_finished, req.time, state.config.burst_seconds)
     state.seen_traffic = True
+
+
+def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:
+    """Count demand when it arrives; from the first arrival on, arrivals are the count."""
+    w = state.window
+    w.arrivals += 1
+    w.sum_arrival_isl += ev.input_tokens
+    _count_burst(w.burst_arrivals, ev.time, state.config.burst_seconds)
+    state.seen_arrivals = True
+    state.seen_traffic = True
+
+
+def _count_burst(counts: dict[str, int], time: float, burst_s: int) -> None:
+    if burst_s:
+        key = str(math.floor(time / burst_s))
+        counts[key] = counts.get(key, 0) + 1
 
 
 def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
@@ -421,6 +462,9 @@ def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
         for key in [k for k in state.latest_fpm if k.startswith(prefix)]:
             del state.latest_fpm[key]
         return
+    previous = state.workers.get(ev.worker_id)
+    if ev.state == "ready" and (previous is None or previous.state == "starting"):
+        startup_sample(state, ev, previous)
     state.workers[ev.worker_id] = Worker(ev.role, ev.state, ev.gpus, ev.time)
 
 
@@ -448,6 +492,7 @@ _APPLY = {
     ForwardPassMetrics: _apply_fpm,
     FpmBatch: _apply_fpm_batch,
     RequestRecord: _apply_request,
+    RequestArrival: _apply_arrival,
     InventoryEvent: _apply_inventory,
     ControlEvent: _apply_control,
     Ack: _apply_ack,
@@ -499,6 +544,28 @@ def _engines_of(state: DeploymentState, role: Role) -> tuple[list[ForwardPassMet
             continue
         engines.extend(state.latest_fpm[k] for k in sorted(keys))
     return engines, covered
+
+
+def _mix_factors(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float) -> dict:
+    """Per role, the window's capacity on its mix over its capacity at the mean lengths."""
+    cfg = state.config
+    factors: dict[Role, float] = {}
+    for role in cfg.roles:
+        model = state.perf[role]
+        if not model.ready:
+            continue
+
+        def capacity_at(isl: float, osl: float, model=model) -> float | None:
+            cap = model.capacity_rps(
+                isl=max(round(isl), 1), osl=max(round(osl), 1), ttft_ms=cfg.ttft_ms,
+                itl_ms=cfg.itl_ms, kv_hit_rate=kv_hit, accept_length=accept,
+            )
+            return None if cap is None else cap.rps
+
+        factor = mix_factor(mix, capacity_at)
+        if factor is not None:
+            factors[role] = factor
+    return factors
 
 
 def _predictor_params(cfg: PlannerConfig) -> dict:

@@ -126,11 +126,17 @@ class QuantileForecaster:
 
     # --- feeding -------------------------------------------------------------
 
-    def observe(self, obs: TrafficObservation) -> None:
-        """Feed one closed window, scoring the forecast that was made for it."""
+    def observe(self, obs: TrafficObservation, *, peak: float | None = None) -> None:
+        """Feed one closed window, scoring the forecast that was made for it.
+
+        ``peak`` (the window's busiest sub-window, scaled to a window count)
+        is what the quantiles calibrate against when given: the point
+        forecast still learns the window's count, and the upper quantile
+        learns how far above that forecast the peaks run.
+        """
         forecast = self._forecaster.forecast()[0]
         self._forecasts.append(forecast)
-        self._actuals.append(_count(obs.num_req))
+        self._actuals.append(_count(obs.num_req if peak is None else max(peak, obs.num_req)))
         excess = len(self._forecasts) - self.history
         if excess > 0:
             del self._forecasts[:excess]

@@ -5,32 +5,24 @@ Ticks fall on multiples of the base interval in event time. The tick at
 time < ``T``, applied in a canonical order, so neither arrival order nor
 processing speed can change a decision (design principle 3). An event older
 than the last fired tick is late: it is counted and refused, never merged.
+
+With a :class:`~fleetplan.models.fold_ahead.FoldAhead` (the live worker
+passes one), events the watermark has passed are applied as soon as it
+passes them instead of all at the tick; every tick still sees the same
+events in the same order (see :mod:`fleetplan.models.fold_ahead`).
 """
 
 from __future__ import annotations
 
 import math
 
+from fleetplan.models import fold_ahead
+from fleetplan.models.canonical import canonical_key
+from fleetplan.models.fold_ahead import FoldAhead
 from fleetplan.models.planner import Planner, TickReport
 from fleetplan.models.state import DeploymentState
-from fleetplan.schemas.codec import encode_event
 
-# Lifecycle and acks first, so a tick's metrics meet the inventory they belong to.
-_TYPE_RANK = {"inventory": 0, "ack": 1, "control": 2, "request": 3, "fpm": 4, "fpm_batch": 4, "clock": 5}
-
-
-def canonical_key(event) -> tuple:
-    """Total order of events: time, kind, then identity fields.
-
-    FPMs are identified by (worker, rank, counter); other events, which are
-    rare, by their full encoding, so two different events never tie.
-    """
-    kind = event.type
-    if kind == "fpm":
-        return (event.time, 4, event.worker_id, event.dp_rank, event.counter_id, event.wall_time, b"")
-    if kind == "request":
-        return (event.time, 3, event.request_id, 0, 0, 0.0, b"")
-    return (event.time, _TYPE_RANK.get(kind, 9), "", 0, 0, 0.0, encode_event(event))
+__all__ = ["FoldAhead", "advance", "canonical_key", "first_tick_after", "offer", "watermark_of"]
 
 
 def first_tick_after(t: float, interval: int) -> float:
@@ -38,12 +30,19 @@ def first_tick_after(t: float, interval: int) -> float:
     return float((math.floor(t / interval) + 1) * interval)
 
 
-def offer(state: DeploymentState, event) -> bool:
-    """Buffer an input event for its tick; False (and counted) when it is late."""
+def offer(state: DeploymentState, event, ahead: FoldAhead | None = None, *,
+          raw: bytes | None = None) -> bool:
+    """Buffer an input event for its tick; False (and counted) when it is late.
+
+    ``raw``, the bytes ``event`` was decoded from, lets ``ahead`` keep those
+    instead of the event once it is applied ahead (see :mod:`fleetplan.models.fold_ahead`).
+    """
     t = event.time
     if state.last_tick is not None and t < state.last_tick:
         state.late_events += 1
         return False
+    if fold_ahead.needs_rollback(ahead, t):
+        fold_ahead.rollback(state, ahead)  # it sorts before events already applied
     if state.last_tick is None:
         # Before the first tick fires, its time follows the earliest event so far,
         # not the first to arrive: arrival order across topics must not move it.
@@ -53,11 +52,15 @@ def offer(state: DeploymentState, event) -> bool:
     state.buffer.append(event)
     if state.max_time is None or t > state.max_time:
         state.max_time = t
+    if ahead is not None and raw is not None:
+        ahead.raw[id(event)] = raw
     return True
 
 
-def advance(planner: Planner, state: DeploymentState, watermark: float) -> list[TickReport]:
-    """Fire every tick at or before ``watermark``, in order."""
+def advance(planner: Planner, state: DeploymentState, watermark: float,
+            ahead: FoldAhead | None = None) -> list[TickReport]:
+    """Fire every tick at or before ``watermark``, in order; with ``ahead``, then
+    apply the events before ``watermark`` that wait for the next tick."""
     reports: list[TickReport] = []
     while state.next_tick is not None and state.next_tick <= watermark:
         now = state.next_tick
@@ -67,10 +70,16 @@ def advance(planner: Planner, state: DeploymentState, watermark: float) -> list[
             due.sort(key=canonical_key)
             for event in due:
                 planner.apply(state, event)
+            if ahead is not None:
+                ahead.forget(due)
         reports.append(planner.tick(state, now))
         state.last_tick = now
         # The interval can change with a config event; stay on its grid.
         state.next_tick = first_tick_after(now, state.config.tick_interval_seconds)
+        if ahead is not None:
+            ahead.settle()
+    if ahead is not None:
+        fold_ahead.fold(planner, state, ahead, watermark)
     return reports
 
 

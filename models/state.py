@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
-from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
+from fleetplan.models.forecast import TrafficObservation
+from fleetplan.models.mix import LengthMix
 from fleetplan.models.perf_models import perf_model_from_state
+from fleetplan.models.quantiles import QuantileForecaster
 from fleetplan.schemas.codec import decode_dict, event_to_dict
 from fleetplan.schemas.events import ForwardPassMetrics, Role
 
@@ -56,14 +58,53 @@ class TrafficWindow:
     n_ttft: int = 0
     sum_itl_ms: float = 0.0
     n_itl: int = 0
+    arrivals: int = 0
+    sum_arrival_isl: float = 0.0
+    # requests per burst sub-window (key: floor(time / burst_window_seconds))
+    burst_arrivals: dict[str, int] = field(default_factory=dict)
+    burst_finished: dict[str, int] = field(default_factory=dict)
+    mix: dict[str, list[float]] = field(default_factory=dict)  # LengthMix buckets
 
-    def observation(self, duration_s: float) -> TrafficObservation:
+    def peak_count(self, interval_s: float, burst_s: int, *, by_arrival: bool) -> float | None:
+        """The busiest burst sub-window's requests, scaled to a whole window's count.
+
+        The throughput loop's quantile sizes for this peak rate rather than
+        the window's mean: a minute of twice the traffic inside a 3-minute
+        window queues prompts for the rest of it. None without sub-windows.
+        """
+        counts = self.burst_arrivals if by_arrival else self.burst_finished
+        if not burst_s or not counts:
+            return None
+        return max(counts.values()) * interval_s / burst_s
+
+    @property
+    def length_mix(self) -> LengthMix:
+        """The window's (ISL, OSL) buckets; a view that writes through to ``mix``."""
+        return LengthMix(self.mix)
+
+    def observation(
+        self, duration_s: float, *, by_arrival: bool = False, last_osl: float | None = None,
+    ) -> TrafficObservation:
+        """The window as the forecaster sees it.
+
+        ``by_arrival`` counts demand (and its mean ISL) from arrival events;
+        the mean OSL is known only from finished requests, so a window where
+        nothing finished carries ``last_osl`` over.
+        """
         n = self.count
+        isl = self.sum_isl / n if n else 0.0
+        osl = self.sum_osl / n if n else 0.0
+        if by_arrival:
+            a = self.arrivals
+            isl = self.sum_arrival_isl / a if a else 0.0
+            if not n and last_osl is not None:
+                osl = last_osl
+            n = a
         return TrafficObservation(
             duration_s=duration_s,
             num_req=float(n),
-            isl=self.sum_isl / n if n else 0.0,
-            osl=self.sum_osl / n if n else 0.0,
+            isl=isl,
+            osl=osl,
             kv_hit_rate=self.sum_kv_hit / self.n_kv_hit if self.n_kv_hit else None,
             accept_length=self.sum_accept / self.n_accept if self.n_accept else None,
         )
@@ -74,7 +115,7 @@ class DeploymentState:
     deployment: str
     config: PlannerConfig
     perf: dict[Role, object]
-    forecaster: TrafficForecaster
+    forecaster: QuantileForecaster
     config_version: int = 0
     min_overrides: dict[Role, int] = field(default_factory=dict)
     advisory_override: bool | None = None
@@ -83,6 +124,7 @@ class DeploymentState:
     window: TrafficWindow = field(default_factory=TrafficWindow)
     window_start: float | None = None
     seen_traffic: bool = False
+    seen_arrivals: bool = False
     last_kv_hit_rate: float | None = None
     last_accept_length: float | None = None
     lower_bound: dict[Role, int] = field(default_factory=dict)
@@ -90,6 +132,10 @@ class DeploymentState:
     pending: PendingDecision | None = None
     desired: dict[Role, int] | None = None
     advised: dict[Role, int] | None = None
+    # sizing past the reference: the last window's mix correction, startups seen
+    mix_factor: dict[Role, float] = field(default_factory=dict)
+    scale_up_times: list[list[float]] = field(default_factory=list)  # [decision_id, time]
+    startup_samples: list[float] = field(default_factory=list)
     # event time
     buffer: list = field(default_factory=list)
     max_time: float | None = None
@@ -116,9 +162,14 @@ class DeploymentState:
                 w: [v.role, v.state, v.gpus, v.since] for w, v in self.workers.items()
             },
             "latest_fpm": {k: event_to_dict(f) for k, f in self.latest_fpm.items()},
-            "window": self.window.__dict__.copy(),
+            "window": {
+                **self.window.__dict__, "mix": {k: list(v) for k, v in self.window.mix.items()},
+                "burst_arrivals": dict(self.window.burst_arrivals),
+                "burst_finished": dict(self.window.burst_finished),
+            },
             "window_start": self.window_start,
             "seen_traffic": self.seen_traffic,
+            "seen_arrivals": self.seen_arrivals,
             "last_kv_hit_rate": self.last_kv_hit_rate,
             "last_accept_length": self.last_accept_length,
             "lower_bound": dict(self.lower_bound),
@@ -129,6 +180,9 @@ class DeploymentState:
             },
             "desired": None if self.desired is None else dict(self.desired),
             "advised": None if self.advised is None else dict(self.advised),
+            "mix_factor": dict(self.mix_factor),
+            "scale_up_times": [list(p) for p in self.scale_up_times],
+            "startup_samples": list(self.startup_samples),
             "buffer": [event_to_dict(e) for e in self.buffer],
             "max_time": self.max_time,
             "next_tick": self.next_tick,
@@ -143,15 +197,20 @@ class DeploymentState:
             deployment=data["deployment"],
             config=PlannerConfig.model_validate(data["config"]),
             perf={r: perf_model_from_state(s) for r, s in data["perf"].items()},
-            forecaster=TrafficForecaster.from_state(data["forecaster"]),
+            forecaster=QuantileForecaster.from_state(data["forecaster"]),
             config_version=data["config_version"],
             min_overrides=dict(data["min_overrides"]),
             advisory_override=data["advisory_override"],
             workers={w: Worker(*v) for w, v in data["workers"].items()},
             latest_fpm={k: decode_dict(v) for k, v in data["latest_fpm"].items()},
-            window=TrafficWindow(**data["window"]),
+            window=TrafficWindow(**{
+                **data["window"], "mix": {k: list(v) for k, v in data["window"]["mix"].items()},
+                "burst_arrivals": dict(data["window"]["burst_arrivals"]),
+                "burst_finished": dict(data["window"]["burst_finished"]),
+            }),
             window_start=data["window_start"],
             seen_traffic=data["seen_traffic"],
+            seen_arrivals=data["seen_arrivals"],
             last_kv_hit_rate=data["last_kv_hit_rate"],
             last_accept_length=data["last_accept_length"],
             lower_bound=dict(data["lower_bound"]),
@@ -161,6 +220,9 @@ class DeploymentState:
             ),
             desired=None if data["desired"] is None else dict(data["desired"]),
             advised=None if data["advised"] is None else dict(data["advised"]),
+            mix_factor=dict(data["mix_factor"]),
+            scale_up_times=[list(p) for p in data["scale_up_times"]],
+            startup_samples=list(data["startup_samples"]),
             buffer=[decode_dict(e) for e in data["buffer"]],
             max_time=data["max_time"],
             next_tick=data["next_tick"],

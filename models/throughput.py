@@ -5,6 +5,12 @@ next window's request count and mean ISL/OSL, asks the perf model how many
 requests per second one engine serves within the SLA, and sizes each role
 to ``ceil(demand / capacity)``, never below the role's minimum and moving at
 most ``max_throughput_scaling_replicas`` per decision (reference notes §2b).
+
+Two departures, both opt-in through the config (docs/forecasting.md):
+``sized_num_req`` replaces the point forecast with an upper quantile of
+the load over the startup horizon, and ``mix_factor`` corrects each
+role's capacity at the mean lengths for the window's ISL/OSL mix
+(``fleetplan.models.mix``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
+from fleetplan.models.queueing import queueing_replicas
 from fleetplan.schemas.events import PredictedLoad, Role
 
 
@@ -51,15 +58,28 @@ def propose_throughput(
     kv_hit_rate: float,
     accept_length: float,
     perf: Mapping[Role, object],
+    *,
+    sized_num_req: float | None = None,
+    horizon_windows: int | None = None,
+    mix_factor: Mapping[Role, float] | None = None,
 ) -> ThroughputProposal:
-    """Size every role for the forecast window."""
+    """Size every role for the forecast window.
+
+    ``sized_num_req`` (the upper quantile over ``horizon_windows`` windows)
+    is the count the fleet is sized for when given; the point forecast
+    is still reported. ``mix_factor`` scales each role's capacity.
+    """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
-    demand_rps = num_req / interval
+    sized = num_req if sized_num_req is None else sized_num_req
+    demand_rps = sized / interval
     predicted = PredictedLoad(
-        num_req=num_req, isl=isl, osl=osl, rps=demand_rps,
+        num_req=num_req, isl=isl, osl=osl, rps=num_req / interval,
         kv_hit_rate=kv_hit_rate, accept_length=accept_length,
+        sized_rps=None if sized_num_req is None else demand_rps,
+        horizon_windows=horizon_windows,
     )
+    factors = mix_factor or {}
     capacity: dict[Role, float] = {}
     targets: dict[Role, int] = {}
     for role in config.roles:
@@ -73,10 +93,18 @@ def propose_throughput(
             )
             if cap is None or cap.rps <= 0:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)
-            capacity[role] = cap.rps
+            capacity[role] = cap.rps * factors.get(role, 1.0)
             # Sizing at 100% of the SLA-bound rate leaves no room for bursts
             # within the window; target_utilization < 1 keeps headroom.
-            desired = replicas_for(demand_rps, cap.rps * config.target_utilization, minimums[role])
+            desired = replicas_for(demand_rps, capacity[role] * config.target_utilization, minimums[role])
+            if role == "prefill" and config.prefill_sizing == "queueing" and cap.ttft_ms is not None:
+                # a floor: where one prompt's pass is a large part of the TTFT,
+                # random arrivals need more engines than any fixed utilisation gives
+                budget_s = (config.ttft_ms - cap.ttft_ms) / 1000.0
+                waiting = queueing_replicas(
+                    demand_rps, capacity[role], budget_s, config.queueing_sla_share, minimums[role]
+                )
+                desired = max(desired, waiting or 0)
         else:
             desired = minimums[role]
         targets[role] = cap_change(

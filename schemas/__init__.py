@@ -22,6 +22,7 @@ from fleetplan.schemas.events import (
     InventoryEvent,
     PredictedLoad,
     QueuedRequests,
+    RequestArrival,
     RequestRecord,
     Role,
     RoleEstimate,
@@ -34,7 +35,7 @@ from fleetplan.schemas.events import (
 __all__ = [
     "MAX_EVENT_BYTES", "ROLES", "Ack", "ClockEvent", "ControlEvent", "DeadLetter", "Decision",
     "Event", "FpmBatch", "ForwardPassMetrics", "InventoryEvent", "PredictedLoad",
-    "QueuedRequests", "RequestRecord", "Role", "RoleEstimate", "ScheduledRequests",
+    "QueuedRequests", "RequestArrival", "RequestRecord", "Role", "RoleEstimate", "ScheduledRequests",
     "SchemaError", "SetAdvisory", "SetConfig", "SetMinEndpoints", "decode_dict", "decode_event",
     "encode_event", "encode_lines", "event_to_dict",
 ]

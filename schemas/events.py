@@ -119,6 +119,24 @@ class RequestRecord(_Envelope):
         return self.request_received_ms / 1000.0
 
 
+class RequestArrival(_Envelope):
+    """A request the frontend accepted; ``time`` is its arrival.
+
+    Demand is what arrives, not what finishes: under overload finished
+    requests show the fleet's service rate, so a planner that counts only
+    completions cannot see load above the capacity it already has. A
+    frontend that emits arrivals (Dynamo counts them in
+    ``dynamo_frontend_requests_total``) lets the throughput loop count each
+    request in the window it arrived in; lengths still come from finished
+    requests, which know their output length.
+    """
+
+    type: Literal["arrival"] = "arrival"
+    request_id: Name
+    model: str | None = None
+    input_tokens: Tokens
+
+
 # --- worker inventory, operator control, clock -----------------------------
 
 WorkerState = Literal["starting", "ready", "draining", "gone"]
@@ -195,6 +213,12 @@ class PredictedLoad(_Model):
     rps: NonNegative
     kv_hit_rate: NonNegative = 0.0
     accept_length: NonNegative = 1.0
+    sized_rps: NonNegative | None = Field(
+        None, description="the rate the fleet was sized for (an upper quantile), when not rps"
+    )
+    horizon_windows: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="throughput windows the sized rate covers (startup horizon)"
+    )
 
 
 class RoleEstimate(_Model):
@@ -249,7 +273,7 @@ class DeadLetter(_Envelope):
 
 
 Event = Annotated[
-    ForwardPassMetrics | FpmBatch | RequestRecord | InventoryEvent | ControlEvent
+    ForwardPassMetrics | FpmBatch | RequestRecord | RequestArrival | InventoryEvent | ControlEvent
     | ClockEvent | Decision | Ack | DeadLetter,
     Field(discriminator="type"),
 ]
@@ -258,6 +282,7 @@ EVENT_MODELS: dict[str, type[BaseModel]] = {
     "fpm": ForwardPassMetrics,
     "fpm_batch": FpmBatch,
     "request": RequestRecord,
+    "arrival": RequestArrival,
     "inventory": InventoryEvent,
     "control": ControlEvent,
     "clock": ClockEvent,

@@ -21,6 +21,30 @@ def register(app: typer.Typer) -> None:
     app.command(name="simulate")(simulate)
 
 
+def rewrite_args(args: list[str]) -> list[str]:
+    """Give a bare ``--realtime`` its default speed: ``--realtime [SPEED]``.
+
+    Typer has no option with an optional value, and ``--realtime`` alone (as
+    compose runs it) must mean speed 1. Called by ``fleetplan.cli.main`` on
+    the command line before parsing; only the ``simulate`` command is touched.
+    """
+    if not args or args[0] != "simulate":
+        return args
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == "--realtime" and not _is_number(out[i + 1] if i + 1 < len(out) else None):
+            out[i] = "--realtime=1"
+    return out
+
+
+def _is_number(text: str | None) -> bool:
+    try:
+        float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def simulate(
     trace: Annotated[Path | None, typer.Option("--trace", help="request trace: Azure CSV, Mooncake or dynamo.request.trace.v1 JSONL (.gz ok)")] = None,
     profile: Annotated[str, typer.Option("--profile", help="engine profile: bundled name (h200-llama3.1-8b, h100-llama3.3-70b), NPZ/JSON path, splitwise:FILE:MODEL:HW:TP or distserve:FILE:MODEL:TP")] = "h200-llama3.1-8b",
@@ -38,13 +62,16 @@ def simulate(
     router: Annotated[str, typer.Option("--router", help="round-robin | least-loaded | prefix")] = "least-loaded",
     prefix_block_tokens: Annotated[int, typer.Option("--prefix-block-tokens", help="tokens per prompt hash block (Mooncake: 512)")] = 512,
     startup: Annotated[str, typer.Option("--startup", help="worker startup seconds, or uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA")] = "120",
-    initial: Annotated[str, typer.Option("--initial", help="initial fleet: warm (sized for the first startup period), min, or e.g. prefill=2,decode=3")] = "warm",
+    initial: Annotated[str, typer.Option("--initial", help="initial fleet: warm (sized for the traffic until the first decision takes effect), min, or e.g. prefill=2,decode=3")] = "warm",
     fpm_interval: Annotated[float, typer.Option("--fpm-interval", help="seconds between sampled FPMs per engine")] = 1.0,
     engine_timing: Annotated[str, typer.Option("--engine-timing", help="interp (profile measurements) | fit (the planner's own linear fit)")] = "interp",
-    baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="also run static-peak, static-mean and oracle on the same fleet")] = True,
+    baselines: Annotated[bool | None, typer.Option("--baselines/--no-baselines", help="also run static-peak, static-mean and oracle on the same fleet (default: yes, unless --publish or --realtime)")] = None,
     oracle_rounds: Annotated[int, typer.Option("--oracle-rounds", help="replays the oracle may use to raise windows that missed the goal")] = 4,
     goal: Annotated[float, typer.Option("--goal", help="per-window SLA attainment the oracle must reach")] = 0.99,
     window: Annotated[float, typer.Option("--window", help="seconds per window for baselines and report")] = 60.0,
+    deployment: Annotated[str, typer.Option("--deployment", help="deployment name on every event (the Kafka key when published)")] = "sim",
+    publish: Annotated[str | None, typer.Option("--publish", help="send the fleet's FPMs and request events to a fleetplan bridge over ZMQ: tcp://HOST:PORT (PUSH, the bridge's --pull), pub:tcp://HOST:PORT (PUB, its --sub bind:...)")] = None,
+    realtime: Annotated[float | None, typer.Option("--realtime", help="hold the virtual clock to the wall clock; --realtime alone is speed 1, --realtime 10 runs 10x faster than real time")] = None,
 ) -> None:
     """Replay a trace against a simulated fleet driven by the planner (or another policy)."""
     from fleetplan.cli import fail
@@ -53,11 +80,24 @@ def simulate(
         run = _prepare(
             trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
             servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-            prefix_block_tokens,
+            prefix_block_tokens, deployment,
         )
+        run["live"] = _live(publish, realtime)
     except _UserError as err:
         fail(str(err))
-    _execute(run, out, as_json, baselines, oracle_rounds, goal)
+    if baselines is None:
+        # A live run is a demo fleet: baselines are neither published nor paced, and the
+        # oracle's replays would run first and hold up the live run.
+        baselines = run["live"] is None
+    publisher = None if run["live"] is None else run["live"].publisher
+    try:
+        _execute(run, out, as_json, baselines, oracle_rounds, goal)
+    finally:
+        if publisher is not None:
+            publisher.close()
+    if publisher is not None:
+        typer.echo(f"published {publisher.sent_events:,} events in {publisher.sent_messages:,} "
+                   f"messages to {publisher.target.address}", err=True)
 
 
 class _UserError(Exception):
@@ -67,7 +107,7 @@ class _UserError(Exception):
 def _prepare(
     trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
     servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-    prefix_block_tokens=512,
+    prefix_block_tokens=512, deployment="sim",
 ) -> dict:
     from fleetplan.bootstrap import build_planner
     from fleetplan.models.config import ConfigError, load_config
@@ -106,9 +146,11 @@ def _prepare(
         raise _UserError(f"profile {err}") from None
     except ValueError as err:
         raise _UserError(f"profile {profile}: {err}") from None
+    if not deployment:
+        raise _UserError("--deployment: must not be empty")
     options = SimOptions(
         router=router, startup=startup, fpm_interval_s=fpm_interval, seed=seed, timing=engine_timing,
-        window_s=window, prefix_block_tokens=prefix_block_tokens,
+        window_s=window, prefix_block_tokens=prefix_block_tokens, deployment=deployment,
     )
     try:
         setup = make_setup(cfg, prof, options)
@@ -148,6 +190,32 @@ def _prepare(
         "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed,
         "converted_profile": prof if converted else None,
     }
+
+
+def _live(publish: str | None, realtime: float | None):
+    """The run's live outputs (--publish, --realtime), or None for an offline run."""
+    from fleetplan.sim.realtime import LiveRun, RealtimePacer
+
+    if publish is None and realtime is None:
+        return None
+    pacer = None
+    if realtime is not None:
+        if not realtime > 0:
+            raise _UserError(f"--realtime: the speed must be > 0, got {realtime}")
+        pacer = RealtimePacer(realtime)
+    publisher = None
+    if publish is not None:
+        import zmq
+
+        from fleetplan.sim.publish import PublishTarget, ZmqPublisher
+
+        try:
+            publisher = ZmqPublisher(PublishTarget.parse(publish))
+        except ValueError as err:
+            raise _UserError(str(err)) from None
+        except zmq.ZMQError as err:
+            raise _UserError(f"--publish: {publish}: {err}") from None
+    return LiveRun(publisher, pacer)
 
 
 def _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed):
@@ -255,7 +323,8 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
                 log_fh = (out / "events.jsonl").open("wb")
             try:
                 results[name] = _run_one(name, run, setup, workload, sizing, initial, log_fh, task_for(name),
-                                         oracle_rounds, goal, lambda msg: progress.console.log(msg) if show else None)
+                                         oracle_rounds, goal, lambda msg: progress.console.log(msg) if show else None,
+                                         run["live"] if name == policy else None)
             except PolicyError as err:
                 from fleetplan.cli import fail
 
@@ -276,18 +345,20 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
         _print_table(ordered, setup, workload, run, out)
 
 
-def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, rounds, goal, note):
+def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, rounds, goal, note, live=None):
     from fleetplan.sim import experiment
 
     if name == "planner":
-        return experiment.run_planner(workload, setup, run["planner"], initial, log=log_fh, progress=progress)
+        return experiment.run_planner(workload, setup, run["planner"], initial, log=log_fh, progress=progress,
+                                      live=live)
     if name == "oracle":
-        return experiment.run_oracle(workload, setup, sizing, goal, rounds, progress=note, log=log_fh)
+        return experiment.run_oracle(workload, setup, sizing, goal, rounds, progress=note, log=log_fh, live=live)
     if name == "static-peak":
-        return experiment.run_static(workload, setup, sizing, "peak", log=log_fh)
+        return experiment.run_static(workload, setup, sizing, "peak", log=log_fh, live=live)
     if name == "static-mean":
-        return experiment.run_static(workload, setup, sizing, "mean", log=log_fh)
-    return experiment.run_policy(workload, setup, run["policy_obj"], name, initial=initial, log=log_fh, progress=progress)
+        return experiment.run_static(workload, setup, sizing, "mean", log=log_fh, live=live)
+    return experiment.run_policy(workload, setup, run["policy_obj"], name, initial=initial, log=log_fh,
+                                 progress=progress, live=live)
 
 
 def _summary_json(run, sizing, results, out) -> dict:

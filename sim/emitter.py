@@ -25,6 +25,7 @@ from fleetplan.schemas.events import (
     ForwardPassMetrics,
     InventoryEvent,
     QueuedRequests,
+    RequestArrival,
     RequestRecord,
     ScheduledRequests,
 )
@@ -53,6 +54,7 @@ _fpm = _trusted(ForwardPassMetrics)
 _scheduled = _trusted(ScheduledRequests)
 _queued = _trusted(QueuedRequests)
 _request = _trusted(RequestRecord)
+_arrival = _trusted(RequestArrival)
 _inventory = _trusted(InventoryEvent)
 _clock = _trusted(ClockEvent)
 _ack = _trusted(Ack)
@@ -111,6 +113,13 @@ def request_event(deployment: str, req) -> RequestRecord:
         "accept_length": None, "queue_depth": None,
         "prefill_worker_id": None if prefill is None else prefill.worker_id,
         "decode_worker_id": None if decode is None else decode.worker_id,
+    })
+
+
+def arrival_event(deployment: str, req) -> RequestArrival:
+    return _arrival({
+        "deployment": deployment, "time": float(req.arrival), "schema_version": 1, "type": "arrival",
+        "request_id": req.rid, "model": None, "input_tokens": req.isl,
     })
 
 

@@ -15,6 +15,7 @@ from typing import IO
 import numpy as np
 
 from fleetplan.sim.baselines import SchedulePolicy, StaticPolicy, refine_needs, static_targets
+from fleetplan.sim.realtime import LiveRun
 from fleetplan.sim.runner import (
     ClosedLoop,
     FleetSetup,
@@ -63,14 +64,23 @@ def size_workload(workload: Workload, setup: FleetSetup) -> Sizing:
 
 
 def initial_fleet(spec: str | Mapping[str, int], setup: FleetSetup, sizing: Sizing) -> dict[str, int]:
-    """``warm``: sized for the traffic of the first startup period; ``min``: the
-    config's minimums; or explicit counts."""
+    """``warm``: sized for the traffic until the first decision can take effect;
+    ``min``: the config's minimums; or explicit counts.
+
+    The first decision comes at the first tick of the slower enabled loop and
+    its engines one startup later, so a fleet that had been planned before
+    the trace began would carry that span; sizing for less charges the
+    planner for a cold start it could not have prevented.
+    """
     if isinstance(spec, Mapping):
         return {r: int(spec.get(r, 1)) for r in setup.roles}
     if spec == "min":
         return {r: max(setup.config.min_endpoints(r), 0) for r in setup.roles}
     if spec == "warm":
-        lookahead = setup.startup().upper()
+        cfg = setup.config
+        first_tick = (cfg.throughput_adjustment_interval_seconds if cfg.throughput_enabled
+                      else cfg.load_adjustment_interval_seconds)
+        lookahead = setup.startup().upper() + first_tick
         return SchedulePolicy(sizing.capacity_needs, sizing.window_s, lookahead).initial()
     raise ValueError(f"initial: expected warm, min or role=count pairs, got {spec!r}")
 
@@ -78,20 +88,23 @@ def initial_fleet(spec: str | Mapping[str, int], setup: FleetSetup, sizing: Sizi
 def run_planner(
     workload: Workload, setup: FleetSetup, planner, initial: Mapping[str, int],
     log: IO[bytes] | None = None, progress: Callable[[float], None] | None = None,
+    live: LiveRun | None = None,
 ) -> RunResult:
-    loop = ClosedLoop(workload, setup, PlannerController(planner), initial, log=log, progress=progress)
+    loop = ClosedLoop(workload, setup, PlannerController(planner), initial, log=log, progress=progress,
+                      live=live)
     return loop.run()
 
 
 def run_policy(
     workload: Workload, setup: FleetSetup, policy, name: str, initial: Mapping[str, int] | None = None,
     log: IO[bytes] | None = None, progress: Callable[[float], None] | None = None,
+    live: LiveRun | None = None,
 ) -> RunResult:
     controller = PolicyController(policy, name, setup.roles)
     start = controller.initial() if initial is None else initial
     if start is None:
         start = {r: 1 for r in setup.roles}
-    return ClosedLoop(workload, setup, controller, start, log=log, progress=progress).run()
+    return ClosedLoop(workload, setup, controller, start, log=log, progress=progress, live=live).run()
 
 
 def feasible_requests(result: RunResult, setup: FleetSetup) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +159,9 @@ def window_attainment(result: RunResult, setup: FleetSetup, window_s: float, n_w
 def run_oracle(
     workload: Workload, setup: FleetSetup, sizing: Sizing, goal: float, rounds: int,
     progress: Callable[[str], None] | None = None, log: IO[bytes] | None = None,
+    live: LiveRun | None = None,
 ) -> RunResult:
-    """Refine the per-window needs by replay, then run the final oracle."""
+    """Refine the per-window needs by replay, then run the final oracle (the only one ``live``)."""
     lookahead = setup.startup().upper()
     window = sizing.window_s
     roles = setup.roles
@@ -163,11 +177,14 @@ def run_oracle(
     needs, used = refine_needs(sizing.floor_needs, replay, prompt_role, decode_role, goal, rounds)
     sizing.needs = needs
     sizing.refine_rounds = used
-    return run_policy(workload, setup, SchedulePolicy(needs, window, lookahead), "oracle", log=log)
+    return run_policy(workload, setup, SchedulePolicy(needs, window, lookahead), "oracle", log=log,
+                      live=live)
 
 
 def run_static(
     workload: Workload, setup: FleetSetup, sizing: Sizing, how: str, log: IO[bytes] | None = None,
+    live: LiveRun | None = None,
 ) -> RunResult:
     targets = static_targets(sizing.needs, how)
-    return run_policy(workload, setup, StaticPolicy(targets, f"static-{how}"), f"static-{how}", targets, log=log)
+    return run_policy(workload, setup, StaticPolicy(targets, f"static-{how}"), f"static-{how}", targets,
+                      log=log, live=live)

@@ -28,6 +28,12 @@ plenty, and it is what makes ≥ 1,000× real time possible (docs/simulate.md).
 
 The log (inputs, decisions, acks) is what ``fleetplan plan`` reproduces:
 it folds the same inputs in the same order through the same core.
+
+**Live runs.** Given a :class:`~fleetplan.sim.realtime.LiveRun`, the loop
+also publishes every event it emits (``simulate --publish``: FPMs and
+request records to a bridge) and holds each step of the virtual clock to
+the wall clock (``--realtime``). Neither changes what is simulated or
+logged: a live run's log is the same as an offline run's.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from fleetplan.sim.engines import Engine, SimRequest
 from fleetplan.sim.fleet import FleetListener, KvTransfer, SimFleet
 from fleetplan.sim.metrics import ReplicaTimeline, RequestLog, Summary, summarize
 from fleetplan.sim.policy import PolicyContext, PolicyView, Traffic, check_targets, policy_interval
+from fleetplan.sim.realtime import LiveRun
 from fleetplan.sim.router import make_router
 from fleetplan.sim.startup import StartupTime, parse_startup
 from fleetplan.sim.timing import EngineTiming, engine_timing
@@ -304,6 +311,7 @@ class ClosedLoop(FleetListener):
         initial: Mapping[str, int],
         log: IO[bytes] | None = None,
         progress: Callable[[float], None] | None = None,
+        live: LiveRun | None = None,
     ) -> None:
         self.workload = workload
         self.setup = setup
@@ -322,7 +330,8 @@ class ClosedLoop(FleetListener):
         self.timeline = ReplicaTimeline(self.fleet.roles)
         self.initial = dict(initial)
         self.progress = progress
-        self.emit_events = controller.needs_events or log is not None
+        self.live = live
+        self.emit_events = controller.needs_events or log is not None or live is not None
         self._arrivals = iter(workload.requests())
         self._arrivals_left = True
         self._index = 0
@@ -334,6 +343,9 @@ class ClosedLoop(FleetListener):
 
     def run(self) -> RunResult:
         started = wallclock.perf_counter()
+        live = self.live
+        if live is not None:
+            live.start()  # virtual time 0 is now: before the initial fleet emits anything
         self.controller.start(self)
         for role in self.fleet.roles:
             for _ in range(self.initial.get(role, 0)):
@@ -343,9 +355,15 @@ class ClosedLoop(FleetListener):
         self.clock.at(self.options.heartbeat_s, self._heartbeat)
         self.clock.at(self.options.fpm_interval_s, self._sample)
         clock = self.clock
-        while clock.step():
+        while True:
+            if live is not None and (due := clock.peek()) is not None:
+                live.pace(due)  # hold virtual time to the wall clock (--realtime)
+            if not clock.step():
+                break
             if not self.active() and not self._arrivals_left:
                 break
+        if live is not None:
+            live.finish()
         end = max(clock.now, self.workload.duration_s)
         self.controller.finish()
         if self.progress is not None:
@@ -383,6 +401,8 @@ class ClosedLoop(FleetListener):
     def _arrive(self, trace_req) -> None:
         req = SimRequest(self._index, self.clock.now, trace_req.input_tokens, trace_req.output_tokens, trace_req.hash_ids)
         self._index += 1
+        if self.emit_events:
+            self._emit(emitter.arrival_event(self.deployment, req))
         self.fleet.submit(req)
         self._next_arrival()
 
@@ -415,6 +435,8 @@ class ClosedLoop(FleetListener):
     def _emit(self, event) -> None:
         self.fed += 1
         self.log.write(event)
+        if self.live is not None:
+            self.live.write(event)
         self.controller.observe(event)
 
     # -- fleet callbacks ------------------------------------------------------------

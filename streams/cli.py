@@ -128,6 +128,7 @@ def bridge(
     import logging
 
     from fleetplan.connectors.bridge import BridgeSettings, parse_endpoints, run_bridge
+    from fleetplan.streams.gc_settings import tune_gc
 
     sub, pull = sub or [], pull or []
     if not sub and not pull:
@@ -142,6 +143,7 @@ def bridge(
         partitions=partitions, replication=replication, buffer=buffer, pack_max=pack_max,
         pack_within_s=pack_within, heartbeat_s=heartbeat, linger_ms=linger_ms, metrics_port=metrics_port,
     )
+    tune_gc()
     asyncio.run(run_bridge(settings))
 
 

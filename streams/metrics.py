@@ -68,6 +68,11 @@ class WorkerMetrics:
                                  ["deployment"], registry=r)
         self.batch_seconds = Histogram("fleetplan_batch_seconds", "wall time to route and persist one batch",
                                        registry=r)
+        self.fold_rollbacks = Counter(
+            "fleetplan_fold_rollbacks",
+            "events that arrived below the watermark after the core had folded past them ahead of "
+            "their tick (it folds them again in order; many mean a source later than its grace)",
+            registry=r)
         self._engines: dict[str, set[tuple[str, str]]] = {}
 
     def serve(self, port: int, host: str = "0.0.0.0"):

@@ -24,18 +24,24 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from fleetplan.models import fold_ahead
 from fleetplan.models.fleet import INPUT_TYPES
+from fleetplan.models.fold_ahead import settled_data
 from fleetplan.models.planner import Planner, TickReport
-from fleetplan.models.sequencer import advance, offer
+from fleetplan.models.sequencer import FoldAhead, advance, offer
 from fleetplan.models.state import DeploymentState
 from fleetplan.schemas import topics as canonical
 from fleetplan.schemas.codec import SchemaError, decode_event, event_to_dict
 from fleetplan.schemas.events import DeadLetter
-from fleetplan.streams.tables import Output, StoredDeployment, state_without_buffer
+from fleetplan.streams.tables import Output, StoredDeployment
 from fleetplan.streams.topics import TICKS
 from fleetplan.streams.watermark import Watermarks
 
 PAYLOAD_LIMIT = 4096
+FOLD_EVERY_FPMS = 20_000
+"""Within a batch, fold ahead (never tick) every this many FPMs, so a large batch
+(a backlog read in 2000-record batches is ~400k FPMs) never holds all its events
+decoded at once: the decoded objects are what the garbage collector scans."""
 
 
 @dataclass
@@ -63,9 +69,13 @@ class LiveDeployment:
     held: list[tuple[float, object]] = field(default_factory=list)
     dirty: bool = False
     last_throughput_tick: float | None = None
+    ahead: FoldAhead = field(default_factory=FoldAhead)
 
     def stored(self) -> StoredDeployment:
-        return StoredDeployment(self.partition, state_without_buffer(self.state),
+        # The state as of its last tick (plus what offer recorded), not what was
+        # folded ahead since: the held records of those events are read again after
+        # a crash, so the stored state must not contain them yet.
+        return StoredDeployment(self.partition, settled_data(self.state, self.ahead),
                                 dict(self.positions), list(self.outbox))
 
 
@@ -102,6 +112,7 @@ class RoutedBatch:
     dead: Counter = field(default_factory=Counter)
     events: Counter = field(default_factory=Counter)
     fpms: int = 0
+    rollbacks: int = 0
 
     def outputs(self) -> list[Output]:
         """Everything to send once the saves are durable, in order."""
@@ -131,6 +142,7 @@ class Router:
         self.clock = clock
         self.deployments: dict[str, LiveDeployment] = {}
         self.by_partition: dict[int, set[str]] = {}
+        self.fold_every = FOLD_EVERY_FPMS
 
     # --- ownership -----------------------------------------------------------
 
@@ -175,8 +187,12 @@ class Router:
     def route(self, records: Iterable[InputRecord], now: float) -> RoutedBatch:
         """Offer every record's event to its deployment, then fire the ticks now due."""
         batch = RoutedBatch()
+        folded_at = 0
         for rec in records:
             self._offer(rec, batch)
+            if batch.fpms - folded_at >= self.fold_every:
+                self._fold_ahead(now)
+                folded_at = batch.fpms
         self._fire(now, batch)
         for dep in self.deployments.values():
             if dep.dirty:
@@ -218,8 +234,9 @@ class Router:
         if rec.offset <= position and state.last_tick is not None and event.time < state.last_tick:
             batch.release.append(rec.handle)  # folded (or dead-lettered) before the last save
             return
-        next_tick = state.next_tick
-        accepted = offer(state, event)
+        next_tick, rollbacks = state.next_tick, dep.ahead.rollbacks
+        accepted = offer(state, event, dep.ahead, raw=rec.value)
+        batch.rollbacks += dep.ahead.rollbacks - rollbacks
         if rec.offset > position:
             dep.positions[rec.topic] = rec.offset
         if not accepted:
@@ -235,6 +252,19 @@ class Router:
         if kind == "request":
             batch.mirror.append(MirrorAdd(dep.name, rec.partition, rec.offset, event))
 
+    def _fold_ahead(self, now: float) -> None:
+        """Apply what the watermark has passed, firing no tick: invisible in the outputs
+        (ticks still fire once per batch, after every record of it was offered)."""
+        for partition, names in self.by_partition.items():
+            for name in names:
+                dep = self.deployments[name]
+                state = dep.state
+                if state.next_tick is None:
+                    continue
+                clock, _ = self.watermarks.time(partition, name, now)
+                if clock is not None:
+                    fold_ahead.fold(self.planner, state, dep.ahead, clock - state.config.grace_seconds)
+
     def _fire(self, now: float, batch: RoutedBatch) -> None:
         for partition, names in self.by_partition.items():
             for name in sorted(names):
@@ -246,9 +276,10 @@ class Router:
                 if clock is None:
                     continue
                 watermark = clock - state.config.grace_seconds
-                if state.next_tick > watermark:
-                    continue
-                for report in advance(self.planner, state, watermark):
+                reports = advance(self.planner, state, watermark, dep.ahead)
+                if not reports:
+                    continue  # at most events folded ahead: nothing to save or release yet
+                for report in reports:
                     batch.ticks.append(self._tick_outputs(dep, report, clock, watermark, advanced_at))
                 dep.dirty = True
                 last = state.last_tick

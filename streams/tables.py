@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import faust
 import orjson
 
-from fleetplan.models.state import DeploymentState, request_kv_hit_rate
-from fleetplan.schemas.events import RequestRecord
+from fleetplan.models.state import request_kv_hit_rate
+from fleetplan.schemas.events import RequestArrival, RequestRecord
 
 STORED_VERSION = 1
 
@@ -83,15 +83,6 @@ class StoredDeployment:
         )
 
 
-def state_without_buffer(state: DeploymentState) -> dict:
-    """``state.to_data()`` minus the event buffer (see the module docstring)."""
-    buffer, state.buffer = state.buffer, []
-    try:
-        return state.to_data()
-    finally:
-        state.buffer = buffer
-
-
 def routed_table(app: faust.App, name: str, partition_of: Callable[[str], int], **kwargs) -> faust.Table:
     """A Faust table whose changelog partition is ``partition_of(deployment)``.
 
@@ -127,9 +118,15 @@ class TrafficSums:
     n_kv_hit: int = 0
     sum_accept: float = 0.0
     n_accept: int = 0
+    arrivals: int = 0
+    sum_arrival_isl: float = 0.0
     upto: int = -1
 
-    def add(self, req: RequestRecord) -> None:
+    def add(self, req: RequestRecord | RequestArrival) -> None:
+        if req.type == "arrival":
+            self.arrivals += 1
+            self.sum_arrival_isl += req.input_tokens
+            return
         self.count += 1
         self.sum_isl += req.input_tokens
         self.sum_osl += req.output_tokens
@@ -142,7 +139,8 @@ class TrafficSums:
             self.n_accept += 1
 
     def merge(self, other: TrafficSums) -> None:
-        for name in ("count", "sum_isl", "sum_osl", "sum_kv_hit", "n_kv_hit", "sum_accept", "n_accept"):
+        for name in ("count", "sum_isl", "sum_osl", "sum_kv_hit", "n_kv_hit", "sum_accept", "n_accept",
+                     "arrivals", "sum_arrival_isl"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.upto = max(self.upto, other.upto)
 
@@ -153,8 +151,14 @@ class TrafficSums:
     def from_bytes(cls, raw: bytes | None) -> TrafficSums:
         return cls(**orjson.loads(raw)) if raw else cls()
 
-    def mismatch(self, observed: dict) -> str | None:
-        """The first field where the core's window observation differs, or None."""
+    def mismatch(self, observed: dict, *, by_arrival: bool = False) -> str | None:
+        """The first field where the core's window observation differs, or None.
+
+        ``by_arrival``: the core counts demand from arrival events (it has
+        seen one), so the count and mean ISL are the arrivals'; with nothing
+        finished in the window the core carries the last OSL over, which a
+        window alone cannot know, so OSL is not compared then.
+        """
         n = self.count
         mine = {
             "num_req": float(n),
@@ -163,6 +167,12 @@ class TrafficSums:
             "kv_hit_rate": self.sum_kv_hit / self.n_kv_hit if self.n_kv_hit else None,
             "accept_length": self.sum_accept / self.n_accept if self.n_accept else None,
         }
+        if by_arrival:
+            a = self.arrivals
+            mine["num_req"] = float(a)
+            mine["isl"] = self.sum_arrival_isl / a if a else 0.0
+            if not n:
+                del mine["osl"]
         for name, value in mine.items():
             theirs = observed.get(name)
             if value is None or theirs is None:

@@ -37,6 +37,7 @@ from faust.types import TP
 from fleetplan.models.planner import Planner
 from fleetplan.schemas import topics as canonical
 from fleetplan.streams.app import WorkerSettings
+from fleetplan.streams.gc_settings import tune_gc
 from fleetplan.streams.kafka_io import read_partitions
 from fleetplan.streams.metrics import WorkerMetrics
 from fleetplan.streams.positions import InputPositions
@@ -182,7 +183,7 @@ class PlannerWorker:
             if interval != self.traffic.interval_s or previous != report.time - interval:
                 continue  # a first or resized window: not comparable
             sums = self.traffic.get(dep.name, report.time - interval)
-            wrong = sums.mismatch(report.observed.__dict__)
+            wrong = sums.mismatch(report.observed.__dict__, by_arrival=dep.state.seen_arrivals)
             tick.diagnostics.value["traffic_mirror"] = {"window_start": report.time - interval,
                                                         "count": sums.count, "mismatch": wrong}
             self.metrics.mirror_checks.labels(dep.name).inc()
@@ -245,6 +246,8 @@ class PlannerWorker:
             m.events.labels(topic).inc(n)
         if batch.fpms:
             m.fpms.inc(batch.fpms)
+        if batch.rollbacks:
+            m.fold_rollbacks.inc(batch.rollbacks)
         for dep, n in batch.late.items():
             m.late.labels(dep).inc(n)
             m.deadletters.labels("late").inc(n)
@@ -407,4 +410,5 @@ def run_worker(settings: WorkerSettings) -> None:
     worker = PlannerWorker(app, planner, settings)
     if settings.metrics_port is not None:
         worker.metrics.serve(settings.metrics_port, settings.metrics_host)
+    tune_gc()
     Worker(app, loglevel=settings.loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()

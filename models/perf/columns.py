@@ -53,7 +53,14 @@ class FpmColumns:
             for f in fpms
         ]
         table = np.array(rows, dtype=np.float64).reshape(-1, 5)
-        return cls(*(table[:, i] for i in range(5)))
+        # One check of the whole table instead of five per column: on the hot
+        # path a batch is often a couple of FPMs, where numpy's per-call cost rules.
+        if table.size and not (np.isfinite(table).all() and (table >= 0).all()):
+            return cls(*(table[:, i] for i in range(5)))  # let __post_init__ name the column
+        columns = object.__new__(cls)
+        for f, column in zip(fields(cls), np.ascontiguousarray(table.T), strict=True):
+            object.__setattr__(columns, f.name, column)
+        return columns
 
     @classmethod
     def empty(cls) -> FpmColumns:

@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+SMALL_BATCH = 16
+"""Up to this many rows, :meth:`BucketedSamples.add_many` adds them one by one."""
+
 
 class BucketedSamples:
     def __init__(self, ndim: int, max_samples: int, buckets_per_axis: int) -> None:
@@ -37,6 +40,8 @@ class BucketedSamples:
         # seq -> (features, wall_time); insertion order is seq order.
         self._samples: dict[int, tuple[tuple[float, ...], float]] = {}
         self._queues: list[deque[int]] = [deque() for _ in range(buckets_per_axis**ndim)]
+        # len() of each queue, kept up to date: eviction reads them for every sample.
+        self._sizes: list[int] = [0] * len(self._queues)
 
     # -- reading -------------------------------------------------------------
 
@@ -77,6 +82,11 @@ class BucketedSamples:
             raise ValueError("x and wall_time lengths differ")
         if n == 0:
             return
+        if n <= SMALL_BATCH:
+            # A few rows: numpy's per-call cost outweighs the loop it saves.
+            for row, wall in zip(x.tolist(), wall_time.tolist(), strict=True):
+                self.add(row, wall)
+            return
         lo_run, hi_run, moved = self._running_bounds(x)
         rows = x.tolist()
         walls = wall_time.tolist()
@@ -90,9 +100,7 @@ class BucketedSamples:
                 self._hi = hi_run[s].tolist()
             self._insert(tuple(rows[s]), walls[s], rebuild=bool(moved[s]))
             if e - s > 1:
-                keys = self._keys_of(x[s + 1 : e]).tolist()
-                for k, key in enumerate(keys, start=s + 1):
-                    self._append(tuple(rows[k]), walls[k], key)
+                self._append_run(rows[s + 1 : e], walls[s + 1 : e], self._keys_of(x[s + 1 : e]).tolist())
 
     # -- internals -----------------------------------------------------------
 
@@ -166,13 +174,30 @@ class BucketedSamples:
         self._next_seq += 1
         self._samples[seq] = (x, wall_time)
         self._queues[key].append(seq)
+        self._sizes[key] += 1
         self._evict_if_full()
 
+    def _append_run(self, rows: list, walls: list, keys: list[int]) -> None:
+        """:meth:`_append` for each row in order, with the loop inlined (the hot path)."""
+        samples, queues, sizes = self._samples, self._queues, self._sizes
+        cap = self.max_samples
+        seq = self._next_seq
+        for row, wall, key in zip(rows, walls, keys, strict=True):
+            samples[seq] = (tuple(row), wall)
+            queues[key].append(seq)
+            sizes[key] += 1
+            seq += 1
+            if len(samples) > cap:
+                self._evict_one()
+        self._next_seq = seq
+
     def _evict_if_full(self) -> None:
-        if len(self._samples) <= self.max_samples:
-            return
-        queues = self._queues
-        sizes = [len(q) for q in queues]
+        if len(self._samples) > self.max_samples:
+            self._evict_one()
+
+    def _evict_one(self) -> None:
+        """Drop the oldest sample of the fullest bucket (ties: the bucket holding the oldest)."""
+        queues, sizes = self._queues, self._sizes
         fullest = max(sizes)
         if sizes.count(fullest) == 1:
             victim = sizes.index(fullest)
@@ -180,6 +205,7 @@ class BucketedSamples:
             victim = min(
                 (j for j, size in enumerate(sizes) if size == fullest), key=lambda j: queues[j][0]
             )
+        sizes[victim] -= 1
         del self._samples[queues[victim].popleft()]
 
     def _rebuild(self) -> None:
@@ -199,12 +225,13 @@ class BucketedSamples:
             for seq, (x, _) in self._samples.items():
                 i = int((x[0] - lo0) / w0 * nb) if w0 > 0 else 0
                 queues[i if i < top else top].append(seq)
-            return
-        lo1, w1 = self._lo[1], self._hi[1] - self._lo[1]
-        for seq, (x, _) in self._samples.items():
-            i = int((x[0] - lo0) / w0 * nb) if w0 > 0 else 0
-            j = int((x[1] - lo1) / w1 * nb) if w1 > 0 else 0
-            queues[(i if i < top else top) * nb + (j if j < top else top)].append(seq)
+        else:
+            lo1, w1 = self._lo[1], self._hi[1] - self._lo[1]
+            for seq, (x, _) in self._samples.items():
+                i = int((x[0] - lo0) / w0 * nb) if w0 > 0 else 0
+                j = int((x[1] - lo1) / w1 * nb) if w1 > 0 else 0
+                queues[(i if i < top else top) * nb + (j if j < top else top)].append(seq)
+        self._sizes = [len(q) for q in queues]
 
     # -- state ---------------------------------------------------------------
 

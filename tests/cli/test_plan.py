@@ -24,12 +24,11 @@ def test_plan_reproduces_the_recorded_decisions(tmp_path):
                    "--reports", tmp_path / "ticks.jsonl")
     assert result.exit_code == 0, result.output
     decisions = [orjson.loads(line) for line in result.stdout.splitlines()]
-    assert [d["decision_id"] for d in decisions] == [0, 1]
+    assert [d["decision_id"] for d in decisions] == [0]
     assert decisions[0]["targets"] == {"prefill": 2, "decode": 1}
-    assert decisions[1]["targets"] == {"prefill": 1, "decode": 1}
     # the acks in the log match the decisions the core just made
     acks = [orjson.loads(x) for x in EXAMPLE.read_bytes().splitlines() if b'"type":"ack"' in x]
-    assert [a["decision_id"] for a in acks] == [0, 1]
+    assert [a["decision_id"] for a in acks] == [0]
     ticks = (tmp_path / "ticks.jsonl").read_bytes().splitlines()
     assert len(ticks) == 9  # one per minute boundary inside the 10-minute log
 
@@ -49,7 +48,7 @@ def test_skip_invalid_keeps_going(tmp_path):
     log.write_bytes(b"not json\n" + EXAMPLE.read_bytes())
     result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--skip-invalid")
     assert result.exit_code == 0
-    assert len(result.stdout.splitlines()) == 2
+    assert len(result.stdout.splitlines()) == 1
     assert ":1: message: valid JSON" in result.output
 
 

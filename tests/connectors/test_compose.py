@@ -57,6 +57,33 @@ def test_connector_command_uses_real_options(compose):
     assert set(used) <= known
 
 
+def test_bridge_and_fleet_commands_parse_with_the_real_options(compose):
+    """The demo fleet's ``simulate --publish --realtime`` and the bridge it publishes to."""
+    from fleetplan.sim import cli as sim_cli
+    from fleetplan.streams import cli as streams_cli
+
+    app = typer.Typer()
+    sim_cli.register(app)
+    streams_cli.register(app)
+    commands = typer.main.get_command(app).commands
+    services = compose["services"]
+    parsed = {}
+    for name in ("bridge", "fleet"):
+        args = sim_cli.rewrite_args(services[name]["command"][1:])  # as fleetplan.cli.main does
+        ctx = commands[args[0]].make_context(args[0], args[1:])  # parses, converts, validates
+        assert not ctx.args, ctx.args
+        parsed[name] = ctx.params
+    fleet, bridge = parsed["fleet"], parsed["bridge"]
+    assert fleet["realtime"] == 1.0 and fleet["deployment"] == "demo"
+    # The fleet PUSHes to the bridge's PULL endpoint, which binds; the SUB endpoint binds too
+    # (publishers connect to the published port).
+    assert fleet["publish"] == "tcp://bridge:5557"
+    assert bridge["pull"] == ["tcp://0.0.0.0:5557"]
+    assert bridge["sub"] == ["bind:tcp://0.0.0.0:5556"]
+    for option in ("trace", "config"):
+        assert (COMPOSE.parent / fleet[option]).exists(), fleet[option]
+
+
 def test_mounted_files_exist(compose):
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):

@@ -106,6 +106,7 @@ def _check_batching(rows, cuts, ndim):
         batched.add_many(chunk[:, :ndim], chunk[:, ndim])
     assert batched.to_state() == expected.to_state()
     assert len(batched) <= 16
+    assert batched._sizes == batched.bucket_counts()  # the sizes eviction reads stay exact
 
 
 @settings(max_examples=40, deadline=None)

@@ -81,7 +81,7 @@ def _fpm_json(**overrides) -> bytes:
     [
         (b"\x00garbage", "", "valid JSON"),
         (b"", "", "empty message"),
-        (b'{"type": "nope"}', "type", "one of ack, clock"),
+        (b'{"type": "nope"}', "type", "one of ack, arrival, clock"),
         (b'{"deployment": "d"}', "type", "one of"),
         (_fpm_json(role="cook"), "role", "'prefill', 'decode' or 'agg'"),
         (_fpm_json(wall_time=-1), "wall_time", "greater than or equal to 0"),

@@ -216,3 +216,62 @@ def bridge_factory(namespace: Namespace, tmp_path: Path) -> Iterator[Callable[..
         b.stop()
 
 
+
+
+class ConnectorProcess:
+    """``fleetplan connector --backend virtual`` as a subprocess on the namespace's topics,
+    with its ledger and desired state under a per-test Redis prefix."""
+
+    def __init__(self, ns: Namespace, tmp: Path, redis_url: str, redis_prefix: str,
+                 deployments: list[str]) -> None:
+        self.virtual_prefix = f"{redis_prefix}virtual"
+        self.log_path = tmp / f"connector-{uuid.uuid4().hex[:4]}.log"
+        self.args = [
+            FLEETPLAN, "connector", "--backend", "virtual", "--bootstrap", ns.bootstrap,
+            "--redis-url", redis_url, "--decisions-topic", ns.topics.decisions,
+            "--acks-topic", ns.topics.acks, "--deadletter-topic", ns.topics.deadletter,
+            "--group-id", f"{ns.app_id}-connector", "--ledger-prefix", f"{redis_prefix}ledger",
+            "--virtual-prefix", self.virtual_prefix, "--metrics-port", "0",
+            "--session-timeout-ms", "6000", "--completion-timeout", "60",
+        ] + [a for d in deployments for a in ("--deployment", d)]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ConnectorProcess:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wait_for(lambda: "connector started" in self.log() or not self.alive(), 30, "the connector to start")
+        assert self.alive(), self.log()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if hasattr(self, "_log"):
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def connector_factory(namespace: Namespace, tmp_path: Path, redis_url: str, redis_client,
+                      redis_key_prefix: str) -> Iterator[Callable[..., ConnectorProcess]]:
+    """Connectors on the namespace's topics; ``redis_client`` deletes their Redis keys afterwards."""
+    started: list[ConnectorProcess] = []
+
+    def make(deployments: list[str]) -> ConnectorProcess:
+        c = ConnectorProcess(namespace, tmp_path, redis_url, redis_key_prefix, deployments)
+        started.append(c)
+        return c
+
+    yield make
+    for c in started:
+        c.stop()

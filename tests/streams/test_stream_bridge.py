@@ -1,5 +1,7 @@
 """The bridge against the real broker: ZMQ -> bridge -> Kafka -> worker -> decision,
-bad input at the ZMQ edge, and a broker restart under load.
+bad input at the ZMQ edge, a broker restart under load, and the simulator publishing
+into it as the demo fleet. The loop on through the connector and back is in
+test_stream_loop.py.
 
 The broker-restart test stops and starts the shared broker through
 scripts/services/kafka.sh (``FLEETPLAN_KAFKA_SCRIPT`` points it at another
@@ -19,9 +21,10 @@ import pytest
 import zmq
 
 from fleetplan.schemas.codec import decode_event, encode_event, event_to_dict
+from fleetplan.sim.publish import PUBLISHED_TYPES
 from fleetplan.streams.audit import audit_kafka
 from tests.streams.helpers import decisions_of, expected_decisions, run_async, wait_for
-from tests.streams.traffic import ROOT, T0, deciding_planner, fpm, request, traffic
+from tests.streams.traffic import FLEETPLAN, ROOT, T0, deciding_planner, fpm, request, traffic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -142,4 +145,36 @@ def test_broker_restart_under_load_loses_no_accepted_event(namespace, bridge_fac
         return len(got_fpms), len(got_reqs)
 
     wait_for(lambda: delivered() == (len(fpms), len(reqs)), 90, "every accepted event on its topic")
+    assert bridge.alive()
+
+
+def test_simulated_fleet_publishes_into_the_bridge(namespace, bridge_factory, tmp_path):
+    """The compose demo fleet in small: ``fleetplan simulate --publish --realtime`` into a
+    real bridge; every event it sent is accepted and lands on its topic, nothing is
+    dead-lettered."""
+    bridge = bridge_factory(extra=["--heartbeat", "0"]).start()
+    run = subprocess.run(
+        [FLEETPLAN, "simulate", "--trace", str(ROOT / "examples" / "traces" / "azure_conv_10min.csv"),
+         "--config", str(ROOT / "examples" / "configs" / "quickstart.yaml"), "--duration", "30",
+         "--deployment", "demo", "--publish", bridge.pull, "--realtime", "30", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    logged = [decode_event(line) for line in (tmp_path / "events.jsonl").read_bytes().splitlines()]
+    sent = [e for e in logged if e.type in PUBLISHED_TYPES]
+    want_fpms = {(e.worker_id, e.counter_id) for e in sent if e.type == "fpm"}
+    want_others = sorted((e.type, e.request_id) for e in sent if e.type != "fpm")
+    assert want_fpms and want_others
+
+    def delivered():
+        fpms = fpms_of(run_async(namespace.read(namespace.topics.fpm)))
+        others = [decode_event(r.value) for r in run_async(namespace.read(namespace.topics.requests))]
+        return fpms, others
+
+    wait_for(lambda: len(delivered()[0]) >= len(want_fpms), 30, "the fleet's FPMs on the topic")
+    fpms, others = delivered()
+    assert {(f.worker_id, f.counter_id) for f in fpms} == want_fpms
+    assert {f.deployment for f in fpms} == {"demo"}
+    assert sorted((e.type, e.request_id) for e in others) == want_others
+    assert run_async(namespace.read(namespace.topics.deadletter)) == []
     assert bridge.alive()

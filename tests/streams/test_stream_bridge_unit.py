@@ -208,6 +208,35 @@ async def test_idle_deployments_get_clock_heartbeats_on_both_topics():
     assert all(c.source == "bridge" and c.deployment == "alpha" for _, c in clocks)
 
 
+async def test_an_idle_topic_hears_of_each_whole_heartbeat_of_event_time_right_away():
+    """FPMs flowing, no requests: once the clock crosses T0 + 1 the requests topic gets a
+    heartbeat at once, not heartbeat_s (here 1 s) after its previous one, so a tick at a
+    whole second is not held back by the idle topic."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(heartbeat_s=1.0), producer=producer)
+    await bridge.start()
+
+    def requests_clock() -> float:
+        times = [decode_event(v).time for t, v in producer.delivered
+                 if t.endswith("requests.v1") and b'"clock"' in v]
+        return max(times, default=0.0)
+
+    try:
+        for i, t in enumerate([T0 + 0.3, T0 + 0.5, T0 + 0.7, T0 + 0.9]):
+            await bridge.accept([encode_event(fpm("alpha", t, i))])
+            await asyncio.sleep(0.01)
+        await settle(producer, lambda: requests_clock() >= T0 + 0.3)  # the topic was never heard of
+        assert requests_clock() < T0 + 1
+        crossed = asyncio.get_running_loop().time()
+        await bridge.accept([encode_event(fpm("alpha", T0 + 1.05, 9))])
+        await settle(producer, lambda: requests_clock() >= T0 + 1.05)
+        waited = asyncio.get_running_loop().time() - crossed
+    finally:
+        await bridge.stop()
+    assert waited < 0.5  # the wall-clock rule alone would wait about 1 s
+
+
 async def test_bad_input_over_zmq_is_dead_lettered_and_the_bridge_keeps_going():
     producer = FakeProducer()
     bridge = Bridge(settings(endpoints=[Endpoint("pull", "tcp://127.0.0.1:*", True)]), producer=producer)

@@ -7,6 +7,7 @@ commits) so crash recovery can be checked at every point of the write order.
 from __future__ import annotations
 
 import random
+import re
 
 import orjson
 import pytest
@@ -43,14 +44,16 @@ class Log:
         return rec
 
 
-def interleaved(deployments: list[str], seconds: float, seed: int, *, batch: int = 1) -> Log:
-    """Several deployments' FPMs and requests, interleaved with up to 0.4 s of skew (< grace)."""
+def interleaved(deployments: list[str], seconds: float, seed: int, *, batch: int = 1,
+                skew: float = 0.4) -> Log:
+    """Several deployments' FPMs and requests, interleaved with up to ``skew`` s of skew
+    (by default 0.4 s, less than the grace period)."""
     rng = random.Random(seed)
     tagged = []
     for dep in deployments:
         fpms, reqs = traffic(dep, seconds, batch=batch)
-        tagged += [(e.time + rng.uniform(0, 0.4), FPM, e) for e in fpms]
-        tagged += [(e.time + rng.uniform(0, 0.4), REQ, e) for e in reqs]
+        tagged += [(e.time + rng.uniform(0, skew), FPM, e) for e in fpms]
+        tagged += [(e.time + rng.uniform(0, skew), REQ, e) for e in reqs]
     tagged.sort(key=lambda x: x[0])
     log = Log()
     for _, topic, event in tagged:
@@ -151,6 +154,23 @@ def test_worker_decisions_equal_the_audit_replay(planner):
     assert events and [d.model_dump() for d in events] == [d.model_dump() for d in replay[:len(events)]]
 
 
+def test_records_beyond_the_grace_period_decide_as_the_audit_replays(planner):
+    """Up to 8 s of skew against 1 s of grace: some events arrive below the watermark
+    (the router rolls back what it folded ahead of the tick) and some after their tick
+    (late). The decisions still equal the audit's replay of the events it accepted."""
+    from fleetplan.schemas.codec import decode_event
+
+    log = interleaved(["alpha"], 120, seed=21, skew=8.0, batch=3)
+    h = run(planner, log, seed=22)
+    late = {(m[1], int(m[2])) for t, v in h.sent if t == canonical.DEADLETTER
+            for m in [re.search(r"\[at ([^:\]]+):\d+:(\d+)\]", v["detail"])]}
+    assert late and h.router.deployments["alpha"].ahead.rollbacks > 0
+    inputs = [decode_event(r.value) for r in log.records if (r.topic, r.offset) not in late]
+    replay = [r.decision for r in refold_by_event_time(deciding_planner(), "alpha", inputs) if r.decision]
+    got = [Decision.model_validate(v) for v in h.decisions("alpha")]
+    assert len(got) >= 8 and [d.model_dump() for d in got] == [d.model_dump() for d in replay[:len(got)]]
+
+
 def test_packed_fpm_batches_decide_like_single_fpms(planner):
     single = run(planner, interleaved(["alpha"], 80, seed=7), seed=8)
     packed = run(deciding_planner(), interleaved(["alpha"], 80, seed=7, batch=16), seed=8)
@@ -247,6 +267,70 @@ def test_crash_at_any_point_resumes_without_gap_or_repeat(crash_after, seed):
         assert [d["decision_id"] for d in got] == list(range(len(got)))
         n = min(len(got), len(want))
         assert n >= 10 and got[:n] == want[:n]
+
+
+@pytest.mark.parametrize("crash_after", ["route", "save", "send"])
+def test_crash_with_events_beyond_the_grace_period_matches_the_audit(crash_after):
+    """Crashes while events arrive below the watermark (rolled back) and after their tick
+    (late): what the table holds is the state as of the last tick, so the decisions still
+    equal the audit's replay of the accepted events, without gap or repeat."""
+    from fleetplan.schemas.codec import decode_event
+
+    log = interleaved(["alpha"], 150, seed=31, skew=8.0, batch=3)
+    rng = random.Random(32)
+    h = Harness(deciding_planner())
+    pending, crashes, rollbacks = list(log.records), 0, 0
+    while pending:
+        n = rng.randint(1, 20)
+        batch, pending = pending[:n], pending[n:]
+        if crashes < 3 and rng.random() < 0.08:
+            h.route(batch, crash_after=crash_after)
+            rollbacks += h.router.deployments["alpha"].ahead.rollbacks
+            crashes += 1
+            survivor = Harness(deciding_planner(), h.table)
+            survivor.sent, survivor.acked = h.sent, h.acked
+            survivor.recover_outboxes()
+            h = survivor
+            committed = h.committed(log)
+            pending = [r for r in log.records if r.offset >= committed[r.topic]]
+            continue
+        h.route(batch)
+    rollbacks += h.router.deployments["alpha"].ahead.rollbacks
+    assert crashes >= 1 and rollbacks > 0
+    late = {(m[1], int(m[2])) for t, v in h.sent if t == canonical.DEADLETTER
+            for m in [re.search(r"\[at ([^:\]]+):\d+:(\d+)\]", v["detail"])]}
+    inputs = [decode_event(r.value) for r in log.records if (r.topic, r.offset) not in late]
+    replay = [r.decision for r in refold_by_event_time(deciding_planner(), "alpha", inputs) if r.decision]
+    got = h.decisions("alpha")
+    assert [d["decision_id"] for d in got] == list(range(len(got)))
+    assert len(got) >= 8 and got == [orjson.loads(encode_event(d)) for d in replay[:len(got)]]
+
+
+def test_folding_ahead_changes_no_output_table_record_or_release(monkeypatch):
+    """Batch by batch, the router writes, stores and releases exactly what it would
+    if it folded every event at its tick (skew beyond grace: rollbacks and late events;
+    folding ahead within batches too)."""
+    import fleetplan.streams.router as router_module
+    from fleetplan.models import sequencer
+
+    log = interleaved(["alpha", "beta"], 90, seed=41, skew=8.0, batch=3)
+    rng = random.Random(42)
+    eager, plain = Harness(deciding_planner()), Harness(deciding_planner())
+    eager.router.fold_every = 4  # fold ahead within batches too
+    i = 0
+    while i < len(log.records):
+        n = rng.randint(1, 20)
+        eager.route(log.records[i:i + n])
+        with monkeypatch.context() as m:
+            m.setattr(router_module, "advance", lambda p, s, w, ahead=None: sequencer.advance(p, s, w))
+            m.setattr(router_module, "offer", lambda s, e, ahead=None, raw=None: sequencer.offer(s, e))
+            plain.route(log.records[i:i + n])
+        i += n
+        assert eager.table == plain.table
+        assert eager.sent == plain.sent and eager.acked == plain.acked
+    assert any(d.ahead.rollbacks for d in eager.router.deployments.values())
+    assert any(d.state.late_events for d in eager.router.deployments.values())
+    assert all(not d.ahead.applied for d in plain.router.deployments.values())
 
 
 def test_stored_record_round_trips_without_the_buffer(planner):

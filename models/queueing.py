@@ -1,0 +1,73 @@
+"""Prefill replicas from a queueing model: enough engines that prompts rarely wait past the TTFT.
+
+The perf model's prefill capacity is the rate at which an engine is busy
+all the time with batches that each finish within the TTFT target: a
+saturation rate. Prompts arrive at random, so an engine fed at that rate
+queues without bound, and one fed at 80% of it still makes a prompt that
+arrives behind a long pass wait for it. What the SLA needs is the share of
+prompts that wait longer than the TTFT leaves after their own prefill, and
+that depends on how many engines share the queue (the router sends a
+prompt to an idle engine when there is one).
+
+The fleet is modelled as M/M/n (Erlang C): n engines, each serving
+``engine_rps`` prompts per second, Poisson arrivals at ``demand_rps``. A
+prompt waits with probability ``C(n, a)`` (a = demand / engine rate, the
+busy engines on average) and, if it waits, longer than t with probability
+``exp(-(n·mu - lambda)·t)``. The loop takes the fewest engines for which
+
+    C(n, a) · exp(-(n·mu - lambda) · budget) <= 1 - share
+
+with ``budget = ttft - service`` (the TTFT left after the prompt's own
+pass) and ``share`` the SLA attainment aimed for (``queueing_sla_share``).
+Exponential service is pessimistic for prefill (pass times vary little),
+which is the safe side; large fleets come out close to the rate-based
+count (square-root staffing), small ones get the headroom they need.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_EXTRA_ENGINES = 10_000
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability an arrival waits in M/M/servers with offered load ``offered`` (< servers)."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    blocking = 1.0  # Erlang B, by the stable recursion
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    return servers * blocking / (servers - offered * (1.0 - blocking))
+
+
+def wait_exceeds(servers: int, demand_rps: float, engine_rps: float, budget_s: float) -> float:
+    """P(a prompt waits longer than ``budget_s``) with ``servers`` engines."""
+    offered = demand_rps / engine_rps
+    if offered >= servers:
+        return 1.0
+    return erlang_c(servers, offered) * math.exp(-(servers * engine_rps - demand_rps) * budget_s)
+
+
+def queueing_replicas(
+    demand_rps: float, engine_rps: float, budget_s: float, share: float, minimum: int,
+) -> int | None:
+    """Fewest engines keeping ``P(wait > budget) <= 1 - share``; None if the budget is gone.
+
+    With no budget (a prompt's own prefill already takes the whole TTFT) no
+    number of engines meets the SLA and the caller falls back to sizing by rate.
+    """
+    if demand_rps <= 0:
+        return minimum
+    if engine_rps <= 0:
+        raise ValueError("engine capacity must be positive")
+    if budget_s <= 0:
+        return None
+    n = max(math.floor(demand_rps / engine_rps) + 1, 1)
+    for _ in range(MAX_EXTRA_ENGINES):
+        if wait_exceeds(n, demand_rps, engine_rps, budget_s) <= 1.0 - share:
+            return max(n, minimum)
+        n += 1
+    return max(n, minimum)

@@ -1,0 +1,69 @@
+"""Demand counted at arrival: what the throughput loop sees under overload."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetplan.models.canonical import canonical_key
+from fleetplan.schemas import RequestArrival
+from fleetplan.streams.tables import TrafficSums
+from tests.models.factories import T0, decisions, ready, requests
+
+
+def arrivals(rate: float, start: float, end: float, isl: int = 3000, tag: str = "a"):
+    n = int((end - start) * rate)
+    return [RequestArrival(deployment="d", time=start + i / rate, request_id=f"{tag}{i}", input_tokens=isl)
+            for i in range(n)]
+
+
+def _tick(out, t):
+    return [o for o in out if o.time == t][0]
+
+
+def test_without_arrivals_the_loop_counts_finished_requests(make_fleet):
+    out = make_fleet().run([ready("p0", "prefill"), ready("d0", "decode"), *requests(5, T0 + 1, T0 + 185)])
+    assert _tick(out, T0 + 180).observed.num_req == pytest.approx(5 * 179, abs=1)
+
+
+def test_arrivals_are_the_demand_when_the_fleet_cannot_keep_up(make_fleet):
+    # 40 rps arrive, the overloaded fleet finishes 5 rps: Dynamo-style counting sees 5
+    evs = [ready("p0", "prefill"), ready("d0", "decode"),
+           *arrivals(40, T0 + 1, T0 + 185), *requests(5, T0 + 1, T0 + 185, osl=300)]
+    out = make_fleet(max_throughput_scaling_replicas=20).run(sorted(evs, key=lambda e: e.time))
+    tick = _tick(out, T0 + 180)
+    assert tick.observed.num_req == pytest.approx(40 * 179, abs=1)
+    assert tick.observed.isl == 3000 and tick.observed.osl == 300  # OSL from the finished ones
+    # 40 rps of ISL 3000 needs 3 prefill engines at 15.4 rps each
+    assert decisions(out)[0].targets["prefill"] == 3
+
+
+def test_a_window_where_nothing_finished_carries_the_last_osl(make_fleet):
+    first = [*arrivals(10, T0 + 1, T0 + 180), *requests(10, T0 + 1, T0 + 180, osl=400)]
+    second = arrivals(10, T0 + 181, T0 + 365, tag="b")
+    out = make_fleet().run(sorted([ready("p0", "prefill"), ready("d0", "decode"), *first, *second],
+                                  key=lambda e: e.time))
+    tick = _tick(out, T0 + 360)
+    assert tick.observed.num_req == pytest.approx(1790, abs=1)
+    assert tick.observed.osl == 400
+
+
+def test_an_arrival_sorts_before_the_record_of_the_same_request_and_time():
+    (arrival,) = arrivals(1, T0, T0 + 1, tag="x")
+    (record,) = requests(1, T0, T0 + 1, tag="x")
+    assert canonical_key(arrival) < canonical_key(record)
+
+
+def test_the_traffic_mirror_counts_what_the_core_counts():
+    sums = TrafficSums()
+    for ev in [*arrivals(2, 0, 5), *requests(1, 0, 3, osl=200)]:
+        sums.add(ev)
+    assert (sums.arrivals, sums.count) == (10, 3)
+    observed = {"num_req": 10.0, "isl": 3000.0, "osl": 200.0, "kv_hit_rate": None, "accept_length": None}
+    assert sums.mismatch(observed, by_arrival=True) is None
+    assert sums.mismatch(observed) == "num_req"
+    # nothing finished: the core carried an OSL over, which the window cannot check
+    only_arrivals = TrafficSums()
+    for ev in arrivals(2, 0, 5):
+        only_arrivals.add(ev)
+    carried = {"num_req": 10.0, "isl": 3000.0, "osl": 321.0, "kv_hit_rate": None, "accept_length": None}
+    assert only_arrivals.mismatch(carried, by_arrival=True) is None

@@ -1,0 +1,66 @@
+"""The prefill queueing floor: Erlang C against known values and the planner's use of it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleetplan.models.queueing import erlang_c, queueing_replicas, wait_exceeds
+from tests.models.factories import T0, decisions, ready, requests
+
+
+def test_erlang_c_matches_the_textbook():
+    # one server: the probability of waiting is the utilisation
+    assert erlang_c(1, 0.7) == pytest.approx(0.7)
+    # two servers at offered load 1: C = a^2 / (a^2 + 2(1 - a/2)(1 + a)) = 1/3
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    # a classic call-centre case: 10 agents, 8 Erlangs -> 0.409
+    assert erlang_c(10, 8.0) == pytest.approx(0.4092, abs=1e-4)
+    assert erlang_c(3, 0.0) == 0.0 and erlang_c(3, 3.0) == 1.0
+
+
+def test_wait_tail_is_the_m_m_n_formula():
+    # M/M/1: P(W > t) = rho * exp(-(mu - lambda) t)
+    assert wait_exceeds(1, 2.0, 5.0, 0.3) == pytest.approx(0.4 * math.exp(-3.0 * 0.3))
+
+
+@given(st.floats(0.1, 500), st.floats(0.5, 100), st.floats(0.01, 2.0), st.sampled_from([0.9, 0.99, 0.999]))
+def test_the_fewest_engines_that_meet_the_share(demand, rate, budget, share):
+    n = queueing_replicas(demand, rate, budget, share, 1)
+    assert n > demand / rate  # never at or past saturation
+    assert wait_exceeds(n, demand, rate, budget) <= 1 - share
+    if n - 1 > demand / rate and n > 1:
+        assert wait_exceeds(n - 1, demand, rate, budget) > 1 - share
+
+
+def test_no_budget_means_no_queueing_answer():
+    assert queueing_replicas(10.0, 5.0, 0.0, 0.99, 1) is None
+    assert queueing_replicas(0.0, 5.0, 0.1, 0.99, 2) == 2
+
+
+def test_large_fleets_run_hot_and_small_ones_keep_headroom():
+    small = queueing_replicas(2.0, 4.0, 0.2, 0.99, 1)
+    large = queueing_replicas(400.0, 4.0, 0.2, 0.99, 1)
+    assert 2.0 / 4.0 / small < 0.35
+    assert 400.0 / 4.0 / large > 0.85
+
+
+def test_the_planner_floors_prefill_where_a_prompt_fills_the_ttft(make_fleet, h200):
+    # 4 rps of 6,000-token prompts: one H200 8B engine serves them by rate, but each
+    # pass takes a large part of the 500 ms TTFT, so prompts that arrive behind one wait too long
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(4, T0 + 1, T0 + 182, isl=6000)]
+    by_rate = decisions(make_fleet(max_throughput_scaling_replicas=20).run(list(evs)))
+    floored = decisions(make_fleet(max_throughput_scaling_replicas=20, prefill_sizing="queueing").run(list(evs)))
+    rate_prefill = by_rate[0].targets["prefill"] if by_rate else 1
+    assert floored[0].targets["prefill"] > rate_prefill
+
+
+def test_fleetplan_defaults_size_above_dynamo_on_a_steady_load(make_fleet):
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 182)]
+    dynamo = decisions(make_fleet().run(list(evs)))[0].targets
+    ours = decisions(make_fleet(sizing="fleetplan").run(list(evs)))[0]
+    assert ours.targets["prefill"] >= dynamo["prefill"] and ours.targets["decode"] >= dynamo["decode"]
+    assert ours.predicted.horizon_windows == 2  # 120 s startup + one 180 s window

@@ -1,0 +1,257 @@
+"""Sizing past the reference: startup-aware quantiles and the ISL/OSL mix."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from fleetplan.models.mix import LengthMix, bucket_of, mix_capacity, mix_factor
+from fleetplan.models.state import DeploymentState
+from fleetplan.schemas import ClockEvent, InventoryEvent
+from tests.models.factories import T0, ack, decisions, ready, requests
+
+INTERVAL = 180
+
+
+def _inventory(worker, state, t, decision_id=None, role="prefill"):
+    return InventoryEvent(deployment="d", time=t, worker_id=worker, role=role, state=state,
+                          decision_id=decision_id)
+
+
+def _clock(t: float) -> ClockEvent:
+    """Move event time on, so buffered events are folded at the ticks before ``t``."""
+    return ClockEvent(deployment="d", time=t)
+
+
+def _state(fleet) -> DeploymentState:
+    return fleet.states["d"]
+
+
+# --- the startup horizon ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("startup", "windows"), [(0, 1), (60, 2), (180, 2), (181, 3), (600, 5)])
+def test_horizon_covers_startup_plus_one_interval(make_fleet, startup, windows):
+    from fleetplan.models.startup import startup_horizon_windows
+
+    fleet = make_fleet(throughput_sizing="startup_quantile", startup_seconds=startup)
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode")])
+    assert startup_horizon_windows(_state(fleet)) == windows
+
+
+def test_startup_is_measured_from_the_decision_to_ready(make_fleet):
+    from fleetplan.models.startup import measured_startup_seconds
+
+    fleet = make_fleet(throughput_sizing="startup_quantile", startup_seconds=30)
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(40, T0 + 1, T0 + 181)])
+    (d,) = decisions(out)
+    assert d.targets["prefill"] > 1
+    t_ready = T0 + 180 + 450.0
+    fleet.run([
+        _inventory("p1", "starting", T0 + 181, d.decision_id),
+        _inventory("p1", "ready", t_ready, d.decision_id),
+        _clock(T0 + 5 * INTERVAL),
+    ])
+    assert _state(fleet).startup_samples == [450.0]
+    assert measured_startup_seconds(_state(fleet)) == 450.0
+
+
+def test_startup_without_a_decision_id_is_timed_from_starting(make_fleet):
+    fleet = make_fleet()
+    fleet.run([_inventory("p9", "starting", T0 + 1), _inventory("p9", "ready", T0 + 91),
+               _clock(T0 + INTERVAL + 5)])
+    assert _state(fleet).startup_samples == [90.0]
+
+
+def test_median_of_recent_startups_resists_one_slow_pull(make_fleet):
+    from fleetplan.models.startup import measured_startup_seconds
+
+    fleet = make_fleet(startup_seconds=120)
+    evs = []
+    for i, seconds in enumerate([100, 110, 900, 105]):
+        evs += [_inventory(f"p{i}", "starting", T0 + 10 * i),
+                _inventory(f"p{i}", "ready", T0 + 10 * i + seconds)]
+    fleet.run(sorted(evs, key=lambda e: e.time) + [_clock(T0 + 6 * INTERVAL)])
+    assert measured_startup_seconds(_state(fleet)) == 110
+
+
+# --- quantile sizing --------------------------------------------------------------
+
+
+def _bursty(start_window: int, windows: int, low: float, high: float):
+    """Alternate low and high windows: a point forecast lags every burst."""
+    evs = []
+    for w in range(windows):
+        rate = high if w % 2 else low
+        t0 = T0 + INTERVAL * (start_window + w)
+        evs += requests(rate, t0 + 1, t0 + INTERVAL, tag=f"w{w}_")
+    return evs
+
+
+def _targets_over_time(fleet, events):
+    """Run, acking every decision at once, and return the prefill targets decided."""
+    out = fleet.run(events)
+    prefill = []
+    while True:
+        ds = decisions(out)
+        if not ds:
+            return prefill
+        prefill += [d.targets["prefill"] for d in ds]
+        out = fleet.run([ack(ds[-1].decision_id, ds[-1].time + 0.5)])
+
+
+def test_quantile_sizing_reports_both_rates_and_sizes_above_the_point(make_fleet):
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *_bursty(0, 24, 10, 40)]
+    point = make_fleet(load_predictor="arima", max_throughput_scaling_replicas=20)
+    upper = make_fleet(load_predictor="arima", max_throughput_scaling_replicas=20,
+                       throughput_sizing="startup_quantile")
+    out_point, out_upper = point.run(list(evs)), upper.run(list(evs))
+    ticks_p = [o for o in out_point if o.predicted is not None]
+    ticks_u = [o for o in out_upper if o.predicted is not None]
+    assert len(ticks_p) == len(ticks_u) > 10
+    for tp, tu in zip(ticks_p, ticks_u, strict=True):
+        # the point forecast is the same; the sized rate is an upper quantile above it
+        assert tu.predicted.rps == tp.predicted.rps
+        assert tp.predicted.sized_rps is None and tp.predicted.horizon_windows is None
+        assert tu.predicted.horizon_windows == 2
+        assert tu.predicted.sized_rps >= tu.predicted.rps
+    # after the calibration has seen a few bursts, it sizes for the burst (40 rps)
+    late = ticks_u[-6:]
+    assert all(t.predicted.sized_rps >= 39 for t in late)
+
+
+def test_quantile_sizing_never_asks_for_less_than_the_point_forecast(make_fleet):
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *_bursty(0, 16, 5, 30)]
+    kw = {"max_throughput_scaling_replicas": 20, "load_predictor": "kalman"}
+    point = _targets_over_time(make_fleet(**kw), list(evs))
+    upper = _targets_over_time(make_fleet(throughput_sizing="startup_quantile", **kw), list(evs))
+    assert max(upper) >= max(point)
+    assert sum(upper) / len(upper) > sum(point) / len(point)
+
+
+def test_sizing_state_round_trips_exactly(make_fleet):
+    from fleetplan.models.planner import Planner
+
+    fleet = make_fleet(throughput_sizing="startup_quantile", capacity_mix="buckets",
+                       load_predictor="ensemble")
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *_bursty(0, 6, 5, 20),
+               _inventory("p5", "starting", T0 + 3), _inventory("p5", "ready", T0 + 70),
+               _clock(T0 + 6 * INTERVAL + 0.5)])
+    state = _state(fleet)
+    data = state.to_data()
+    again = DeploymentState.from_data(orjson.loads(orjson.dumps(data)))
+    assert again.to_data() == data
+    planner: Planner = fleet.planner
+    later = requests(20, T0 + 6 * INTERVAL + 1, T0 + 7 * INTERVAL + 1, tag="late")
+    for ev in later:
+        planner.apply(state, ev)
+        planner.apply(again, ev)
+    now = T0 + 7 * INTERVAL
+    assert planner.tick(state, now).to_dict() == planner.tick(again, now).to_dict()
+
+
+# --- the ISL/OSL mix ---------------------------------------------------------------
+
+
+def test_buckets_are_log_spaced_and_bounded():
+    assert [bucket_of(x, 256) for x in (0, 255, 256, 1023, 1024, 4096, 10**9)] == [0, 0, 1, 1, 2, 3, 6]
+
+
+def test_mix_keeps_exact_sums_and_shares():
+    mix = LengthMix()
+    for isl, osl in [(100, 10), (120, 30), (20_000, 500)]:
+        mix.add(isl, osl)
+    assert mix.count == 3
+    assert mix.means() == (20_220 / 3, 540 / 3)
+    shares = [g[0] for g in mix.groups()]
+    assert sum(shares) == pytest.approx(1.0)
+    assert LengthMix.from_data(orjson.loads(orjson.dumps(mix.to_data()))).groups() == mix.groups()
+
+
+def test_a_uniform_mix_has_factor_one_and_harmonic_mean_otherwise():
+    def linear(isl, osl):  # capacity inversely proportional to size: time sharing is exact
+        return 1000.0 / isl
+
+    uniform = LengthMix()
+    for _ in range(5):
+        uniform.add(1000, 100)
+    assert mix_factor(uniform, linear) == pytest.approx(1.0)
+    both = LengthMix()
+    both.add(100, 100)
+    both.add(10_000, 100)
+    # seconds per request: (0.1 + 10) / 2 / 1000... i.e. the same as the mean request
+    assert mix_capacity(both, linear) == pytest.approx(1000.0 / 5050)
+    assert mix_factor(both, linear) == pytest.approx(1.0)
+
+
+def _capacity_at(fleet, role):
+    model = _state(fleet).perf[role]
+
+    def capacity_at(isl, osl):
+        return model.capacity_rps(isl=round(isl), osl=round(osl), ttft_ms=500.0, itl_ms=50.0).rps
+
+    return capacity_at
+
+
+def test_long_requests_cost_decode_far_more_than_the_mean_request(make_fleet):
+    """KV residency is ISL x OSL: the mean request hides the long ones."""
+    fleet = make_fleet()
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode")])
+    mix = LengthMix()
+    for _ in range(9):
+        mix.add(500, 100)
+    mix.add(30_000, 1000)
+    assert mix_factor(mix, _capacity_at(fleet, "decode")) < 0.3
+    # prefill time is close to linear in tokens: the mean is nearly right there
+    assert mix_factor(mix, _capacity_at(fleet, "prefill")) == pytest.approx(1.0, abs=0.05)
+
+
+def test_planner_applies_the_mix_factor(make_fleet):
+    # 90% short, 10% long: the mean request (ISL 3450, OSL 190) hides the long ones
+    short = requests(18, T0 + 1, T0 + 181, isl=500, osl=100, tag="s")
+    long = requests(2, T0 + 1, T0 + 181, isl=30_000, osl=1000, tag="l")
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *short, *long]
+    kw = {"max_throughput_scaling_replicas": 20}
+    mean = make_fleet(**kw).run(list(evs))
+    mixed = make_fleet(capacity_mix="buckets", **kw).run(list(evs))
+    at = T0 + 180
+    cap_mean = [o for o in mean if o.time == at][0].estimates["decode"].engine_capacity_rps
+    cap_mix = [o for o in mixed if o.time == at][0].estimates["decode"].engine_capacity_rps
+    assert cap_mix < 0.3 * cap_mean
+    # A 30.5k-token stream: 30 fit in the 945k-token cache, at ~34 ms ITL, for ~34 s each:
+    # 2 long rps keep ~67 streams alive, 2.25 engines of them. The mean request fits in one.
+    assert decisions(mean)[0].targets == {"prefill": 2, "decode": 1}
+    assert decisions(mixed)[0].targets == {"prefill": 2, "decode": 3}
+
+
+# --- the busiest minute -------------------------------------------------------------
+
+
+def test_peak_count_scales_the_busiest_sub_window_to_a_window():
+    from fleetplan.models.state import TrafficWindow
+
+    w = TrafficWindow(burst_arrivals={"10": 30, "11": 90, "12": 60})
+    assert w.peak_count(180, 60, by_arrival=True) == 270.0
+    assert w.peak_count(180, 60, by_arrival=False) is None  # nothing finished
+    assert w.peak_count(180, 0, by_arrival=True) is None  # bursts off
+
+
+def _minute_bursts(windows: int):
+    """Each 3-minute window: 10 rps for two minutes and 40 rps for one."""
+    evs = []
+    for w in range(windows):
+        for m, rate in enumerate((10, 40, 10)):
+            t0 = T0 + INTERVAL * w + 60 * m
+            evs += requests(rate, t0 + 0.5, t0 + 60, tag=f"w{w}m{m}_")
+    return evs
+
+
+def test_quantile_sizes_for_the_busiest_minute_not_the_window_mean(make_fleet):
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *_minute_bursts(16)]
+    kw = {"throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20}
+    by_minute = [o for o in make_fleet(**kw).run(list(evs)) if o.predicted is not None]
+    by_window = [o for o in make_fleet(burst_window_seconds=0, **kw).run(list(evs)) if o.predicted is not None]
+    # the window mean is 20 rps; its busiest minute runs at 40
+    assert all(abs(t.predicted.rps - 20) < 1 for t in by_minute[2:])
+    assert all(t.predicted.sized_rps >= 39 for t in by_minute[-5:])
+    assert all(t.predicted.sized_rps < 25 for t in by_window[-5:])

@@ -43,7 +43,6 @@ import asyncio
 import datetime
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +54,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_ingest import CONFIG, FLEETPLAN, free_port, machine, metric, scrape, wait  # noqa: E402
+from bench_ingest import CONFIG, FLEETPLAN, Proc, free_port, machine, metric, scrape, wait  # noqa: E402
 
 T0 = 1_000_000.0
 
@@ -179,10 +178,11 @@ async def wait_for_tick(bootstrap: str, topic: str, partition: int, start: int, 
         await consumer.stop()
 
 
-class Worker:
+class Worker(Proc):
+    """A worker process whose log lines are timed from its spawn."""
+
     def __init__(self, args, prefix: str, app_id: str, config: Path, tmp: Path, n: int) -> None:
         self.port = free_port()
-        self.log = tmp / f"worker-{app_id}-{n}.log"
         self.args = [
             FLEETPLAN, "worker", "--bootstrap", args.bootstrap, "--config", str(config),
             "--app-id", app_id, "--topic-prefix", prefix, "--partitions", str(args.partitions),
@@ -190,10 +190,8 @@ class Worker:
             "--session-timeout", "6", "--heartbeat", "1", "--commit-interval", "0.5", "--idle-after", "2",
             "--instance-id", f"{app_id}-0", "--metrics-port", str(self.port), "--loglevel", "info",
         ]
-        self._fh = self.log.open("ab")
         self.spawned_at = time.time()
-        self.proc = subprocess.Popen(self.args, stdout=self._fh, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        super().__init__(self.args, tmp / f"worker-{app_id}-{n}.log")
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -207,15 +205,6 @@ class Worker:
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
-        self._fh.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
         self._fh.close()
 
 

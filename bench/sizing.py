@@ -1,18 +1,18 @@
-"""Which sizing should be the default? The planner's config variants on the quality workloads.
+"""Which sizing should be the default? Each departure from Dynamo's sizing, added and taken away.
 
 Usage:
 
-    .venv/bin/python bench/sizing.py --data /work/shared/data \\
-        [--only conv,code,mooncake] [--sla 500,50] [--jobs 1] [--json out.json]
+    .venv/bin/python bench/sizing.py --data /work/shared/data \
+        [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
+        [--jobs 1] [--no-oracle] [--json out.json]
 
-Runs the oracle and, for each variant below, the planner (Dynamo's default
-config otherwise: throughput loop only, ARIMA) on the rate-scaled traces of
-``bench/quality.py``, with the scales recorded there (``--scales`` to
-change them), and prints attainment and GPU-hours against the oracle.
-The variants isolate each departure from the reference sizing:
-``startup_quantile`` (upper quantile over the startup horizon),
-``buckets`` (capacity from the ISL/OSL mix), ``target_utilization`` and
-the load loop.
+Runs the oracle and each variant of ``VARIANTS`` (config overrides on top
+of the defaults; throughput loop only, ARIMA, unless a variant says
+otherwise) on the workloads of ``bench/quality.py`` at the rate scales
+recorded there (``SCALES``), and prints SLA attainment and GPU-hours
+against the oracle. "dynamo+..." rows add fleetplan's departures to
+Dynamo's sizing one at a time; "fleetplan -..." rows take one away from
+fleetplan's defaults (docs/sizing.md).
 """
 
 from __future__ import annotations
@@ -30,32 +30,23 @@ from fleetplan.models.config import REFERENCE_SIZING
 Q = {"throughput_sizing": "startup_quantile"}
 B = {"capacity_mix": "buckets"}
 U = {"target_utilization": 0.8}
-LOAD = {"enable_load_scaling": True, "hold_scale_down_until_floor": True}
 VARIANTS: dict[str, dict] = {
-    "fleetplan (arima)": {},
-    "fleetplan (ensemble)": {"load_predictor": "ensemble"},
+    # Dynamo's sizing, then fleetplan's departures added one at a time
     "dynamo": dict(REFERENCE_SIZING),
     "dynamo+util0.8": {**REFERENCE_SIZING, **U},
     "dynamo+util0.8+quantile": {**REFERENCE_SIZING, **U, **Q},
     "dynamo+util0.8+quantile+buckets": {**REFERENCE_SIZING, **U, **Q, **B},
-    "fleetplan, no queueing floor": {"prefill_sizing": "rate"},
-    "fleetplan, no burst window": {"burst_window_seconds": 0},
-    "fleetplan, no mix": {"capacity_mix": "mean"},
-    "fleetplan, no quantile": {"throughput_sizing": "point"},
-    "fleetplan, util 1.0": {"target_utilization": 1.0},
-    "reference": {"target_utilization": 1.0, "throughput_sizing": "point", "capacity_mix": "mean"},
-    "quantile": {**Q},
-    "buckets": {**B},
-    "util0.8": {**U},
-    "util0.8+quantile": {**U, **Q},
-    "util0.8+quantile+buckets": {**U, **Q, **B},
-    "util0.8+quantile+buckets+ensemble": {**U, **Q, **B, "load_predictor": "ensemble"},
-    "util0.8+quantile+buckets+load": {**U, **Q, **B, **LOAD},
-    "util0.9+quantile+buckets": {**Q, **B, "target_utilization": 0.9},
-    "util0.7+quantile+buckets": {**Q, **B, "target_utilization": 0.7},
-    "util0.8+quantile+buckets, no burst": {**U, **Q, **B, "burst_window_seconds": 0},
-    "util0.8+quantile+buckets+queueing": {**U, **Q, **B, "prefill_sizing": "queueing"},
-    "util0.8+buckets+queueing": {**U, **B, "prefill_sizing": "queueing"},
+    # fleetplan's defaults, then each departure taken away
+    "fleetplan (arima)": {},
+    "fleetplan (ensemble)": {"load_predictor": "ensemble"},
+    "fleetplan -queueing": {"prefill_sizing": "rate"},
+    "fleetplan -burst": {"burst_window_seconds": 0},
+    "fleetplan -mix": {"capacity_mix": "mean"},
+    "fleetplan -quantile": {"throughput_sizing": "point"},
+    "fleetplan -headroom": {"target_utilization": 1.0},
+    # with the load loop too
+    "fleetplan both (arima)": {"enable_load_scaling": True},
+    "dynamo both (arima)": {**REFERENCE_SIZING, "enable_load_scaling": True},
 }
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
@@ -67,7 +58,7 @@ def run_variant(spec: Spec, sla, name: str) -> dict:
     from fleetplan.models.planner import Planner
     from fleetplan.sim.experiment import initial_fleet, run_oracle, run_planner, size_workload
 
-    overrides = VARIANTS.get(name, {})
+    overrides = {} if name == "oracle" else VARIANTS[name]
     cfg, setup = make_setup(spec, sla, overrides)
     workload = build_workload(spec)
     sizing = size_workload(workload, setup)
@@ -99,7 +90,11 @@ def main() -> None:
     chosen = []
     for s in specs(args.data, set(args.only.split(",")), 10, 24, 24.0, choose=False):
         chosen.append(Spec(**{**s.__dict__, "scale": SCALES.get(s.name, s.scale)}))
-    names = [*(["oracle"] if args.oracle else []), *[v for v in args.variants.split(",") if v]]
+    asked = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in asked if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    names = [*(["oracle"] if args.oracle else []), *asked]
     tasks = [(s, sla, n) for s in chosen for n in names]
     started = time.time()
     rows = []

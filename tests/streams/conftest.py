@@ -101,27 +101,28 @@ def namespace(kafka_bootstrap: str) -> Iterator[Namespace]:
     run_async(ns.delete())
 
 
-class WorkerProcess:
-    """``fleetplan worker`` as a subprocess, so a test can SIGKILL it."""
+class ServiceProcess:
+    """A ``fleetplan`` command run as a subprocess, its output in ``log_path``.
 
-    def __init__(self, ns: Namespace, config: Path, tmp: Path, *, metrics_port: int | None = None,
-                 instance: str = "w1", extra: list[str] | None = None) -> None:
-        self.ns = ns
-        self.log_path = tmp / f"worker-{instance}-{uuid.uuid4().hex[:4]}.log"
-        self.args = [
-            FLEETPLAN, "worker", "--bootstrap", ns.bootstrap, "--config", str(config),
-            "--app-id", ns.app_id, "--topic-prefix", ns.prefix, "--partitions", str(ns.partitions),
-            "--replication", "1", "--store", "memory://", "--datadir", str(tmp / f"data-{instance}"),
-            "--session-timeout", "6", "--heartbeat", "1", "--commit-interval", "0.5",
-            "--idle-after", "3", "--batch-within", "0.02", "--instance-id", f"{ns.app_id}-{instance}",
-            "--loglevel", "info",
-        ] + (["--metrics-port", str(metrics_port)] if metrics_port else []) + (extra or [])
-        self.proc: subprocess.Popen | None = None
+    Subclasses set ``args`` and ``log_path``; ``ready_text`` (a line the
+    command logs once it serves) makes :meth:`start` wait for it;
+    ``stop_timeout`` is how long SIGTERM gets before SIGKILL.
+    """
 
-    def start(self) -> WorkerProcess:
+    args: list[str]
+    log_path: Path
+    ready_text: str | None = None
+    stop_timeout: float = 20.0
+    proc: subprocess.Popen | None = None
+
+    def start(self):
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if self.ready_text is not None:
+            name = self.args[1]
+            wait_for(lambda: self.ready_text in self.log() or not self.alive(), 30, f"the {name} to start")
+            assert self.alive(), self.log()
         return self
 
     def alive(self) -> bool:
@@ -137,14 +138,31 @@ class WorkerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
         if hasattr(self, "_log"):
             self._log.close()
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class WorkerProcess(ServiceProcess):
+    """``fleetplan worker`` as a subprocess, so a test can SIGKILL it."""
+
+    def __init__(self, ns: Namespace, config: Path, tmp: Path, *, metrics_port: int | None = None,
+                 instance: str = "w1", extra: list[str] | None = None) -> None:
+        self.ns = ns
+        self.log_path = tmp / f"worker-{instance}-{uuid.uuid4().hex[:4]}.log"
+        self.args = [
+            FLEETPLAN, "worker", "--bootstrap", ns.bootstrap, "--config", str(config),
+            "--app-id", ns.app_id, "--topic-prefix", ns.prefix, "--partitions", str(ns.partitions),
+            "--replication", "1", "--store", "memory://", "--datadir", str(tmp / f"data-{instance}"),
+            "--session-timeout", "6", "--heartbeat", "1", "--commit-interval", "0.5",
+            "--idle-after", "3", "--batch-within", "0.02", "--instance-id", f"{ns.app_id}-{instance}",
+            "--loglevel", "info",
+        ] + (["--metrics-port", str(metrics_port)] if metrics_port else []) + (extra or [])
 
 
 @pytest.fixture
@@ -163,8 +181,11 @@ def worker_factory(namespace: Namespace, config_file: Path, tmp_path: Path) -> I
 
 
 
-class BridgeProcess:
+class BridgeProcess(ServiceProcess):
     """``fleetplan bridge`` as a subprocess with a PULL and a SUB endpoint on free ports."""
+
+    ready_text = "bridge up"
+    stop_timeout = 40.0
 
     def __init__(self, ns: Namespace, tmp: Path, *, extra: list[str] | None = None) -> None:
         self.pull = f"tcp://127.0.0.1:{free_port()}"
@@ -175,31 +196,6 @@ class BridgeProcess:
             "--sub", f"bind:{self.sub}", "--topic-prefix", ns.prefix, "--partitions", str(ns.partitions),
             "--replication", "1", "--heartbeat", "1", "--loglevel", "info",
         ] + (extra or [])
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> BridgeProcess:
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        wait_for(lambda: "bridge up" in self.log() or not self.alive(), 30, "the bridge to start")
-        assert self.alive(), self.log()
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if hasattr(self, "_log"):
-            self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @pytest.fixture
@@ -218,9 +214,12 @@ def bridge_factory(namespace: Namespace, tmp_path: Path) -> Iterator[Callable[..
 
 
 
-class ConnectorProcess:
+class ConnectorProcess(ServiceProcess):
     """``fleetplan connector --backend virtual`` as a subprocess on the namespace's topics,
     with its ledger and desired state under a per-test Redis prefix."""
+
+    ready_text = "connector started"
+    stop_timeout = 30.0
 
     def __init__(self, ns: Namespace, tmp: Path, redis_url: str, redis_prefix: str,
                  deployments: list[str]) -> None:
@@ -234,31 +233,6 @@ class ConnectorProcess:
             "--virtual-prefix", self.virtual_prefix, "--metrics-port", "0",
             "--session-timeout-ms", "6000", "--completion-timeout", "60",
         ] + [a for d in deployments for a in ("--deployment", d)]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> ConnectorProcess:
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        wait_for(lambda: "connector started" in self.log() or not self.alive(), 30, "the connector to start")
-        assert self.alive(), self.log()
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if hasattr(self, "_log"):
-            self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @pytest.fixture

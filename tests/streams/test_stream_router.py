@@ -235,22 +235,22 @@ def test_invalid_records_are_dead_lettered_with_a_reason(planner, key, value, re
     assert "alpha" in h.router.deployments  # the good record after it was routed
 
 
-@pytest.mark.parametrize("crash_after", ["route", "save", "send"])
-@pytest.mark.parametrize("seed", [11, 12, 13])
-def test_crash_at_any_point_resumes_without_gap_or_repeat(crash_after, seed):
-    """kill -9 between any two steps of the write order, restart from the table and the
-    committed offsets: the decision stream equals an uninterrupted run's."""
-    log = interleaved(["alpha", "beta"], 150, seed=seed)
-    reference = run(deciding_planner(), log, seed=seed)
+def route_with_crashes(log, rng, crash_after, *, max_batch: int, crash_chance: float,
+                       before_crash=None) -> tuple[Harness, int]:
+    """Route ``log`` in random batches, killing the worker (up to 3 times) after
+    ``crash_after`` and restarting it from the table and the committed offsets.
 
-    rng = random.Random(seed)
+    ``before_crash(h)`` sees each harness just before it is replaced.
+    """
     h = Harness(deciding_planner())
     pending, crashes = list(log.records), 0
     while pending:
-        n = rng.randint(1, 40)
+        n = rng.randint(1, max_batch)
         batch, pending = pending[:n], pending[n:]
-        if crashes < 3 and rng.random() < 0.05:
+        if crashes < 3 and rng.random() < crash_chance:
             h.route(batch, crash_after=crash_after)
+            if before_crash is not None:
+                before_crash(h)
             crashes += 1
             survivor = Harness(deciding_planner(), h.table)
             survivor.sent, survivor.acked = h.sent, h.acked
@@ -261,6 +261,18 @@ def test_crash_at_any_point_resumes_without_gap_or_repeat(crash_after, seed):
             pending = [r for r in log.records if r.offset >= committed[r.topic]]
             continue
         h.route(batch)
+    return h, crashes
+
+
+@pytest.mark.parametrize("crash_after", ["route", "save", "send"])
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_crash_at_any_point_resumes_without_gap_or_repeat(crash_after, seed):
+    """kill -9 between any two steps of the write order, restart from the table and the
+    committed offsets: the decision stream equals an uninterrupted run's."""
+    log = interleaved(["alpha", "beta"], 150, seed=seed)
+    reference = run(deciding_planner(), log, seed=seed)
+
+    h, crashes = route_with_crashes(log, random.Random(seed), crash_after, max_batch=40, crash_chance=0.05)
     assert crashes >= 1
     for dep in ("alpha", "beta"):
         got, want = h.decisions(dep), reference.decisions(dep)
@@ -277,25 +289,15 @@ def test_crash_with_events_beyond_the_grace_period_matches_the_audit(crash_after
     from fleetplan.schemas.codec import decode_event
 
     log = interleaved(["alpha"], 150, seed=31, skew=8.0, batch=3)
-    rng = random.Random(32)
-    h = Harness(deciding_planner())
-    pending, crashes, rollbacks = list(log.records), 0, 0
-    while pending:
-        n = rng.randint(1, 20)
-        batch, pending = pending[:n], pending[n:]
-        if crashes < 3 and rng.random() < 0.08:
-            h.route(batch, crash_after=crash_after)
-            rollbacks += h.router.deployments["alpha"].ahead.rollbacks
-            crashes += 1
-            survivor = Harness(deciding_planner(), h.table)
-            survivor.sent, survivor.acked = h.sent, h.acked
-            survivor.recover_outboxes()
-            h = survivor
-            committed = h.committed(log)
-            pending = [r for r in log.records if r.offset >= committed[r.topic]]
-            continue
-        h.route(batch)
-    rollbacks += h.router.deployments["alpha"].ahead.rollbacks
+    rollbacks = []
+
+    def count_rollbacks(harness: Harness) -> None:
+        rollbacks.append(harness.router.deployments["alpha"].ahead.rollbacks)
+
+    h, crashes = route_with_crashes(log, random.Random(32), crash_after, max_batch=20, crash_chance=0.08,
+                                    before_crash=count_rollbacks)
+    count_rollbacks(h)
+    rollbacks = sum(rollbacks)
     assert crashes >= 1 and rollbacks > 0
     late = {(m[1], int(m[2])) for t, v in h.sent if t == canonical.DEADLETTER
             for m in [re.search(r"\[at ([^:\]]+):\d+:(\d+)\]", v["detail"])]}

@@ -44,6 +44,7 @@ VARIANTS: dict[str, dict] = {
     "fleetplan -mix": {"capacity_mix": "mean"},
     "fleetplan -quantile": {"throughput_sizing": "point"},
     "fleetplan -headroom": {"target_utilization": 1.0},
+    "fleetplan -quadratic": {"prefill_time_model": "linear"},
     # with the load loop too
     "fleetplan both (arima)": {"enable_load_scaling": True},
     "dynamo both (arima)": {**REFERENCE_SIZING, "enable_load_scaling": True},

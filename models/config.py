@@ -55,6 +55,7 @@ REFERENCE_SIZING: dict[str, object] = {
     "throughput_sizing": "point",
     "capacity_mix": "mean",
     "prefill_sizing": "rate",
+    "prefill_time_model": "linear",
 }
 """The values that size the fleet exactly as Dynamo's planner does (docs/sizing.md).
 
@@ -90,6 +91,7 @@ class PlannerConfig(BaseModel):
     burst_window_seconds: int = Field(60, ge=0)
     capacity_mix: Literal["mean", "buckets"] = "buckets"
     prefill_sizing: Literal["rate", "queueing"] = "queueing"
+    prefill_time_model: Literal["linear", "quadratic"] = "quadratic"
     queueing_sla_share: float = Field(0.99, gt=0, lt=1, allow_inf_nan=False)
 
     # SLA

@@ -38,6 +38,7 @@ def make_perf_models(config: PlannerConfig, profile=None) -> dict:
         max_num_fpm_samples=config.max_num_fpm_samples,
         fpm_sample_bucket_size=config.fpm_sample_bucket_size,
         load_min_observations=config.load_min_observations,
+        prefill_quadratic=config.prefill_time_model == "quadratic",
     )
     models = {}
     for role in config.roles:

@@ -1,4 +1,4 @@
-"""Prefill engines: wall time ≈ a + b·sum_prefill_tokens.
+"""Prefill engines: wall time ≈ a + b·sum_prefill_tokens (+ c·tokens² with ``prefill_quadratic``).
 
 TTFT of the next request on an engine is the time to drain what is queued
 there plus the request itself (an average prompt), after prefix-cache hits,
@@ -13,6 +13,7 @@ from fleetplan.models.perf.base import RolePerfModel, per_request
 from fleetplan.models.perf.capacity import Capacity, prefill_capacity
 from fleetplan.models.perf.chunking import chunked_time, chunked_time_many
 from fleetplan.models.perf.columns import FpmColumns
+from fleetplan.models.perf.regression import OnlineRegression
 from fleetplan.models.perf.request_shape import clamp_kv_hit_rate, scaled_load
 from fleetplan.schemas import ForwardPassMetrics, ScheduledRequests
 
@@ -21,6 +22,11 @@ class PrefillPerfModel(RolePerfModel):
     role = "prefill"
     ndim = 1
     averages_kept = ("avg_isl",)
+
+    def __init__(self, limits=None, settings=None) -> None:
+        super().__init__(limits, settings)
+        if self.settings.prefill_quadratic:
+            self.regression = OnlineRegression(self.ndim, self.settings, quadratic=True)
 
     @property
     def avg_isl(self) -> float:

@@ -13,15 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from fleetplan.models.perf.fit import LinearFit, fit_nonnegative
+from fleetplan.models.perf.fit import LinearFit, fit_nonnegative, fit_quadratic
 from fleetplan.models.perf.retention import BucketedSamples
 from fleetplan.models.perf.settings import RegressionSettings
 
 
 class OnlineRegression:
-    def __init__(self, ndim: int, settings: RegressionSettings) -> None:
+    def __init__(self, ndim: int, settings: RegressionSettings, *, quadratic: bool = False) -> None:
+        if quadratic and ndim != 1:
+            raise ValueError("a quadratic fit takes one feature")
         self.ndim = ndim
         self.settings = settings
+        self.quadratic = quadratic
         self.samples = BucketedSamples(
             ndim, settings.max_num_fpm_samples, settings.buckets_per_axis(ndim)
         )
@@ -51,9 +54,8 @@ class OnlineRegression:
             return None
         if self._fit is None:
             x, y = self.samples.arrays()
-            self._fit = fit_nonnegative(
-                x, y, nonnegative_intercept=self.settings.nonnegative_intercept
-            )
+            fit = fit_quadratic if self.quadratic else fit_nonnegative
+            self._fit = fit(x, y, nonnegative_intercept=self.settings.nonnegative_intercept)
         return self._fit
 
     def predict(self, *x: float) -> float | None:
@@ -63,13 +65,14 @@ class OnlineRegression:
     def to_state(self) -> dict[str, Any]:
         return {
             "samples": self.samples.to_state(),
+            "quadratic": self.quadratic,
             "fit": None if self._fit is None else self._fit.to_state(),
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], settings: RegressionSettings) -> OnlineRegression:
         samples = BucketedSamples.from_state(state["samples"])
-        regression = cls(samples.ndim, settings)
+        regression = cls(samples.ndim, settings, quadratic=bool(state.get("quadratic", False)))
         regression.samples = samples
         regression._fit = None if state["fit"] is None else LinearFit.from_state(state["fit"])
         return regression

@@ -5,6 +5,8 @@ A Dynamo user carries ``max_num_fpm_samples``, ``fpm_sample_bucket_size`` and
 Dynamo's legacy fit leaves the intercept free (only slopes must be >= 0), which
 is what reproduces its published capacity figures; pinning the intercept at
 >= 0 is available for engines whose profile is far from linear.
+``prefill_quadratic`` is ours too: a curve in the prompt tokens instead of
+Dynamo's line (``QuadraticFit``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ class RegressionSettings:
     fpm_sample_bucket_size: int = 16
     load_min_observations: int = 5
     nonnegative_intercept: bool = False
+    prefill_quadratic: bool = False
+    """Fit prefill pass time as a + b·t + c·t² (fleetplan's default through the
+    planner config); False keeps Dynamo's straight line."""
 
     def __post_init__(self) -> None:
         if self.max_num_fpm_samples < 1:

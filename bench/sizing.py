@@ -45,6 +45,8 @@ VARIANTS: dict[str, dict] = {
     "fleetplan -quantile": {"throughput_sizing": "point"},
     "fleetplan -headroom": {"target_utilization": 1.0},
     "fleetplan -quadratic": {"prefill_time_model": "linear"},
+    "fleetplan burst 20s": {"burst_window_seconds": 20},
+    "fleetplan burst 10s": {"burst_window_seconds": 10},
     # with the load loop too
     "fleetplan both (arima)": {"enable_load_scaling": True},
     "dynamo both (arima)": {**REFERENCE_SIZING, "enable_load_scaling": True},

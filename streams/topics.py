@@ -135,11 +135,18 @@ def event_log_specs(topics: Topics, partitions: int, *, fpm_retention_ms: int = 
     ]
 
 
+CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
+"""Roll the state changelog's segment every 10 minutes: the log cleaner never
+compacts the active segment, so without a roll a restart reads every save
+since the topic was created (Kafka's default roll is 7 days)."""
+
+
 def changelog_specs(app_id: str, partitions: int, *, traffic_retention_ms: int) -> list[TopicSpec]:
-    """The worker's table changelogs: compacted, so recovery reads one record per key."""
+    """The worker's table changelogs: compacted, so recovery reads about one record per key."""
     return [
         TopicSpec(changelog_name(app_id, STATE_TABLE), partitions, {
             "cleanup.policy": "compact", "max.message.bytes": str(MAX_RECORD_BYTES),
+            "segment.ms": str(CHANGELOG_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1",
         }, "changelog"),
         # Windowed: old windows are deleted by time as well as compacted.
         TopicSpec(changelog_name(app_id, TRAFFIC_TABLE), partitions, {

@@ -26,6 +26,7 @@ from pathlib import Path
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.mix import LengthMix, mix_capacity
 from fleetplan.models.perf_models import make_perf_models
+from fleetplan.models.throughput import engine_capacity
 from fleetplan.sim.baselines import StaticPolicy
 from fleetplan.sim.experiment import run_policy
 from fleetplan.sim.profiles import load_profile
@@ -44,8 +45,7 @@ SLA = (500.0, 50.0)
 
 def capacity_fn(model, cfg):
     def capacity_at(isl: float, osl: float) -> float | None:
-        cap = model.capacity_rps(isl=max(round(isl), 1), osl=max(round(osl), 1),
-                                 ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms)
+        cap = engine_capacity(model, cfg, isl, osl)
         return None if cap is None else cap.rps
     return capacity_at
 

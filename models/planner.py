@@ -41,7 +41,7 @@ from fleetplan.models.state import (
     Worker,
     request_kv_hit_rate,
 )
-from fleetplan.models.throughput import propose_throughput
+from fleetplan.models.throughput import engine_capacity, propose_throughput
 from fleetplan.schemas.events import (
     Ack,
     ClockEvent,
@@ -556,10 +556,7 @@ def _mix_factors(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: 
             continue
 
         def capacity_at(isl: float, osl: float, model=model) -> float | None:
-            cap = model.capacity_rps(
-                isl=max(round(isl), 1), osl=max(round(osl), 1), ttft_ms=cfg.ttft_ms,
-                itl_ms=cfg.itl_ms, kv_hit_rate=kv_hit, accept_length=accept,
-            )
+            cap = engine_capacity(model, cfg, isl, osl, kv_hit, accept)
             return None if cap is None else cap.rps
 
         factor = mix_factor(mix, capacity_at)

@@ -101,6 +101,7 @@ class QuantileForecaster:
         if isinstance(history, bool) or not isinstance(history, int) or history < 2:
             raise ValueError(f"history must be an int >= 2, got {history!r}")
         self._forecaster = TrafficForecaster(kind, **params)
+        self._next: tuple[float, float, float] | None = None
         self.history = history
         # (forecast made before the window, requests that arrived), oldest first
         self._forecasts: list[float] = []
@@ -122,6 +123,7 @@ class QuantileForecaster:
         }
         qf = cls.from_state(state)
         qf._forecaster = forecaster  # the caller's object, not a copy
+        qf._next = None
         return qf
 
     # --- feeding -------------------------------------------------------------
@@ -134,7 +136,7 @@ class QuantileForecaster:
         forecast still learns the window's count, and the upper quantile
         learns how far above that forecast the peaks run.
         """
-        forecast = self._forecaster.forecast()[0]
+        forecast = self.forecast()[0]  # usually the one the planner sized with: cached
         self._forecasts.append(forecast)
         self._actuals.append(_count(obs.num_req if peak is None else max(peak, obs.num_req)))
         excess = len(self._forecasts) - self.history
@@ -142,6 +144,7 @@ class QuantileForecaster:
             del self._forecasts[:excess]
             del self._actuals[:excess]
         self._forecaster.observe(obs)
+        self._next = None
 
     def warm(self, observations) -> None:
         """Replay recorded windows (they calibrate too), then skip an idle start again."""
@@ -149,16 +152,27 @@ class QuantileForecaster:
             self.observe(obs)
         for predictor in self._forecaster.predictors:
             predictor.reset_idle_skip()
+        self._next = None
 
     # --- forecasting ---------------------------------------------------------
 
     def forecast(self) -> tuple[float, float, float]:
-        """(num_req, isl, osl) expected in the next window: the wrapped point forecast."""
-        return self._forecaster.forecast()
+        """(num_req, isl, osl) expected in the next window: the wrapped point forecast.
+
+        Kept until the next window is observed: the planner sizes with it and
+        :meth:`observe` then scores it, and an ARIMA forecast is a model run.
+        """
+        if self._next is None:
+            self._next = self._forecaster.forecast()
+        return self._next
 
     @property
     def forecaster(self) -> TrafficForecaster:
-        """The wrapped point forecaster (KV hit rate, accept length, predictors)."""
+        """The wrapped point forecaster (KV hit rate, accept length, predictors).
+
+        Read it; feed windows through :meth:`observe`, which also drops the
+        cached point forecast.
+        """
         return self._forecaster
 
     def calibrated(self, q: float = 0.9, horizon_windows: int = 1) -> bool:
@@ -170,7 +184,7 @@ class QuantileForecaster:
         recent counts themselves.
         """
         q, horizon = _check(q, horizon_windows)
-        zero = self._forecaster.forecast()[0] == 0.0
+        zero = self.forecast()[0] == 0.0
         m = sum(
             1
             for s in range(len(self._forecasts) - horizon + 1)
@@ -185,7 +199,7 @@ class QuantileForecaster:
     def quantiles(self, q: float, horizon_windows: int) -> list[float]:
         """``quantile(q, h)`` for h = 1 .. horizon_windows, in one pass (non-decreasing)."""
         q, horizon = _check(q, horizon_windows)
-        point = self._forecaster.forecast()[0]
+        point = self.forecast()[0]
         zero = point == 0.0
         base = math.log1p(point)
         matching, counts = self._spreads(horizon, zero)
@@ -238,6 +252,7 @@ class QuantileForecaster:
     def from_state(cls, state: dict[str, Any]) -> QuantileForecaster:
         qf = cls.__new__(cls)
         qf._forecaster = TrafficForecaster.from_state(state["forecaster"])
+        qf._next = None
         qf.history = int(state["history"])
         if qf.history < 2:
             raise ValueError("quantile state needs history >= 2")

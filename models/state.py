@@ -77,6 +77,20 @@ class TrafficWindow:
             return None
         return max(counts.values()) * interval_s / burst_s
 
+    def to_data(self) -> dict:
+        """Plain data, its dicts and lists copied (the live window keeps changing)."""
+        return {
+            **self.__dict__, "mix": {k: list(v) for k, v in self.mix.items()},
+            "burst_arrivals": dict(self.burst_arrivals), "burst_finished": dict(self.burst_finished),
+        }
+
+    @classmethod
+    def from_data(cls, data: dict) -> TrafficWindow:
+        return cls(**{
+            **data, "mix": {k: list(v) for k, v in data["mix"].items()},
+            "burst_arrivals": dict(data["burst_arrivals"]), "burst_finished": dict(data["burst_finished"]),
+        })
+
     @property
     def length_mix(self) -> LengthMix:
         """The window's (ISL, OSL) buckets; a view that writes through to ``mix``."""
@@ -162,11 +176,7 @@ class DeploymentState:
                 w: [v.role, v.state, v.gpus, v.since] for w, v in self.workers.items()
             },
             "latest_fpm": {k: event_to_dict(f) for k, f in self.latest_fpm.items()},
-            "window": {
-                **self.window.__dict__, "mix": {k: list(v) for k, v in self.window.mix.items()},
-                "burst_arrivals": dict(self.window.burst_arrivals),
-                "burst_finished": dict(self.window.burst_finished),
-            },
+            "window": self.window.to_data(),
             "window_start": self.window_start,
             "seen_traffic": self.seen_traffic,
             "seen_arrivals": self.seen_arrivals,
@@ -203,11 +213,7 @@ class DeploymentState:
             advisory_override=data["advisory_override"],
             workers={w: Worker(*v) for w, v in data["workers"].items()},
             latest_fpm={k: decode_dict(v) for k, v in data["latest_fpm"].items()},
-            window=TrafficWindow(**{
-                **data["window"], "mix": {k: list(v) for k, v in data["window"]["mix"].items()},
-                "burst_arrivals": dict(data["window"]["burst_arrivals"]),
-                "burst_finished": dict(data["window"]["burst_finished"]),
-            }),
+            window=TrafficWindow.from_data(data["window"]),
             window_start=data["window_start"],
             seen_traffic=data["seen_traffic"],
             seen_arrivals=data["seen_arrivals"],

@@ -6,11 +6,12 @@ requests per second one engine serves within the SLA, and sizes each role
 to ``ceil(demand / capacity)``, never below the role's minimum and moving at
 most ``max_throughput_scaling_replicas`` per decision (reference notes §2b).
 
-Two departures, both opt-in through the config (docs/forecasting.md):
-``sized_num_req`` replaces the point forecast with an upper quantile of
-the load over the startup horizon, and ``mix_factor`` corrects each
-role's capacity at the mean lengths for the window's ISL/OSL mix
-(``fleetplan.models.mix``).
+fleetplan's sizing (the defaults; ``REFERENCE_SIZING`` restores Dynamo's,
+docs/sizing.md) departs in four places here: ``sized_num_req`` replaces
+the point forecast with an upper quantile over the startup horizon,
+``mix_factor`` corrects each role's capacity for the window's ISL/OSL mix
+(``fleetplan.models.mix``), ``target_utilization`` keeps headroom, and
+prefill gets a queueing floor (``fleetplan.models.queueing``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ def replicas_for(demand_rps: float, engine_rps: float, minimum: int) -> int:
         raise ValueError("engine capacity must be positive")
     # A tiny epsilon keeps exact multiples (10.0 / 5.0) from rounding up on float noise.
     return max(math.ceil(demand_rps / engine_rps - 1e-9), minimum)
+
+
+def engine_capacity(
+    model, config: PlannerConfig, isl: float, osl: float, kv_hit_rate: float | None = None,
+    accept_length: float | None = None,
+):
+    """One engine's SLA-bound operating point at whole-token ``isl``/``osl`` (None if unknown)."""
+    return model.capacity_rps(
+        isl=max(round(isl), 1), osl=max(round(osl), 1), ttft_ms=config.ttft_ms,
+        itl_ms=config.itl_ms, kv_hit_rate=kv_hit_rate, accept_length=accept_length,
+    )
 
 
 def cap_change(desired: int, current: int, max_step: int, minimum: int) -> int:
@@ -87,10 +99,7 @@ def propose_throughput(
         if demand_rps > 0:
             if not model.ready:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)
-            cap = model.capacity_rps(
-                isl=max(round(isl), 1), osl=max(round(osl), 1), ttft_ms=config.ttft_ms,
-                itl_ms=config.itl_ms, kv_hit_rate=kv_hit_rate, accept_length=accept_length,
-            )
+            cap = engine_capacity(model, config, isl, osl, kv_hit_rate, accept_length)
             if cap is None or cap.rps <= 0:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)
             capacity[role] = cap.rps * factors.get(role, 1.0)

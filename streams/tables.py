@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import faust
 import orjson
 
-from fleetplan.models.state import request_kv_hit_rate
+from fleetplan.models.state import TrafficWindow, request_kv_hit_rate
 from fleetplan.schemas.events import RequestArrival, RequestRecord
 
 STORED_VERSION = 1
@@ -159,21 +159,17 @@ class TrafficSums:
         finished in the window the core carries the last OSL over, which a
         window alone cannot know, so OSL is not compared then.
         """
-        n = self.count
-        mine = {
-            "num_req": float(n),
-            "isl": self.sum_isl / n if n else 0.0,
-            "osl": self.sum_osl / n if n else 0.0,
-            "kv_hit_rate": self.sum_kv_hit / self.n_kv_hit if self.n_kv_hit else None,
-            "accept_length": self.sum_accept / self.n_accept if self.n_accept else None,
-        }
-        if by_arrival:
-            a = self.arrivals
-            mine["num_req"] = float(a)
-            mine["isl"] = self.sum_arrival_isl / a if a else 0.0
-            if not n:
-                del mine["osl"]
-        for name, value in mine.items():
+        window = TrafficWindow(
+            count=self.count, sum_isl=self.sum_isl, sum_osl=self.sum_osl,
+            sum_kv_hit=self.sum_kv_hit, n_kv_hit=self.n_kv_hit,
+            sum_accept=self.sum_accept, n_accept=self.n_accept,
+            arrivals=self.arrivals, sum_arrival_isl=self.sum_arrival_isl,
+        )
+        # What the mirror checks is which requests landed in the window; the means
+        # come from the core's own arithmetic. A carried-over OSL is taken as given.
+        obs = window.observation(0.0, by_arrival=by_arrival, last_osl=observed.get("osl"))
+        for name in ("num_req", "isl", "osl", "kv_hit_rate", "accept_length"):
+            value = getattr(obs, name)
             theirs = observed.get(name)
             if value is None or theirs is None:
                 if value != theirs:

@@ -1,7 +1,7 @@
 """Benchmark the live runtime: FPM ingest and decision latency on the real broker.
 
     .venv/bin/python bench/bench_ingest.py [--bootstrap 127.0.0.1:19092] [--fpms 200000]
-        [--stages ingest,latency] [--live-engines 2] [--heartbeat 1] [--batch-within 0.05]
+        [--stages ingest,latency] [--live-engines 2] [--heartbeat 1] [--batch-within 0.05] [--poll 0.05]
 
 Stages, each on fresh topics (a unique prefix, deleted afterwards); ``--stages``
 picks ``ingest`` (1-3) and/or ``latency`` (4):
@@ -10,7 +10,8 @@ picks ``ingest`` (1-3) and/or ``latency`` (4):
    ``fleetplan bridge`` process; FPM/s until the bridge has every one
    acknowledged by Kafka (it packs them into FpmBatch records).
 2. raw consume: read that FPM topic with a bare aiokafka consumer, bytes only,
-   and again decoding every record with the schemas: the ceiling for a
+   and again decoding every record with the schemas (pydantic), and with the
+   worker's decode (``schemas/fpm_wire.py``, msgspec): the ceiling for a
    Python consumer of the same records, measured in the same run.
 3. worker: ``fleetplan worker`` with 1, then 2 processes (each a new app id)
    reads the backlog; FPM/s from the first FPM routed to the last (summed over
@@ -186,9 +187,10 @@ class Bench:
         from aiokafka import AIOKafkaConsumer
 
         from fleetplan.schemas.codec import decode_event
+        from fleetplan.schemas.fpm_wire import decode_input
 
         result = {}
-        for decode in (False, True):
+        for kind, decode in (("bytes", None), ("decode", decode_event), ("fast", decode_input)):
             consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.args.bootstrap, group_id=None,
                                         auto_offset_reset="earliest", enable_auto_commit=False,
                                         max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
@@ -205,12 +207,12 @@ class Bench:
                         got += len(records)
                         if decode:
                             for r in records:
-                                event = decode_event(r.value)
+                                event = decode(r.value)
                                 fpms += len(event.fpms) if event.type == "fpm_batch" else 1
                 elapsed = time.perf_counter() - start
             finally:
                 await consumer.stop()
-            result["decode" if decode else "bytes"] = {"records": got, "seconds": elapsed, "fpms": fpms}
+            result[kind] = {"records": got, "seconds": elapsed, "fpms": fpms}
         return result
 
     def stage_worker(self, prefix: str, processes: int, n: int) -> dict:
@@ -223,7 +225,7 @@ class Bench:
 
             wait(lambda: routed() > 0, 120, 0.02)
             first = time.perf_counter()
-            wait(lambda: routed() >= n, 900, 0.05)
+            wait(lambda: routed() >= n, 900, self.args.poll)
             end = time.perf_counter()
             batch = [metric(scrape(p), "fleetplan_batch_seconds_sum") / max(metric(scrape(p), "fleetplan_batch_seconds_count"), 1)
                      for p in ports]
@@ -416,7 +418,9 @@ def report_ingest(a, bridge, raw, workers) -> None:
     print("|---|---:|---:|---|")
     print(f"| ZMQ -> bridge -> Kafka (1 bridge process) | {rate(bridge['fpms'], bridge['seconds'])} | "
           f"{rate(bridge['records'], bridge['seconds'])} | validated with the schemas, packed, acks=all |")
-    for kind, label in (("bytes", "raw aiokafka consume, bytes only"), ("decode", "raw aiokafka consume + schema decode")):
+    for kind, label in (("bytes", "raw aiokafka consume, bytes only"),
+                        ("decode", "raw aiokafka consume + schema decode (pydantic)"),
+                        ("fast", "raw aiokafka consume + the worker's decode (msgspec)")):
         r = raw[kind]
         fpms = r["fpms"] or r["records"] * per_record
         print(f"| {label} | {rate(fpms, r['seconds'])} | {rate(r['records'], r['seconds'])} | same topic, same run |")
@@ -459,6 +463,9 @@ def main() -> None:
     p.add_argument("--live-engines", type=int, default=2, help="engines per live deployment (50 FPMs/s each)")
     p.add_argument("--batch-within", type=float, default=0.05, help="the workers' --batch-within (its default: 0.05)")
     p.add_argument("--heartbeat", type=float, default=1.0, help="the bridges' --heartbeat (its default: 1)")
+    p.add_argument("--poll", type=float, default=0.05,
+                   help="seconds between scrapes of the workers' metrics while they read the backlog "
+                        "(scrapes cost the worker CPU: at 20 a second, a sixth of its py-spy samples in one run)")
     p.add_argument("--stages", type=lambda s: s.split(","), default=["ingest", "latency"],
                    help="comma-separated: ingest (bridge, raw consume, workers), latency")
     Bench(p.parse_args()).run()

@@ -12,7 +12,8 @@ shared machine inflates it less than wall time) and the slowest batch that
 fired ticks. ``--gc`` applies the worker's collector settings
 (``streams/gc_settings.py``), CPython's defaults, or none. ``--parts`` times
 the pieces apart on the same records instead: schema decode, the canonical
-sort key, and the core's ``apply``. Not a test.
+sort key, and the core's ``apply``, for the pydantic decode and the worker's
+(:func:`~fleetplan.schemas.fpm_wire.decode_input`). Not a test.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from fleetplan.schemas.events import (
     QueuedRequests,
     ScheduledRequests,
 )
+from fleetplan.schemas.fpm_wire import decode_input
 from fleetplan.streams.gc_settings import tune_gc
 from fleetplan.streams.router import InputRecord, Router
 from fleetplan.streams.topics import CLOCKED
@@ -111,24 +113,29 @@ def route_all(router: Router, records: list[InputRecord], batch: int) -> tuple[i
 
 
 def parts(planner: Planner, records: list[InputRecord], n: int) -> str:
-    """CPU time per FPM of decoding the FPM records, keying them, and applying them."""
+    """CPU time per FPM of decoding the FPM records, keying them, and applying them,
+    for the pydantic decode and the worker's (msgspec for FPM records)."""
     values = [r.value for r in records if r.topic == canonical.FPM]
-    started = time.process_time()
-    events = [decode_event(v) for v in values]
-    decoded = time.process_time()
-    for event in events:
-        canonical_key(event)
-    keyed = time.process_time()
-    states: dict = {}
-    for event in events:
-        state = states.get(event.deployment)
-        if state is None:
-            state = states[event.deployment] = planner.new_state(event.deployment)
-        planner.apply(state, event)
-    applied = time.process_time()
     per = 1e6 / n
-    return (f"decode {(decoded - started) * per:.2f} us per FPM (the decoded events kept), "
-            f"canonical_key {(keyed - decoded) * per:.3f} us, apply {(applied - keyed) * per:.2f} us")
+    out = []
+    for name, decode in (("pydantic", decode_event), ("fpm_wire", decode_input)):
+        started = time.process_time()
+        events = [decode(v) for v in values]
+        decoded = time.process_time()
+        for event in events:
+            canonical_key(event)
+        keyed = time.process_time()
+        states: dict = {}
+        for event in events:
+            state = states.get(event.deployment)
+            if state is None:
+                state = states[event.deployment] = planner.new_state(event.deployment)
+            planner.apply(state, event)
+        applied = time.process_time()
+        del events, states
+        out.append(f"{name}: decode {(decoded - started) * per:.2f} us per FPM (the decoded events "
+                   f"kept), canonical_key {(keyed - decoded) * per:.3f} us, apply {(applied - keyed) * per:.2f} us")
+    return "; ".join(out)
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ def bench_one(workload, profile, profile_name, name, overrides, with_log, router
     cfg = config_from_dict({"max_gpu_budget": 64, **(overrides or {})})
     setup = make_setup(cfg, profile, SimOptions(router=router))
     sizing = size_workload(workload, setup)
-    initial = initial_fleet("warm", setup, sizing)
+    initial = initial_fleet("warm", setup, sizing, workload)
     if overrides is None:
         result = run_policy(workload, setup, StaticPolicy(initial), "static", initial)
     elif with_log:

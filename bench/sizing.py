@@ -4,7 +4,7 @@ Usage:
 
     .venv/bin/python bench/sizing.py --data /work/shared/data \
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
-        [--jobs 1] [--no-oracle] [--json out.json]
+        [--jobs 1] [--no-oracle] [--json out.json]      # --variants frontier: the reference sweep
 
 Runs the oracle and each variant of ``VARIANTS`` (config overrides on top
 of the defaults; throughput loop only, ARIMA, unless a variant says
@@ -40,6 +40,7 @@ VARIANTS: dict[str, dict] = {
     "fleetplan (arima)": {},
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},
     "fleetplan -queueing": {"prefill_sizing": "rate"},
+    "fleetplan -dispersion": {"queueing_arrivals": "poisson"},
     "fleetplan -burst": {"burst_window_seconds": 0},
     "fleetplan -mix": {"capacity_mix": "mean"},
     "fleetplan -quantile": {"throughput_sizing": "point"},
@@ -51,6 +52,16 @@ VARIANTS: dict[str, dict] = {
     "fleetplan both (arima)": {"enable_load_scaling": True},
     "dynamo both (arima)": {**REFERENCE_SIZING, "enable_load_scaling": True},
 }
+
+# The reference frontier: Dynamo's sizing with a reference predictor, plus a headroom knob
+# Dynamo does not have, swept so that some setting spends what fleetplan's defaults spend.
+# fleetplan's point is compared with this curve at equal GPU-hours (`--variants frontier`).
+FRONTIER: dict[str, dict] = {
+    f"dynamo ({p}) util{u:g}": {**REFERENCE_SIZING, "load_predictor": p, "target_utilization": u}
+    for p in ("arima", "kalman") for u in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
+}
+VARIANTS.update(FRONTIER)
+ABLATION = [name for name in VARIANTS if name not in FRONTIER]
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 26.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,
@@ -70,8 +81,8 @@ def run_variant(spec: Spec, sla, name: str) -> dict:
         result = run_oracle(workload, setup, sizing, goal=0.99, rounds=5)
     else:
         result = run_planner(workload, setup, Planner(cfg, profile=setup.profile),
-                             initial_fleet("warm", setup, sizing))
-    return _row(spec, sla, name, result, time.perf_counter() - t0)
+                             initial_fleet("warm", setup, sizing, workload))
+    return _row(spec, sla, name, result, time.perf_counter() - t0, setup=setup)
 
 
 def _task(args):
@@ -83,7 +94,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--only", default="conv,code,mooncake")
     parser.add_argument("--sla", default="500,50")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(ABLATION),
+                        help="variant names, comma-separated; 'frontier' adds the reference sweep")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--no-oracle", dest="oracle", action="store_false",
                         help="skip the oracle (slow on a day: six replays); ratios need it")
@@ -94,6 +106,7 @@ def main() -> None:
     for s in specs(args.data, set(args.only.split(",")), 10, 24, 24.0, choose=False):
         chosen.append(Spec(**{**s.__dict__, "scale": SCALES.get(s.name, s.scale)}))
     asked = [v.strip() for v in args.variants.split(",") if v.strip()]
+    asked = [name for v in asked for name in (FRONTIER if v == "frontier" else [v])]
     unknown = [v for v in asked if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")

@@ -78,6 +78,21 @@ def _grow_to_fit(
     return out
 
 
+def _raise_toward(
+    fitted: dict[Role, int], target: Mapping[Role, int], up: list[Role], gpus: Mapping[Role, int],
+    ceiling: int,
+) -> dict[Role, int]:
+    """Step the ``up`` roles toward ``target`` one replica at a time, in turn, under ``ceiling``."""
+    progress = True
+    while progress:
+        progress = False
+        for role in up:
+            if fitted[role] < target[role] and gpu_total(fitted, gpus) + gpus[role] <= ceiling:
+                fitted[role] += 1
+                progress = True
+    return fitted
+
+
 def fit_gpu_budget(
     current: Mapping[Role, int],
     proposed: Mapping[Role, int],
@@ -98,19 +113,14 @@ def fit_gpu_budget(
     maximums = maximums or {}
     target = dict(proposed)
     if max_budget >= 0 and gpu_total(target, gpus) > max_budget:
+        up = sorted(r for r in target if target[r] > current[r])
         if gpu_total(current, gpus) > max_budget:
             start = {r: min(current[r], target[r]) for r in target}
-            return _shrink_to_fit(start, gpus, max_budget, floors), "gpu_budget_reconcile"
+            fitted = _shrink_to_fit(start, gpus, max_budget, floors)
+            # what shrinking freed goes to the upward legs (a role below its floor)
+            return _raise_toward(fitted, target, up, gpus, max_budget), "gpu_budget_reconcile"
         # Downward legs take their full move; upward legs get what is left.
-        fitted = {r: min(current[r], target[r]) for r in target}
-        up = sorted(r for r in target if target[r] > current[r])
-        progress = True
-        while progress:
-            progress = False
-            for role in up:
-                if fitted[role] < target[role] and gpu_total(fitted, gpus) + gpus[role] <= max_budget:
-                    fitted[role] += 1
-                    progress = True
+        fitted = _raise_toward({r: min(current[r], target[r]) for r in target}, target, up, gpus, max_budget)
         moved_up = any(fitted[r] > current[r] for r in up)
         moved_down = any(target[r] < current[r] for r in target)
         if up and moved_down and not moved_up:

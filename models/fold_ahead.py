@@ -22,9 +22,10 @@ Two things can spoil that, and are handled here:
 
 Events applied ahead are kept until their tick fires, for a rollback. Given
 the bytes an event was decoded from (``offer(..., raw=...)``), the bytes are
-kept instead of the event: an FPM decodes to a dozen objects the cyclic
+kept instead of the event: a pydantic FPM is a dozen objects the cyclic
 garbage collector would scan while they wait (measured, a third of the
-worker's time), and the bytes take a fifth of the memory.
+worker's time), and the bytes take a fifth of the memory. A rollback decodes
+them again as the worker did (``decode_input``).
 
 Nothing here is part of the planner's state: :class:`FoldAhead` sits beside a
 ``DeploymentState``. :func:`settled_data` is the state as folding at tick
@@ -40,7 +41,7 @@ import orjson
 
 from fleetplan.models.canonical import canonical_key
 from fleetplan.models.state import DeploymentState
-from fleetplan.schemas.codec import decode_event
+from fleetplan.schemas.fpm_wire import decode_input
 
 OFFER_FIELDS = ("buffer", "max_time", "next_tick", "last_tick", "late_events")
 """The fields ``offer`` and the tick bookkeeping own; a rollback keeps their current values."""
@@ -83,7 +84,7 @@ class FoldAhead:
         out = []
         for item in self.applied:
             if isinstance(item, bytes | bytearray | memoryview):
-                event = decode_event(item)
+                event = decode_input(item)
                 self.raw[id(event)] = item
                 out.append(event)
             else:

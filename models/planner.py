@@ -60,6 +60,10 @@ from fleetplan.schemas.events import (
     SetConfig,
     SetMinEndpoints,
 )
+from fleetplan.schemas.fpm_wire import WireFpmBatch
+
+PARTIAL_WINDOW_SHARE = 0.1
+"""A first throughput window whose traffic began later than this share of it is partial."""
 
 
 @dataclass(frozen=True)
@@ -223,13 +227,23 @@ class Planner:
     def _throughput_loop(self, state, now, baseline, minimums, kv_hit, accept, scratch) -> None:
         cfg = state.config
         interval = cfg.throughput_adjustment_interval_seconds
-        start = state.window_start if state.window_start is not None else now - interval
+        start = state.window_start
+        if start is None:
+            start = now - interval
+            # traffic that began well into the first window (a deployment started between
+            # ticks) makes it partial: its count is then scaled up to a rate, not taken as one
+            first = state.first_traffic
+            if first is not None and first - start > PARTIAL_WINDOW_SHARE * interval:
+                start = first
         duration = min(max(now - start, 1e-9), interval)
         obs = state.window.observation(
             duration, by_arrival=state.seen_arrivals, last_osl=state.forecaster.forecaster.last_osl,
         )
         peak = state.window.peak_count(interval, cfg.burst_seconds, by_arrival=state.seen_arrivals)
         mix = state.window.length_mix
+        dispersion = state.window.arrival_dispersion(duration)
+        if dispersion is not None:
+            state.arrival_dispersion = dispersion
         state.window = TrafficWindow()
         state.window_start = now
         if not state.seen_traffic:
@@ -261,6 +275,7 @@ class Planner:
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
+            arrival_dispersion=state.arrival_dispersion if cfg.queueing_arrivals == "measured" else 1.0,
         )
         scratch.predicted = proposal.predicted
         scratch.capacity = proposal.capacity_rps
@@ -378,43 +393,53 @@ class Planner:
 # --- apply handlers ---------------------------------------------------------
 
 
-def _admit_fpm(state: DeploymentState, fpm: ForwardPassMetrics):
-    """Record an FPM as its engine's latest; the role's perf model, or None to skip it."""
-    model = state.perf.get(fpm.role)
-    if model is None:
-        return None  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
+def _admit_fpm(state: DeploymentState, fpm) -> bool:
+    """Whether the perf model of the FPM's role takes it; discovers its engine."""
+    role = fpm.role
+    if state.perf.get(role) is None:
+        return False  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
     worker = state.workers.get(fpm.worker_id)
     if worker is None:
         # Discovery: an engine that reports metrics exists, even before inventory says so.
-        gpus = state.config.gpus_per_engine(fpm.role) or 1
-        state.workers[fpm.worker_id] = Worker(fpm.role, "ready", gpus, fpm.time)
+        gpus = state.config.gpus_per_engine(role) or 1
+        state.workers[fpm.worker_id] = Worker(role, "ready", gpus, fpm.time)
     elif worker.state == "gone":
-        return None
-    state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
-    return model
+        return False
+    return True
 
 
 def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
-    model = _admit_fpm(state, fpm)
-    if model is not None:
-        model.observe(fpm)
+    if _admit_fpm(state, fpm):
+        state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
+        state.perf[fpm.role].observe(fpm)
 
 
-def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch) -> None:
+def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch | WireFpmBatch) -> None:
     """The hot path: one vectorised regression update per role for the whole batch.
 
     Equivalent to applying the FPMs one by one in batch order (the perf
-    model's batched observe keeps the same state as observing each).
+    model's batched observe keeps the same state as observing each; whether
+    an FPM is admitted does not depend on the FPMs before it in the batch,
+    as discovery adds ready engines, never gone ones). An engine's latest FPM
+    is stored once, the last of the batch, so a :class:`WireFpmBatch` (the
+    worker's fast decode) becomes pydantic models only for the FPMs kept.
     """
-    by_role: dict[Role, list[ForwardPassMetrics]] = {}
+    by_role: dict[Role, list] = {}
+    latest: dict[tuple[str, int], object] = {}
     for fpm in batch.fpms:
-        if _admit_fpm(state, fpm) is not None:
+        if _admit_fpm(state, fpm):
+            latest[fpm.worker_id, fpm.dp_rank] = fpm
             by_role.setdefault(fpm.role, []).append(fpm)
+    kept = state.latest_fpm  # new engines in order of first appearance, as one by one
+    for (worker_id, rank), fpm in latest.items():
+        kept[f"{worker_id}/{rank}"] = fpm if isinstance(fpm, ForwardPassMetrics) else fpm.to_model()
     for role, fpms in by_role.items():
         state.perf[role].observe_batch(FpmColumns.from_fpms(fpms))
 
 
 def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
+    if state.first_traffic is None:
+        state.first_traffic = req.arrival_s
     w = state.window
     w.count += 1
     w.sum_isl += req.input_tokens
@@ -439,10 +464,13 @@ def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
 
 def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:
     """Count demand when it arrives; from the first arrival on, arrivals are the count."""
+    if state.first_traffic is None:
+        state.first_traffic = ev.time
     w = state.window
     w.arrivals += 1
     w.sum_arrival_isl += ev.input_tokens
     _count_burst(w.burst_arrivals, ev.time, state.config.burst_seconds)
+    _count_burst(w.second_arrivals, ev.time, 1)
     state.seen_arrivals = True
     state.seen_traffic = True
 
@@ -491,6 +519,7 @@ def _apply_ack(state: DeploymentState, ack: Ack) -> None:
 _APPLY = {
     ForwardPassMetrics: _apply_fpm,
     FpmBatch: _apply_fpm_batch,
+    WireFpmBatch: _apply_fpm_batch,
     RequestRecord: _apply_request,
     RequestArrival: _apply_arrival,
     InventoryEvent: _apply_inventory,

@@ -43,16 +43,20 @@ def erlang_c(servers: int, offered: float) -> float:
     return servers * blocking / (servers - offered * (1.0 - blocking))
 
 
-def wait_exceeds(servers: int, demand_rps: float, engine_rps: float, budget_s: float) -> float:
+def wait_exceeds(
+    servers: int, demand_rps: float, engine_rps: float, budget_s: float, arrival_dispersion: float = 1.0,
+) -> float:
     """P(a prompt waits longer than ``budget_s``) with ``servers`` engines."""
     offered = demand_rps / engine_rps
     if offered >= servers:
         return 1.0
-    return erlang_c(servers, offered) * math.exp(-(servers * engine_rps - demand_rps) * budget_s)
+    stretch = max(1.0, (arrival_dispersion + 1.0) / 2.0)
+    return erlang_c(servers, offered) * math.exp(-(servers * engine_rps - demand_rps) * budget_s / stretch)
 
 
 def queueing_replicas(
     demand_rps: float, engine_rps: float, budget_s: float, share: float, minimum: int,
+    arrival_dispersion: float = 1.0,
 ) -> int | None:
     """Fewest engines keeping ``P(wait > budget) <= 1 - share``; None if the budget is gone.
 
@@ -67,7 +71,7 @@ def queueing_replicas(
         return None
     n = max(math.floor(demand_rps / engine_rps) + 1, 1)
     for _ in range(MAX_EXTRA_ENGINES):
-        if wait_exceeds(n, demand_rps, engine_rps, budget_s) <= 1.0 - share:
+        if wait_exceeds(n, demand_rps, engine_rps, budget_s, arrival_dispersion) <= 1.0 - share:
             return max(n, minimum)
         n += 1
     return max(n, minimum)

@@ -7,6 +7,7 @@ behaves identically to ``s`` for every later event and tick.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
@@ -63,6 +64,8 @@ class TrafficWindow:
     # requests per burst sub-window (key: floor(time / burst_window_seconds))
     burst_arrivals: dict[str, int] = field(default_factory=dict)
     burst_finished: dict[str, int] = field(default_factory=dict)
+    # arrivals per whole second (key: floor(time)), for the arrival process's burstiness
+    second_arrivals: dict[str, int] = field(default_factory=dict)
     mix: dict[str, list[float]] = field(default_factory=dict)  # LengthMix buckets
 
     def peak_count(self, interval_s: float, burst_s: int, *, by_arrival: bool) -> float | None:
@@ -77,11 +80,28 @@ class TrafficWindow:
             return None
         return max(counts.values()) * interval_s / burst_s
 
+    def arrival_dispersion(self, duration_s: float) -> float | None:
+        """Index of dispersion of arrivals per second (variance / mean of the counts).
+
+        1 for Poisson arrivals; bursty traffic (requests that come in
+        clusters, as Azure's code trace does) runs far above it, and queues
+        longer than a Poisson queueing model says. None with too few
+        arrivals (under 30) or under two seconds to tell.
+        """
+        seconds = math.floor(duration_s)
+        total = sum(self.second_arrivals.values())
+        if seconds < 2 or total < 30:
+            return None
+        mean = total / seconds
+        square = sum(c * c for c in self.second_arrivals.values()) / seconds
+        return max(square - mean * mean, 0.0) / mean
+
     def to_data(self) -> dict:
         """Plain data, its dicts and lists copied (the live window keeps changing)."""
         return {
             **self.__dict__, "mix": {k: list(v) for k, v in self.mix.items()},
             "burst_arrivals": dict(self.burst_arrivals), "burst_finished": dict(self.burst_finished),
+            "second_arrivals": dict(self.second_arrivals),
         }
 
     @classmethod
@@ -89,6 +109,7 @@ class TrafficWindow:
         return cls(**{
             **data, "mix": {k: list(v) for k, v in data["mix"].items()},
             "burst_arrivals": dict(data["burst_arrivals"]), "burst_finished": dict(data["burst_finished"]),
+            "second_arrivals": dict(data.get("second_arrivals", {})),  # absent in older state
         })
 
     @property
@@ -139,6 +160,7 @@ class DeploymentState:
     window_start: float | None = None
     seen_traffic: bool = False
     seen_arrivals: bool = False
+    first_traffic: float | None = None  # when the deployment's first request arrived
     last_kv_hit_rate: float | None = None
     last_accept_length: float | None = None
     lower_bound: dict[Role, int] = field(default_factory=dict)
@@ -150,6 +172,7 @@ class DeploymentState:
     mix_factor: dict[Role, float] = field(default_factory=dict)
     scale_up_times: list[list[float]] = field(default_factory=list)  # [decision_id, time]
     startup_samples: list[float] = field(default_factory=list)
+    arrival_dispersion: float = 1.0  # the last window's (Poisson until measured)
     # event time
     buffer: list = field(default_factory=list)
     max_time: float | None = None
@@ -180,6 +203,7 @@ class DeploymentState:
             "window_start": self.window_start,
             "seen_traffic": self.seen_traffic,
             "seen_arrivals": self.seen_arrivals,
+            "first_traffic": self.first_traffic,
             "last_kv_hit_rate": self.last_kv_hit_rate,
             "last_accept_length": self.last_accept_length,
             "lower_bound": dict(self.lower_bound),
@@ -193,6 +217,7 @@ class DeploymentState:
             "mix_factor": dict(self.mix_factor),
             "scale_up_times": [list(p) for p in self.scale_up_times],
             "startup_samples": list(self.startup_samples),
+            "arrival_dispersion": self.arrival_dispersion,
             "buffer": [event_to_dict(e) for e in self.buffer],
             "max_time": self.max_time,
             "next_tick": self.next_tick,
@@ -217,6 +242,9 @@ class DeploymentState:
             window_start=data["window_start"],
             seen_traffic=data["seen_traffic"],
             seen_arrivals=data["seen_arrivals"],
+            # fields added after state was first written default when absent, so a worker
+            # upgraded in place restores the changelog an older one wrote
+            first_traffic=data.get("first_traffic"),
             last_kv_hit_rate=data["last_kv_hit_rate"],
             last_accept_length=data["last_accept_length"],
             lower_bound=dict(data["lower_bound"]),
@@ -229,6 +257,7 @@ class DeploymentState:
             mix_factor=dict(data["mix_factor"]),
             scale_up_times=[list(p) for p in data["scale_up_times"]],
             startup_samples=list(data["startup_samples"]),
+            arrival_dispersion=data.get("arrival_dispersion", 1.0),
             buffer=[decode_dict(e) for e in data["buffer"]],
             max_time=data["max_time"],
             next_tick=data["next_tick"],

@@ -74,12 +74,14 @@ def propose_throughput(
     sized_num_req: float | None = None,
     horizon_windows: int | None = None,
     mix_factor: Mapping[Role, float] | None = None,
+    arrival_dispersion: float = 1.0,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
     ``sized_num_req`` (the upper quantile over ``horizon_windows`` windows)
     is the count the fleet is sized for when given; the point forecast
     is still reported. ``mix_factor`` scales each role's capacity.
+    ``arrival_dispersion`` (1 for Poisson) stretches the queueing floor's waits.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -111,7 +113,8 @@ def propose_throughput(
                 # random arrivals need more engines than any fixed utilisation gives
                 budget_s = (config.ttft_ms - cap.ttft_ms) / 1000.0
                 waiting = queueing_replicas(
-                    demand_rps, capacity[role], budget_s, config.queueing_sla_share, minimums[role]
+                    demand_rps, capacity[role], budget_s, config.queueing_sla_share, minimums[role],
+                    arrival_dispersion=arrival_dispersion,
                 )
                 desired = max(desired, waiting or 0)
         else:

@@ -1,4 +1,5 @@
-"""Bytes in, events out: the one place that turns wire data into models.
+"""Bytes in, events out: the one place that turns wire data into models
+(:mod:`fleetplan.schemas.fpm_wire` is the worker's faster way in for FPMs).
 
 Every decode failure raises :class:`SchemaError`, whose message names the
 field and what was expected, so the bridge can dead-letter it with a reason
@@ -81,13 +82,19 @@ def decode_dict(obj: object) -> Event:
 
 
 def event_to_dict(event: BaseModel) -> dict:
-    """Plain data for an event: what is written to logs and topics."""
+    """Plain data for an event: what is written to logs and topics.
+
+    Also takes the msgspec structs of :mod:`fleetplan.schemas.fpm_wire`, as
+    the data of the pydantic model they mirror.
+    """
+    if not isinstance(event, BaseModel):
+        event = event.to_model()
     return event.model_dump(mode="json")
 
 
 def encode_event(event: BaseModel) -> bytes:
     """Compact JSON bytes; ``decode_event(encode_event(e)) == e`` for every event."""
-    return orjson.dumps(event.model_dump(mode="json"))
+    return orjson.dumps(event_to_dict(event))
 
 
 def encode_lines(events: Iterable[BaseModel]) -> bytes:

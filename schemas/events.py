@@ -20,8 +20,12 @@ Role = Literal["prefill", "decode", "agg"]
 
 ROLES: tuple[Role, ...] = ("prefill", "decode", "agg")
 
-Count = Annotated[int, Field(ge=0)]
-Tokens = Annotated[int, Field(ge=0)]
+MAX_COUNT = 2**63 - 1
+"""Largest count or token total accepted: a signed 64-bit integer, what JSON encoders and
+Kafka consumers in other languages can carry (a bigger one could not be written to state)."""
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Tokens = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1, max_length=256)]

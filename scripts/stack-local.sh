@@ -22,7 +22,7 @@ BIN="$ROOT/.venv/bin"
 export FLEETPLAN_KAFKA_BOOTSTRAP="127.0.0.1:${FLEETPLAN_KAFKA_PORT:-19092}"
 export FLEETPLAN_REDIS_URL="redis://127.0.0.1:${FLEETPLAN_REDIS_PORT:-16379}/0"
 
-PROCESSES=(bridge worker connector orchestrator fleet)
+PROCESSES=(bridge worker connector fleet)
 
 say() { printf '[stack] %s\n' "$*" >&2; }
 die() {
@@ -33,10 +33,14 @@ die() {
 command_of() {
   case "$1" in
     bridge) echo "$BIN/fleetplan bridge --pull tcp://127.0.0.1:5557 --sub bind:tcp://127.0.0.1:5556 --metrics-port 9464" ;;
-    worker) echo "$BIN/fleetplan worker --metrics-port 9466" ;;
+    worker) echo "$BIN/fleetplan worker --metrics-port 9466 --config $ROOT/examples/configs/quickstart.yaml --profile h200-llama3.1-8b" ;;
     connector) echo "$BIN/fleetplan connector --backend $BACKEND --metrics-port 9465 --instance-id local-connector" ;;
-    orchestrator) echo "$BIN/python $ROOT/examples/orchestrator.py --transport redis --deployment $DEPLOYMENT --seconds-per-replica 2" ;;
-    fleet) echo "$BIN/fleetplan simulate --trace $ROOT/examples/traces/azure_conv_10min.csv --profile h200-llama3.1-8b --config $ROOT/examples/configs/quickstart.yaml --deployment $DEPLOYMENT --publish tcp://127.0.0.1:5557 --realtime" ;;
+    fleet)
+      # with the virtual backend the demo fleet scales to the live decisions (sim/follow.py);
+      # with the log backend nothing is applied, so it is scaled by its own in-process planner
+      local follow=""
+      [[ "$BACKEND" == virtual ]] && follow="--policy fleetplan.sim.follow:FollowDecisions"
+      echo "$BIN/fleetplan simulate --trace $ROOT/examples/traces/azure_conv_10min.csv --profile h200-llama3.1-8b --config $ROOT/examples/configs/quickstart.yaml --rate-scale 20 --deployment $DEPLOYMENT --publish tcp://127.0.0.1:5557 --realtime $follow" ;;
   esac
 }
 
@@ -68,9 +72,6 @@ up() {
   mkdir -p "$RUN"
   bash "$ROOT/scripts/services/up.sh"
   for name in "${PROCESSES[@]}"; do
-    if [[ "$name" == orchestrator && "$BACKEND" != virtual ]]; then
-      continue
-    fi
     start_one "$name"
   done
   say "up: Kafka $FLEETPLAN_KAFKA_BOOTSTRAP, Redis $FLEETPLAN_REDIS_URL, deployment $DEPLOYMENT"

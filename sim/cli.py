@@ -293,7 +293,7 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
             write_profile_json(run["converted_profile"], out / "profile.json")
     sizing = experiment.size_workload(workload, setup)
     try:
-        initial = experiment.initial_fleet(run["initial"], setup, sizing)
+        initial = experiment.initial_fleet(run["initial"], setup, sizing, workload)
     except ValueError as err:
         from fleetplan.cli import fail
 

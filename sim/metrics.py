@@ -39,13 +39,18 @@ class RequestLog:
         self.end = array("d")
 
     def add(self, req: SimRequest) -> None:
-        self.arrival.append(req.arrival)
-        self.ttft.append(req.first_token - req.arrival)
-        self.itl.append((req.end - req.first_token) / (req.osl - 1) if req.osl > 1 else math.nan)
-        self.isl.append(req.isl)
-        self.osl.append(req.osl)
-        self.cached.append(req.cached)
-        self.end.append(req.end)
+        itl = (req.end - req.first_token) / (req.osl - 1) if req.osl > 1 else math.nan
+        self.record(req.arrival, req.first_token - req.arrival, itl, req.isl, req.osl, req.cached, req.end)
+
+    def record(self, arrival: float, ttft: float, itl: float, isl: int, osl: int, cached: int, end: float) -> None:
+        """One finished request, in seconds (``itl`` NaN for a one-token answer)."""
+        self.arrival.append(arrival)
+        self.ttft.append(ttft)
+        self.itl.append(itl)
+        self.isl.append(isl)
+        self.osl.append(osl)
+        self.cached.append(cached)
+        self.end.append(end)
 
     def __len__(self) -> int:
         return len(self.arrival)

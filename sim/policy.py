@@ -17,7 +17,8 @@ in production:
 the fleet as it is. The simulated connector applies targets exactly as it
 applies the planner's decisions (startup time, draining). A policy may also
 define ``bind(context)``, called once before the run with the roles, the
-planner config (for its SLA), the profile and the startup time. Example::
+planner config (for its SLA), the profile, the startup time and the
+deployment name. Example::
 
     class QueueThreshold:
         interval_s = 10.0
@@ -79,6 +80,7 @@ class PolicyContext:
     profile: Any  # ProfileData
     startup_s: float
     gpus_per_engine: Mapping[str, int]
+    deployment: str = "sim"  # the name on the fleet's events (``--deployment``)
 
 
 @runtime_checkable

@@ -181,7 +181,7 @@ class PlannerController:
             if isinstance(item, self._late_type):
                 self.late += 1
                 continue
-            self.ticks.append(_tick_row(item))
+            self.ticks.append(tick_row(item))
             decision = item.decision
             if decision is None:
                 continue
@@ -191,7 +191,8 @@ class PlannerController:
                 self.loop.apply(decision.decision_id, decision.targets)
 
 
-def _tick_row(report) -> dict:
+def tick_row(report) -> dict:
+    """A tick report as the run's report plots it (time in the run's seconds)."""
     row = {
         "t": report.time, "targets": dict(report.targets), "ready": dict(report.ready),
         "throughput_reason": report.throughput_reason, "load_reason": report.load_reason,
@@ -244,6 +245,7 @@ class PolicyController:
             bind(PolicyContext(
                 roles=self.roles, config=setup.config, profile=setup.profile,
                 startup_s=setup.startup().upper(), gpus_per_engine=dict(setup.gpus),
+                deployment=loop.deployment,
             ))
         loop.clock.at(self.interval_s, self._tick)
 

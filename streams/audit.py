@@ -55,6 +55,9 @@ class AuditResult:
     divergence: Divergence | None = None
     beyond_horizon: int = 0
     horizon: float | None = None
+    # what the report is drawn from: the inputs folded and every tick of the re-fold
+    events: list = field(default_factory=list, repr=False)
+    reports: list[TickReport] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -184,8 +187,9 @@ def audit_log(path: str | Path, deployment: str, *, config=None, profile=None,
             inputs.append(event)
         elif event.type == "decision":
             recorded.append(event_to_dict(event))
-    result = AuditResult(deployment, str(path), inputs=len(inputs))
-    return compare(result, recorded, refold_as_fed(planner, inputs), horizon=None)
+    reports = refold_as_fed(planner, inputs)
+    result = AuditResult(deployment, str(path), inputs=len(inputs), events=inputs, reports=reports)
+    return compare(result, recorded, reports, horizon=None)
 
 
 def audit_kafka(bootstrap: str, deployment: str, *, config=None, profile=None, topic_prefix: str = "",
@@ -251,9 +255,24 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
         horizon = last if horizon is None else max(horizon, last)
 
     source = f"kafka {bootstrap} partition {p}" + (f" prefix {topic_prefix!r}" if topic_prefix else "")
-    result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded)
     reports = refold_by_event_time(planner, deployment, inputs)
+    result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, events=inputs,
+                         reports=reports)
     return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf)
+
+
+def write_audit_report(result: AuditResult, config, out: Path, window_s: float = 60.0) -> Path:
+    """Draw the deployment's recorded run as ``fleetplan simulate`` draws a simulated one."""
+    from fleetplan.sim.recorded import recorded_run
+    from fleetplan.sim.report import write_report
+
+    gpus = {r: config.gpus_per_engine(r) or 1 for r in config.roles}
+    run = recorded_run(result.deployment, result.events, result.reports, config.roles, gpus,
+                       config.ttft_ms, config.itl_ms, window_s)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"fleetplan audit: {result.deployment} from {result.source}"
+    return write_report(out / "report.html", [run.result], config.ttft_ms, config.itl_ms, window_s,
+                        run.arrivals, title)
 
 
 def _decode(raw: bytes | None):

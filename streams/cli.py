@@ -87,24 +87,33 @@ def audit(
     topic_prefix: Prefix = "",
     partitions: Annotated[int | None, typer.Option("--partitions", min=1, help="partitions of the topics (default: read from the cluster)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every decision checked")] = False,
+    report: Annotated[Path | None, typer.Option("--report", help="also write DIR/report.html: the simulator's report of the recorded run")] = None,
 ) -> None:
     """Re-fold a deployment's inputs with the core and check every recorded decision."""
+    from fleetplan.bootstrap import build_planner
     from fleetplan.eventlog import EventLogError
     from fleetplan.models.config import ConfigError
-    from fleetplan.streams.audit import audit_kafka, audit_log
+    from fleetplan.streams.audit import audit_kafka, audit_log, write_audit_report
 
     if (bootstrap is None) == (log is None):
         _fail("give exactly one of --bootstrap (Kafka) or --log (JSONL file)")
     try:
+        planner = build_planner(config, profile)
         if log is not None:
-            result = audit_log(log, deployment, config=config, profile=profile)
+            result = audit_log(log, deployment, planner=planner)
         else:
-            result = audit_kafka(bootstrap, deployment, config=config, profile=profile,
-                                 topic_prefix=topic_prefix, partitions=partitions)
+            result = audit_kafka(bootstrap, deployment, topic_prefix=topic_prefix, partitions=partitions,
+                                 planner=planner)
     except (ConfigError, EventLogError, OSError, ValueError) as err:
         _fail(str(err))
     for line in result.lines(verbose=verbose):
         typer.echo(line)
+    if report is not None:
+        try:
+            path = write_audit_report(result, planner.config, report)
+        except (OSError, ValueError) as err:
+            _fail(f"--report: {err}")
+        typer.echo(f"report: {path}")
     raise typer.Exit(0 if result.ok else 1)
 
 

@@ -31,8 +31,9 @@ from fleetplan.models.planner import Planner, TickReport
 from fleetplan.models.sequencer import FoldAhead, advance, offer
 from fleetplan.models.state import DeploymentState
 from fleetplan.schemas import topics as canonical
-from fleetplan.schemas.codec import SchemaError, decode_event, event_to_dict
+from fleetplan.schemas.codec import SchemaError, event_to_dict
 from fleetplan.schemas.events import DeadLetter
+from fleetplan.schemas.fpm_wire import decode_input
 from fleetplan.streams.tables import Output, StoredDeployment
 from fleetplan.streams.topics import TICKS
 from fleetplan.streams.watermark import Watermarks
@@ -201,7 +202,7 @@ class Router:
 
     def _offer(self, rec: InputRecord, batch: RoutedBatch) -> None:
         try:
-            event = decode_event(rec.value)
+            event = decode_input(rec.value)
         except SchemaError as err:
             self._invalid(rec, batch, "oversize" if err.oversize else "invalid", str(err))
             return

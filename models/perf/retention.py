@@ -178,28 +178,44 @@ class BucketedSamples:
         self._evict_if_full()
 
     def _append_run(self, rows: list, walls: list, keys: list[int]) -> None:
-        """:meth:`_append` for each row in order, with the loop inlined (the hot path)."""
+        """:meth:`_append` for each row in order, with the loop inlined (the hot path).
+
+        At a steady operating point every row lands in the one fullest bucket,
+        which then loses its oldest sample. Once :meth:`_evict_one` took a sample
+        from the only fullest bucket, the next row landing there makes it the only
+        fullest again (the others did not grow), so it loses its oldest sample
+        at once, and the bucket sizes are back where they were: no need to look
+        at the other buckets again until a row lands elsewhere.
+        """
         samples, queues, sizes = self._samples, self._queues, self._sizes
         cap = self.max_samples
         seq = self._next_seq
+        only_fullest = -1  # the bucket the last eviction took from, if it was the only fullest
         for row, wall, key in zip(rows, walls, keys, strict=True):
             samples[seq] = (tuple(row), wall)
             queues[key].append(seq)
-            sizes[key] += 1
             seq += 1
+            if key == only_fullest:  # over the cap: only_fullest is set by an eviction
+                del samples[queues[key].popleft()]
+                continue
+            sizes[key] += 1
             if len(samples) > cap:
-                self._evict_one()
+                only_fullest = self._evict_one()
         self._next_seq = seq
 
     def _evict_if_full(self) -> None:
         if len(self._samples) > self.max_samples:
             self._evict_one()
 
-    def _evict_one(self) -> None:
-        """Drop the oldest sample of the fullest bucket (ties: the bucket holding the oldest)."""
+    def _evict_one(self) -> int:
+        """Drop the oldest sample of the fullest bucket (ties: the bucket holding the oldest).
+
+        Returns that bucket if it was the only fullest, else -1.
+        """
         queues, sizes = self._queues, self._sizes
         fullest = max(sizes)
-        if sizes.count(fullest) == 1:
+        only = sizes.count(fullest) == 1
+        if only:
             victim = sizes.index(fullest)
         else:
             victim = min(
@@ -207,6 +223,7 @@ class BucketedSamples:
             )
         sizes[victim] -= 1
         del self._samples[queues[victim].popleft()]
+        return victim if only else -1
 
     def _rebuild(self) -> None:
         """Re-index every retained sample under the current bounds (seq order kept).

@@ -75,6 +75,12 @@ def test_bridge_and_fleet_commands_parse_with_the_real_options(compose):
         parsed[name] = ctx.params
     fleet, bridge = parsed["fleet"], parsed["bridge"]
     assert fleet["realtime"] == 1.0 and fleet["deployment"] == "demo"
+    # the demo fleet is scaled by the live decisions, so no other orchestrator runs by default
+    from fleetplan.sim.follow import FollowDecisions
+    from fleetplan.sim.policy import load_policy
+
+    assert isinstance(load_policy(fleet["policy"]), FollowDecisions)
+    assert services["orchestrator"]["profiles"] == ["example"]
     # The fleet PUSHes to the bridge's PULL endpoint, which binds; the SUB endpoint binds too
     # (publishers connect to the published port).
     assert fleet["publish"] == "tcp://bridge:5557"

@@ -67,3 +67,19 @@ def test_the_traffic_mirror_counts_what_the_core_counts():
         only_arrivals.add(ev)
     carried = {"num_req": 10.0, "isl": 3000.0, "osl": 321.0, "kv_hit_rate": None, "accept_length": None}
     assert only_arrivals.mismatch(carried, by_arrival=True) is None
+
+
+def test_traffic_that_starts_mid_window_is_counted_as_a_rate(make_fleet):
+    # a deployment whose traffic begins 120 s into its first 180 s window: 60 s at 10 rps
+    # is 600 requests, a rate of 10 rps, not 600 / 180 = 3.3 rps
+    from fleetplan.schemas import ClockEvent
+
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *arrivals(10, T0 + 120, T0 + 180),
+           ClockEvent(deployment="d", time=T0 + 181)]
+    (tick,) = [o for o in make_fleet(sizing="fleetplan").run(evs) if o.observed is not None]
+    assert tick.observed.num_req == pytest.approx(1800.0, rel=0.02)  # 600 over 60 s, per 180 s
+    # traffic from the window's start is a whole window, as before
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *arrivals(10, T0 + 1, T0 + 180),
+           ClockEvent(deployment="d", time=T0 + 181)]
+    (tick,) = [o for o in make_fleet(sizing="fleetplan").run(evs) if o.observed is not None]
+    assert tick.observed.num_req == 1790.0

@@ -48,6 +48,15 @@ def test_out_of_band_reconciles_down():
     assert out["prefill"] >= 1 and out["decode"] >= 1
 
 
+def test_reconciling_down_gives_the_freed_room_to_a_role_below_its_floor():
+    # 0 prefill and 5 decode over a budget of 4 GPUs, floors of 2: decode comes down to
+    # its target and what that frees raises prefill (each role stays between current and target)
+    one = {"prefill": 1, "decode": 1}
+    out, reason = fit_gpu_budget({"prefill": 0, "decode": 5}, {"prefill": 2, "decode": 3}, one, 4,
+                                 floors={"prefill": 2, "decode": 2})
+    assert out == {"prefill": 1, "decode": 3} and reason == "gpu_budget_reconcile"
+
+
 def test_min_budget_grows():
     out, reason = fit_gpu_budget({"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 1}, G, 20, min_budget=7)
     assert gpu_total(out, G) >= 7 and reason == "gpu_budget_reconcile"

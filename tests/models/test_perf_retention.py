@@ -35,6 +35,24 @@ def test_tie_between_fullest_buckets_drops_the_oldest_sample():
     assert xs_of(s) == [0.0, 9.0, 1.0]
 
 
+def test_tie_right_after_an_eviction_in_a_batch_drops_the_oldest_sample():
+    """The batched path's shortcut (a row in the bucket just evicted from evicts from
+    it again) must not apply when that bucket was tied for fullest. Here, one by one:
+    1 makes high [10, 9] and low [0, 1] tie, and 10 goes; the next 9 makes high
+    [9, 9] and low [0, 1] tie again, and 0, the oldest, goes (not high's 9)."""
+    rows = [10.0, 0.0] + [9.0, 1.0] * 7 + [9.0]  # more than SMALL_BATCH: add_many's batched path
+    one_by_one = BucketedSamples(ndim=1, max_samples=3, buckets_per_axis=2)
+    for v in rows[:5]:
+        one_by_one.add((v,), 0.01)
+    assert xs_of(one_by_one) == [9.0, 1.0, 9.0]
+    for v in rows[5:]:
+        one_by_one.add((v,), 0.01)
+    batched = BucketedSamples(ndim=1, max_samples=3, buckets_per_axis=2)
+    batched.add_many(np.array(rows).reshape(-1, 1), np.full(len(rows), 0.01))
+    assert xs_of(batched) == xs_of(one_by_one) == [9.0, 1.0, 9.0]
+    assert batched.to_state() == one_by_one.to_state()
+
+
 def test_default_grid_is_4x4_in_2d_and_16_in_1d():
     one = BucketedSamples(1, 64, 16)
     two = BucketedSamples(2, 64, 4)
@@ -107,6 +125,21 @@ def _check_batching(rows, cuts, ndim):
     assert batched.to_state() == expected.to_state()
     assert len(batched) <= 16
     assert batched._sizes == batched.bucket_counts()  # the sizes eviction reads stay exact
+
+
+steady_rows_2d = st.lists(
+    st.tuples(st.sampled_from([10.0, 10.0, 10.0, 12.0, 200.0]), st.sampled_from([5e5, 5e5, 5e5, 6e5, 1e3]),
+              st.floats(1e-3, 1)),
+    min_size=100, max_size=400,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steady_rows_2d, st.lists(st.integers(0, 400), max_size=4))
+def test_add_many_at_a_steady_operating_point_equals_add_one_by_one(rows, cuts):
+    """Most rows at one point, so one bucket stays the only fullest (``_append_run``'s
+    shortcut); now and then a row elsewhere, so it stops being so."""
+    _check_batching(rows, cuts, ndim=2)
 
 
 @settings(max_examples=40, deadline=None)

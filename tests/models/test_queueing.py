@@ -64,3 +64,60 @@ def test_fleetplan_defaults_size_above_dynamo_on_a_steady_load(make_fleet):
     ours = decisions(make_fleet(sizing="fleetplan").run(list(evs)))[0]
     assert ours.targets["prefill"] >= dynamo["prefill"] and ours.targets["decode"] >= dynamo["decode"]
     assert ours.predicted.horizon_windows == 2  # 120 s startup + one 180 s window
+
+
+# --- bursty arrivals -------------------------------------------------------------
+
+
+@given(st.floats(1.0, 200), st.floats(1.0, 50), st.floats(0.05, 1.0), st.floats(1.0, 30.0))
+def test_bursty_arrivals_never_need_fewer_engines(demand, rate, budget, dispersion):
+    poisson = queueing_replicas(demand, rate, budget, 0.99, 1)
+    bursty = queueing_replicas(demand, rate, budget, 0.99, 1, arrival_dispersion=dispersion)
+    assert bursty >= poisson
+    assert wait_exceeds(bursty, demand, rate, budget, dispersion) <= 0.01
+
+
+def test_dispersion_stretches_the_wait_tail_by_half_of_one_plus_it():
+    # Kingman's heavy-traffic form: waits scale with (c_a^2 + c_s^2) / 2, c_s^2 = 1 here
+    assert wait_exceeds(1, 2.0, 5.0, 0.3, 5.0) == pytest.approx(0.4 * math.exp(-3.0 * 0.3 / 3.0))
+    # smoother than Poisson is not trusted: the floor stays Poisson's
+    assert wait_exceeds(1, 2.0, 5.0, 0.3, 0.2) == wait_exceeds(1, 2.0, 5.0, 0.3)
+
+
+def _clustered_arrivals(windows: int, cluster: int):
+    """5 rps on average: ``cluster`` arrivals at once every ``cluster / 5`` seconds."""
+    from tests.models.test_arrivals import arrivals
+
+    evs = []
+    for w in range(windows):
+        t0 = T0 + 180 * w + 0.5
+        for k in range(int(180 * 5 / cluster)):
+            start = t0 + k * cluster / 5
+            evs += arrivals(1000, start, start + cluster / 1000, isl=6000, tag=f"w{w}c{k}_")
+    return evs
+
+
+def test_window_dispersion_is_one_for_spread_arrivals_and_large_for_clusters():
+    from fleetplan.models.state import TrafficWindow
+
+    steady = TrafficWindow(second_arrivals={str(s): 5 for s in range(180)})
+    assert steady.arrival_dispersion(180) == 0.0
+    clustered = TrafficWindow(second_arrivals={str(s): 50 for s in range(0, 180, 10)})
+    assert clustered.arrival_dispersion(180) == pytest.approx(45.0)  # (2500/10 - 25) / 5
+    assert TrafficWindow(second_arrivals={"0": 29}).arrival_dispersion(180) is None  # too few
+
+
+def test_the_planner_adds_prefill_for_clustered_arrivals(make_fleet):
+    # the same 5 rps of 6,000-token prompts, spread out or in clusters of 50
+    from tests.models.test_arrivals import arrivals
+
+    spread = [ready("p0", "prefill"), ready("d0", "decode"), *arrivals(5, T0 + 0.5, T0 + 540.5, isl=6000),
+              *requests(5, T0 + 1, T0 + 541, isl=6000)]
+    clustered = [ready("p0", "prefill"), ready("d0", "decode"), *_clustered_arrivals(3, 50),
+                 *requests(5, T0 + 1, T0 + 541, isl=6000)]
+    kw = {"sizing": "fleetplan", "max_throughput_scaling_replicas": 40}
+    calm = decisions(make_fleet(**kw).run(sorted(spread, key=lambda e: e.time)))
+    bursty = decisions(make_fleet(**kw).run(sorted(clustered, key=lambda e: e.time)))
+    poisson = decisions(make_fleet(queueing_arrivals="poisson", **kw).run(sorted(clustered, key=lambda e: e.time)))
+    assert bursty[-1].targets["prefill"] > poisson[-1].targets["prefill"]
+    assert poisson[-1].targets["prefill"] == calm[-1].targets["prefill"]

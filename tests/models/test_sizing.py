@@ -255,3 +255,16 @@ def test_quantile_sizes_for_the_busiest_minute_not_the_window_mean(make_fleet):
     assert all(abs(t.predicted.rps - 20) < 1 for t in by_minute[2:])
     assert all(t.predicted.sized_rps >= 39 for t in by_minute[-5:])
     assert all(t.predicted.sized_rps < 25 for t in by_window[-5:])
+
+
+def test_state_written_before_the_newer_fields_still_restores(make_fleet):
+    """A worker upgraded in place reads the changelog its predecessor wrote: fields added
+    since (arrival burstiness, first traffic time) take their starting values."""
+    fleet = make_fleet(sizing="fleetplan")
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *_bursty(0, 2, 5, 20), _clock(T0 + 2 * INTERVAL + 0.5)])
+    data = orjson.loads(orjson.dumps(_state(fleet).to_data()))
+    for key in ("arrival_dispersion", "first_traffic"):
+        del data[key]
+    del data["window"]["second_arrivals"]
+    old = DeploymentState.from_data(data)
+    assert (old.arrival_dispersion, old.first_traffic, old.window.second_arrivals) == (1.0, None, {})

@@ -86,9 +86,10 @@ def test_worker_decides_dead_letters_bad_input_and_serves_metrics(namespace, wor
     assert result.excluded_late == 1 and len(result.reproduced) >= len(want_all)
 
 
-def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_factory, config_file):
+def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_factory, config_file, tmp_path):
     """SIGKILL the worker while it is deciding, restart it: state comes back from the
-    changelog, decision ids continue with no gap or repeat, and the audit passes."""
+    changelog, decision ids continue with no gap or repeat, and the audit passes (and
+    draws the recorded run as the simulator's report)."""
     fpms, reqs = traffic("alpha", 240, batch=4)
     worker = worker_factory().start()
     stop = threading.Event()
@@ -127,9 +128,12 @@ def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_facto
     assert result.ok, result.lines()
     assert len(result.reproduced) == len(got)
     run = subprocess.run([FLEETPLAN, "audit", "--deployment", "alpha", "--bootstrap", namespace.bootstrap,
-                          "--topic-prefix", namespace.prefix, "--config", str(config_file)],
+                          "--topic-prefix", namespace.prefix, "--config", str(config_file),
+                          "--report", str(tmp_path / "report")],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and f"OK: {len(got)} decision(s) reproduced" in run.stdout, run.stdout + run.stderr
+    html = (tmp_path / "report" / "report.html").read_bytes()
+    assert b"plotly" in html[:4_000_000] and b"fleetplan audit: alpha" in html
 
 
 def test_windowed_traffic_table_mirrors_the_cores_window(namespace, worker_factory, tmp_path):

@@ -1,0 +1,135 @@
+"""A live deployment's run rebuilt from its recorded events, for the simulator's report.
+
+``fleetplan audit --report DIR`` reads what a deployment recorded (its
+inputs on Kafka, or a ``fleetplan simulate`` log), re-folds them with the
+core to get every tick, and hands this module the events and the tick
+reports. Out comes a :class:`~fleetplan.sim.runner.RunResult` that
+``write_report`` draws exactly as it draws a simulated run:
+
+- requests: each ``request`` record's arrival (``request_received_ms``),
+  TTFT (``ttft_ms``) and mean ITL (``avg_itl_ms``), as the frontend
+  measured them; records without a TTFT are left out (counted in
+  ``unmeasured``), since they cannot be judged against the SLA;
+- replicas: from ``inventory`` events when the orchestrator sends them
+  (starting, ready, draining, with their GPUs), else the ready counts the
+  planner saw at its ticks (engines it discovered from their FPMs) at the
+  config's GPUs per engine;
+- load and estimates: every tick's observed and predicted load and the
+  perf model's TTFT/ITL estimates.
+
+Times are seconds from the first event, as in a simulated run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fleetplan.sim.metrics import ReplicaTimeline, RequestLog, summarize
+from fleetplan.sim.runner import RunResult, tick_row
+
+_STATES = ("ready", "starting", "draining")
+
+
+@dataclass
+class RecordedRun:
+    result: RunResult
+    arrivals: list[tuple[float, int]]  # (window start, requests arriving in it)
+    start_s: float  # epoch time of the run's zero
+    unmeasured: int  # finished requests without a TTFT
+
+
+def recorded_run(
+    name: str, events: Sequence, reports: Iterable, roles: tuple[str, ...], gpus_per_engine: dict[str, int],
+    ttft_ms: float, itl_ms: float, window_s: float,
+) -> RecordedRun:
+    """Rebuild the run of one deployment from its inputs and the core's tick reports."""
+    reports = list(reports)
+    times = [e.time for e in events] + [r.time for r in reports]
+    if not times:
+        raise ValueError("no events recorded for this deployment")
+    t0 = min(times)
+    end = max(times) - t0
+    requests, unmeasured = _requests(events, t0)
+    timeline = _inventory_timeline(events, roles, t0) or _tick_timeline(reports, roles, gpus_per_engine, t0)
+    ticks = []
+    for report in reports:
+        row = tick_row(report)
+        row["t"] = report.time - t0
+        ticks.append(row)
+    decisions = [r.decision for r in reports if r.decision is not None]
+    gpu_seconds = _gpu_seconds(timeline, end)
+    summary = summarize(name, requests, ttft_ms, itl_ms, end, gpu_seconds, timeline.peak(),
+                        timeline.mean_ready(end), len(decisions))
+    result = RunResult(name, summary, requests, timeline, end, ticks=ticks, decisions=decisions,
+                       events=len(events))
+    return RecordedRun(result, _arrivals(events, t0, end, window_s), t0, unmeasured)
+
+
+def _requests(events: Sequence, t0: float) -> tuple[RequestLog, int]:
+    log = RequestLog()
+    unmeasured = 0
+    for e in sorted((e for e in events if e.type == "request"), key=lambda e: (e.arrival_s, e.request_id)):
+        if e.ttft_ms is None:
+            unmeasured += 1
+            continue
+        itl = e.avg_itl_ms / 1000.0 if e.avg_itl_ms is not None and e.output_tokens > 1 else math.nan
+        log.record(e.arrival_s - t0, e.ttft_ms / 1000.0, itl, e.input_tokens, e.output_tokens,
+                   e.cached_tokens, e.time - t0)
+    return log, unmeasured
+
+
+def _arrivals(events: Sequence, t0: float, end: float, window_s: float) -> list[tuple[float, int]]:
+    """Requests per window by arrival: ``arrival`` events, else the finished records' arrivals."""
+    arrived = [e.time for e in events if e.type == "arrival"]
+    if not arrived:
+        arrived = [e.arrival_s for e in events if e.type == "request"]
+    n = max(1, math.ceil(end / window_s))
+    counts = [0] * n
+    for t in arrived:
+        counts[min(max(int((t - t0) // window_s), 0), n - 1)] += 1
+    return [(i * window_s, c) for i, c in enumerate(counts)]
+
+
+def _inventory_timeline(events: Sequence, roles: tuple[str, ...], t0: float) -> ReplicaTimeline | None:
+    inventory = [e for e in events if e.type == "inventory" and e.role in roles]
+    if not inventory:
+        return None
+    timeline = ReplicaTimeline(roles)
+    workers: dict[str, tuple[str, str, int]] = {}  # worker -> (role, state, gpus)
+    timeline.record(0.0, _counts(workers, roles), 0)
+    for e in sorted(inventory, key=lambda e: e.time):
+        if e.state == "gone":
+            workers.pop(e.worker_id, None)
+        else:
+            workers[e.worker_id] = (e.role, e.state, e.gpus)
+        timeline.record(e.time - t0, _counts(workers, roles), sum(g for _, _, g in workers.values()))
+    return timeline
+
+
+def _counts(workers: dict[str, tuple[str, str, int]], roles: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    counts = {r: dict.fromkeys(_STATES, 0) for r in roles}
+    for role, state, _ in workers.values():
+        counts[role][state] += 1
+    return counts
+
+
+def _tick_timeline(
+    reports: Sequence, roles: tuple[str, ...], gpus_per_engine: dict[str, int], t0: float,
+) -> ReplicaTimeline:
+    timeline = ReplicaTimeline(roles)
+    timeline.record(0.0, {r: dict.fromkeys(_STATES, 0) for r in roles}, 0)
+    for report in reports:
+        counts = {r: {"ready": report.ready.get(r, 0), "starting": 0, "draining": 0} for r in roles}
+        gpus = sum(counts[r]["ready"] * gpus_per_engine.get(r, 1) for r in roles)
+        timeline.record(report.time - t0, counts, gpus)
+    return timeline
+
+
+def _gpu_seconds(timeline: ReplicaTimeline, end: float) -> float:
+    points = timeline.points
+    total = 0.0
+    for (t, _, gpus), nxt in zip(points, [*points[1:], (end, None, 0)], strict=True):
+        total += gpus * max(0.0, nxt[0] - t)
+    return total

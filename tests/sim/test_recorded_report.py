@@ -1,0 +1,76 @@
+"""A recorded run drawn as a simulated one: ``fleetplan audit --report`` on a simulate log.
+
+The simulator's log holds what a live deployment would have recorded
+(arrivals, request records with the frontend's TTFT and ITL, inventory,
+FPMs, decisions). Rebuilt from those events alone, the run must measure
+what the simulator measured from its own engines.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from fleetplan.bootstrap import build_planner
+from fleetplan.cli import _register_optional, app
+from fleetplan.sim.recorded import recorded_run
+from fleetplan.streams.audit import audit_log
+from tests.sim.sim_helpers import CODE, ROOT
+
+QUICKSTART = ROOT / "examples" / "configs" / "quickstart.yaml"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    _register_optional()
+    out = tmp_path_factory.mktemp("sim") / "run"
+    result = runner.invoke(app, [
+        "simulate", "--trace", str(CODE), "--profile", "h200-llama3.1-8b", "--config", str(QUICKSTART),
+        "--duration", "300", "--rate-scale", "6", "--out", str(out), "--json", "--no-baselines",
+        "--deployment", "code",
+    ])
+    assert result.exit_code == 0, result.output
+    return out, orjson.loads(result.stdout)["results"]["planner"]
+
+
+def test_the_rebuilt_run_measures_what_the_simulator_measured(simulated):
+    out, measured = simulated
+    planner = build_planner(QUICKSTART, "h200-llama3.1-8b")
+    audit = audit_log(out / "events.jsonl", "code", planner=planner)
+    assert audit.ok, audit.lines()
+    cfg = planner.config
+    run = recorded_run("code", audit.events, audit.reports, cfg.roles, {"prefill": 1, "decode": 1},
+                       cfg.ttft_ms, cfg.itl_ms, 60.0)
+    summary = run.result.summary
+    assert run.unmeasured == 0
+    assert summary.requests == measured["requests"]
+    assert summary.sla_attainment == pytest.approx(measured["sla_attainment"], abs=1e-3)
+    assert summary.ttft_p90_ms == pytest.approx(measured["ttft_p90_ms"], rel=1e-6)
+    assert summary.gpu_hours == pytest.approx(measured["gpu_hours"], rel=0.02)
+    assert summary.decisions == measured["decisions"]
+    assert sum(n for _, n in run.arrivals) == measured["requests"]
+    assert any("predicted_rps" in t for t in run.result.ticks)
+
+
+def test_audit_report_writes_the_simulators_report(simulated, tmp_path):
+    out, _ = simulated
+    result = runner.invoke(app, [
+        "audit", "--deployment", "code", "--log", str(out / "events.jsonl"), "--config", str(QUICKSTART),
+        "--profile", "h200-llama3.1-8b", "--report", str(tmp_path / "audit"),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "OK:" in result.output and "report:" in result.output
+    html = (tmp_path / "audit" / "report.html").read_bytes()
+    assert b"plotly" in html[:4_000_000] and b"Ready replicas per role" in html
+
+
+def test_a_deployment_with_nothing_recorded_is_a_clear_error(simulated, tmp_path):
+    out, _ = simulated
+    result = runner.invoke(app, [
+        "audit", "--deployment", "nobody", "--log", str(out / "events.jsonl"), "--config", str(QUICKSTART),
+        "--profile", "h200-llama3.1-8b", "--report", str(tmp_path / "audit"),
+    ])
+    assert result.exit_code != 0
+    assert "--report: no events recorded for this deployment" in result.output

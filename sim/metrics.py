@@ -185,6 +185,11 @@ class ReplicaTimeline:
             for r in self.roles
         }
 
+    def gpu_seconds(self, until: float) -> float:
+        """GPUs held, integrated from the first point to ``until``."""
+        ends = [t for t, _, _ in self.points[1:]] + [until] if self.points else []
+        return sum(gpus * max(0.0, end - t) for (t, _, gpus), end in zip(self.points, ends, strict=True))
+
     def mean_ready(self, until: float) -> dict[str, float]:
         """Time-averaged ready replicas per role over ``[0, until]``."""
         out = {}

@@ -59,7 +59,7 @@ def recorded_run(
         row["t"] = report.time - t0
         ticks.append(row)
     decisions = [r.decision for r in reports if r.decision is not None]
-    gpu_seconds = _gpu_seconds(timeline, end)
+    gpu_seconds = timeline.gpu_seconds(end)
     summary = summarize(name, requests, ttft_ms, itl_ms, end, gpu_seconds, timeline.peak(),
                         timeline.mean_ready(end), len(decisions))
     result = RunResult(name, summary, requests, timeline, end, ticks=ticks, decisions=decisions,
@@ -125,11 +125,3 @@ def _tick_timeline(
         gpus = sum(counts[r]["ready"] * gpus_per_engine.get(r, 1) for r in roles)
         timeline.record(report.time - t0, counts, gpus)
     return timeline
-
-
-def _gpu_seconds(timeline: ReplicaTimeline, end: float) -> float:
-    points = timeline.points
-    total = 0.0
-    for (t, _, gpus), nxt in zip(points, [*points[1:], (end, None, 0)], strict=True):
-        total += gpus * max(0.0, nxt[0] - t)
-    return total

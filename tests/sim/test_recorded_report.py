@@ -74,3 +74,14 @@ def test_a_deployment_with_nothing_recorded_is_a_clear_error(simulated, tmp_path
     ])
     assert result.exit_code != 0
     assert "--report: no events recorded for this deployment" in result.output
+
+
+def test_gpu_seconds_integrate_the_timeline():
+    from fleetplan.sim.metrics import ReplicaTimeline
+
+    timeline = ReplicaTimeline(("agg",))
+    none = {"agg": {"ready": 0, "starting": 0, "draining": 0}}
+    timeline.record(0.0, none, 2)
+    timeline.record(10.0, none, 4)
+    assert timeline.gpu_seconds(25.0) == 2 * 10 + 4 * 15
+    assert ReplicaTimeline(("agg",)).gpu_seconds(5.0) == 0

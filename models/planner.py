@@ -437,9 +437,15 @@ def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch | WireFpmBatch) -> 
         state.perf[role].observe_batch(FpmColumns.from_fpms(fpms))
 
 
-def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
+def _note_traffic(state: DeploymentState, arrival_s: float) -> None:
+    """The deployment has traffic; the first request's arrival dates its first window."""
     if state.first_traffic is None:
-        state.first_traffic = req.arrival_s
+        state.first_traffic = arrival_s
+    state.seen_traffic = True
+
+
+def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
+    _note_traffic(state, req.arrival_s)
     w = state.window
     w.count += 1
     w.sum_isl += req.input_tokens
@@ -459,20 +465,17 @@ def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
         w.n_itl += 1
     LengthMix(w.mix).add(req.input_tokens, req.output_tokens)
     _count_burst(w.burst_finished, req.time, state.config.burst_seconds)
-    state.seen_traffic = True
 
 
 def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:
     """Count demand when it arrives; from the first arrival on, arrivals are the count."""
-    if state.first_traffic is None:
-        state.first_traffic = ev.time
+    _note_traffic(state, ev.time)
     w = state.window
     w.arrivals += 1
     w.sum_arrival_isl += ev.input_tokens
     _count_burst(w.burst_arrivals, ev.time, state.config.burst_seconds)
     _count_burst(w.second_arrivals, ev.time, 1)
     state.seen_arrivals = True
-    state.seen_traffic = True
 
 
 def _count_burst(counts: dict[str, int], time: float, burst_s: int) -> None:

@@ -16,6 +16,7 @@ from typing import IO
 import numpy as np
 
 from fleetplan.sim.baselines import SchedulePolicy, StaticPolicy, refine_needs, static_targets
+from fleetplan.sim.metrics import sla_met
 from fleetplan.sim.realtime import LiveRun
 from fleetplan.sim.runner import (
     ClosedLoop,
@@ -181,13 +182,11 @@ def feasible_attainment(result: RunResult, setup: FleetSetup) -> float | None:
     no request could.
     """
     a = result.requests.arrays()
-    cfg = setup.config
     can_ttft, can_itl = feasible_requests(result, setup)
-    itl = a["itl"]
-    feasible = can_ttft & (can_itl | np.isnan(itl))
+    feasible = can_ttft & (can_itl | np.isnan(a["itl"]))
     if not feasible.any():
         return None
-    ok = (a["ttft"] * 1000.0 <= cfg.ttft_ms) & (np.isnan(itl) | (itl * 1000.0 <= cfg.itl_ms))
+    ok = sla_met(a["ttft"], a["itl"], setup.config.ttft_ms, setup.config.itl_ms)
     return float((ok & feasible).sum() / feasible.sum())
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fleetplan.models.perf import EngineLimits
 from fleetplan.sim.clock import VirtualClock
 from fleetplan.sim.engines import Engine, SimRequest
+from fleetplan.sim.metrics import no_replicas
 from fleetplan.sim.router import Router
 from fleetplan.sim.startup import StartupTime
 from fleetplan.sim.timing import EngineTiming
@@ -94,7 +95,7 @@ class SimFleet:
         return sum(1 for e in self.engines if e.role == role and e.state == state)
 
     def counts(self) -> dict[str, dict[str, int]]:
-        out = {r: {"starting": 0, "ready": 0, "draining": 0} for r in self.roles}
+        out = no_replicas(self.roles)
         for e in self.engines:
             if e.state != "gone":
                 out[e.role][e.state] += 1

@@ -166,6 +166,15 @@ def windowed(log: RequestLog, window_s: float, horizon_s: float, ttft_ms: float,
     return out
 
 
+STATES = ("ready", "starting", "draining")
+"""The replica states a timeline counts (``gone`` engines hold nothing)."""
+
+
+def no_replicas(roles) -> dict[str, dict[str, int]]:
+    """Counts of an empty fleet, per role and state."""
+    return {r: dict.fromkeys(STATES, 0) for r in roles}
+
+
 class ReplicaTimeline:
     """Replica counts per role and state, and GPUs held, at every change."""
 
@@ -185,10 +194,24 @@ class ReplicaTimeline:
             for r in self.roles
         }
 
+    def cumulative_gpu_seconds(self, until: float) -> list[float]:
+        """GPU-seconds spent by each point, then by ``until`` (one more value than points)."""
+        out: list[float] = []
+        total = 0.0
+        for i, (t, _, _) in enumerate(self.points):
+            if i:
+                before, _, gpus = self.points[i - 1]
+                total += gpus * (t - before)
+            out.append(total)
+        if self.points:
+            t, _, gpus = self.points[-1]
+            total += gpus * max(0.0, until - t)
+        out.append(total)
+        return out
+
     def gpu_seconds(self, until: float) -> float:
         """GPUs held, integrated from the first point to ``until``."""
-        ends = [t for t, _, _ in self.points[1:]] + [until] if self.points else []
-        return sum(gpus * max(0.0, end - t) for (t, _, gpus), end in zip(self.points, ends, strict=True))
+        return self.cumulative_gpu_seconds(until)[-1]
 
     def mean_ready(self, until: float) -> dict[str, float]:
         """Time-averaged ready replicas per role over ``[0, until]``."""
@@ -206,6 +229,6 @@ class ReplicaTimeline:
             "gpus": [p[2] for p in self.points],
             **{
                 f"{r}_{s}": [p[1][r][s] for p in self.points]
-                for r in self.roles for s in ("ready", "starting", "draining")
+                for r in self.roles for s in STATES
             },
         }

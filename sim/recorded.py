@@ -26,10 +26,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fleetplan.sim.metrics import ReplicaTimeline, RequestLog, summarize
+from fleetplan.sim.metrics import ReplicaTimeline, RequestLog, no_replicas, summarize
 from fleetplan.sim.runner import RunResult, tick_row
-
-_STATES = ("ready", "starting", "draining")
 
 
 @dataclass
@@ -109,7 +107,7 @@ def _inventory_timeline(events: Sequence, roles: tuple[str, ...], t0: float) -> 
 
 
 def _counts(workers: dict[str, tuple[str, str, int]], roles: tuple[str, ...]) -> dict[str, dict[str, int]]:
-    counts = {r: dict.fromkeys(_STATES, 0) for r in roles}
+    counts = no_replicas(roles)
     for role, state, _ in workers.values():
         counts[role][state] += 1
     return counts
@@ -119,9 +117,11 @@ def _tick_timeline(
     reports: Sequence, roles: tuple[str, ...], gpus_per_engine: dict[str, int], t0: float,
 ) -> ReplicaTimeline:
     timeline = ReplicaTimeline(roles)
-    timeline.record(0.0, {r: dict.fromkeys(_STATES, 0) for r in roles}, 0)
+    timeline.record(0.0, no_replicas(roles), 0)
     for report in reports:
-        counts = {r: {"ready": report.ready.get(r, 0), "starting": 0, "draining": 0} for r in roles}
+        counts = no_replicas(roles)
+        for r in roles:
+            counts[r]["ready"] = report.ready.get(r, 0)
         gpus = sum(counts[r]["ready"] * gpus_per_engine.get(r, 1) for r in roles)
         timeline.record(report.time - t0, counts, gpus)
     return timeline

@@ -85,7 +85,7 @@ def write_report(
                                  line={"color": color, "width": width}, legendgroup=result.policy), row=5, col=1)
         fig.add_trace(go.Scatter(
             x=[t / 60.0 for t in tl["t"]] + [result.end_s / 60.0],
-            y=_cumulative_gpu_hours(tl["t"], tl["gpus"], result.end_s),
+            y=[s / 3600.0 for s in result.timeline.cumulative_gpu_seconds(result.end_s)],
             mode="lines", name=f"{result.policy} GPU-h", line={"color": color, "width": width},
             legendgroup=result.policy,
         ), row=6, col=1)
@@ -112,14 +112,3 @@ def _line(points, name, color, dash, group):
         x=[t / 60.0 for t, _ in points], y=[v for _, v in points], mode="lines+markers",
         name=name, line={"color": color, "dash": dash}, legendgroup=group,
     )
-
-
-def _cumulative_gpu_hours(times: list[float], gpus: list[int], end: float) -> list[float]:
-    out = []
-    total = 0.0
-    for i, t in enumerate(times):
-        if i:
-            total += gpus[i - 1] * (t - times[i - 1]) / 3600.0
-        out.append(total)
-    out.append(total + (gpus[-1] * (end - times[-1]) / 3600.0 if times else 0.0))
-    return out

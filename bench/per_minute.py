@@ -1,0 +1,74 @@
+"""Where a planner run misses: SLA attainment per minute, and what each throughput tick decided.
+
+Usage:
+
+    .venv/bin/python bench/per_minute.py --data /work/shared/data --workload azure-code-30min \\
+        [--sla 500,50] [--warm replayed|capacity] [--set key=value ...]
+
+Runs fleetplan's default config (throughput loop, ARIMA, ``--set`` to
+override fields, YAML values) on one quality workload of ``bench/quality.py``
+at its ``bench/sizing.py`` scale, from the replayed warm fleet, and prints
+per arrival minute the requests, the share meeting both targets and each
+target alone, then per tick the targets, ready engines, forecast and the
+perf model's per-engine capacity.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import yaml
+from quality import LOOPS, Spec, build_workload, make_setup, specs
+from sizing import SCALES
+
+from fleetplan.models.planner import Planner
+from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--workload", required=True,
+                        help="azure-conv-30min, azure-code-30min or mooncake-conv-30min")
+    parser.add_argument("--sla", default="500,50")
+    parser.add_argument("--warm", choices=("replayed", "capacity"), default="replayed",
+                        help="initial fleet: replayed until the first span meets the SLA, or the capacity search alone")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    sla = tuple(float(v) for v in args.sla.split(","))
+    overrides = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.overrides)}
+    found = [s for s in specs(args.data, {"conv", "code", "mooncake"}, 10, 24, 24.0, choose=False)
+             if s.name == args.workload]
+    if not found:
+        parser.error(f"--workload: one of {', '.join(SCALES)} (the 30-minute traces), got {args.workload!r}")
+    s = found[0]
+    spec = Spec(**{**s.__dict__, "scale": SCALES[s.name]})
+    cfg, setup = make_setup(spec, sla, {**LOOPS["throughput"], "load_predictor": "arima", **overrides})
+    workload = build_workload(spec)
+    replay = workload if args.warm == "replayed" else None
+    initial = initial_fleet("warm", setup, size_workload(workload, setup), replay)
+    result = run_planner(workload, setup, Planner(cfg, profile=setup.profile), initial)
+    summary = result.summary
+    print(f"{spec.name} ×{spec.scale:g} at {sla[0]:g}/{sla[1]:g}: warm fleet {initial}, "
+          f"attainment {summary.sla_attainment:.2%}, {summary.gpu_hours:.2f} GPU-h")
+    a = result.requests.arrays()
+    ttft_ok = a["ttft"] * 1000.0 <= sla[0]
+    itl_ok = np.isnan(a["itl"]) | (a["itl"] * 1000.0 <= sla[1])
+    minute = (a["arrival"] // 60).astype(np.int64)
+    print("\n| minute | requests | both met | TTFT met | ITL met |\n|---:|---:|---:|---:|---:|")
+    for m in range(int(minute.max()) + 1):
+        sel = minute == m
+        if sel.any():
+            print(f"| {m} | {int(sel.sum())} | {(ttft_ok & itl_ok)[sel].mean():.1%} | "
+                  f"{ttft_ok[sel].mean():.1%} | {itl_ok[sel].mean():.1%} |")
+    print("\n| tick s | targets | ready | predicted rps | prefill rps/engine | decode rps/engine |")
+    print("|---:|---|---|---:|---:|---:|")
+    for t in result.ticks:
+        print(f"| {t['t']:g} | {t['targets']} | {t['ready']} | {t.get('predicted_rps', float('nan')):.1f} | "
+              f"{t.get('prefill_capacity_rps', float('nan')):.1f} | {t.get('decode_capacity_rps', float('nan')):.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,13 @@ Three checks, printed as markdown tables (docs/calibration.md holds a run):
    sequences at that context) on an idle simulated decode engine, ITL over
    50 steps against the measured ITL. For contrast, the planner's own linear
    fit of the same profile (``--engine-timing fit``) at the same points.
-2. **A measured serving curve.** DistServe's vLLM runs of OPT-13B on one
+2. **Between context levels, held out.** The simulated engine interpolates
+   decode ITL between the measured context levels linearly in 1/context
+   (linear in the batch at a fixed KV usage). Each inner level is dropped in
+   turn and predicted from its two neighbours, in 1/context and, for
+   contrast, linearly in the context itself; mean and largest error against
+   the measured rows.
+3. **A measured serving curve.** DistServe's vLLM runs of OPT-13B on one
    A100 (37 runs with Poisson arrivals, one JSON line per request): each run
    replayed request for request (same issue times, prompt and output
    lengths) against one simulated aggregated engine whose profile is
@@ -133,6 +139,36 @@ def profile_points(name: str, tp: int | None) -> str:
     return "\n".join(lines)
 
 
+def _decode_row(profile, ctx: float) -> tuple[np.ndarray, np.ndarray]:
+    at = profile.y_context_length == ctx
+    order = np.argsort(profile.x_kv_usage[at])
+    return profile.x_kv_usage[at][order], profile.z_itl_ms[at][order]
+
+
+def held_out_levels(name: str, tp: int | None) -> str:
+    """Predict each inner context level from its neighbours: in 1/context and in context."""
+    profile = load_profile(name, tp)
+    levels = sorted(set(profile.y_context_length.tolist()))
+    lines = [f"#### {name} (TP{profile.tp})\n",
+             "| held-out context | from | rows | in 1/context: mean | max | in context: mean | max |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for below, ctx, above in zip(levels[:-2], levels[1:-1], levels[2:], strict=True):
+        usage, itl = _decode_row(profile, ctx)
+        u0, t0 = _decode_row(profile, below)
+        u1, t1 = _decode_row(profile, above)
+        inside = (usage >= max(u0[0], u1[0])) & (usage <= min(u0[-1], u1[-1]))
+        if not inside.any():
+            continue
+        lo, hi = np.interp(usage[inside], u0, t0), np.interp(usage[inside], u1, t1)
+        w_inverse = (1 / below - 1 / ctx) / (1 / below - 1 / above)
+        w_linear = (ctx - below) / (above - below)
+        e_inv = np.abs((lo + (hi - lo) * w_inverse) / itl[inside] - 1)
+        e_lin = np.abs((lo + (hi - lo) * w_linear) / itl[inside] - 1)
+        lines.append(f"| {ctx:,.0f} | {below:,.0f} and {above:,.0f} | {int(inside.sum())} | {e_inv.mean():.1%} | "
+                     f"{e_inv.max():.1%} | {e_lin.mean():.1%} | {e_lin.max():.1%} |")
+    return "\n".join(lines) + "\n"
+
+
 def distserve_curve(data: Path) -> str:
     folder = data / "profiles" / "distserve"
     profile = distserve_profile(folder / "profiler-a100-80g.vllm.json", "facebook/opt-13b", 1)
@@ -191,6 +227,9 @@ def main() -> None:
         "### Profile points\n",
         profile_points("h200-llama3.1-8b", None),
         profile_points("h100-llama3.3-70b", 2),
+        "### Decode between context levels (each inner level held out)\n",
+        held_out_levels("h200-llama3.1-8b", None),
+        held_out_levels("h100-llama3.3-70b", 2),
         "### DistServe vLLM OPT-13B, one A100\n",
         distserve_curve(args.data),
     ]

@@ -22,8 +22,15 @@ never be wrong about it.
 - decode: ITL measured at (KV usage, context length) points on a few
   context levels. A pass of ``b`` sequences holding ``kv`` tokens has usage
   ``kv / max_kv_tokens`` and context ``kv / b``; the ITL is interpolated
-  linearly in usage on the two nearest context levels, then linearly
-  between them (values clamp at the edges of the measured range).
+  linearly in usage on the two nearest context levels, then between them
+  linearly in ``1 / context``: at a fixed KV usage that is linear in the
+  batch size, the quantity a pass's per-sequence cost scales with (values
+  clamp at the edges of the measured range). Linear in the context itself
+  would be wrong where the levels are far apart: on the shipped profiles
+  the first two levels are 350 and 2,997 (8B) or 16,671 (70B) tokens, and
+  a held-out level is then mispredicted by 70 % (8B) and 24 % (70B) on
+  average, against 7.5 % and 3 % in ``1 / context``
+  (``bench/calibrate.py``, docs/calibration.md).
 - mixed (aggregated): a chunk of prefill riding with a decode batch costs
   the prefill pass plus what the decode batch adds over the cheapest
   measured decode pass (the fixed per-pass cost is paid once).
@@ -129,6 +136,7 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
         ts.append(itl / 1000.0)
     ctxs = sorted(levels)
     curves = [_Piecewise(*levels[c], extend=False) for c in ctxs]
+    inverse = [1.0 / c for c in ctxs]  # interpolation between levels is linear in 1/context
 
     def decode(seqs: int, kv: float) -> float:
         if seqs <= 0:
@@ -140,9 +148,8 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
         if ctx >= ctxs[-1]:
             return curves[-1](usage)
         i = bisect.bisect_right(ctxs, ctx)
-        c0, c1 = ctxs[i - 1], ctxs[i]
         t0, t1 = curves[i - 1](usage), curves[i](usage)
-        return t0 + (t1 - t0) * (ctx - c0) / (c1 - c0)
+        return t0 + (t1 - t0) * (inverse[i - 1] - 1.0 / ctx) / (inverse[i - 1] - inverse[i])
 
     def mixed(prefill_tokens: float, seqs: int, kv: float) -> float:
         if seqs <= 0:

@@ -77,3 +77,29 @@ def test_fit_timing_uses_the_planners_linear_model(h200):
 def test_unknown_timing_mode_is_refused(h200):
     with pytest.raises(ValueError, match="unknown engine timing"):
         engine_timing(h200, "magic")
+
+
+def test_between_context_levels_decode_is_linear_in_the_batch():
+    """A pass costs a + b·sequences + c·KV tokens: at a fixed KV usage that is linear
+    in 1/context, so an engine whose measured rows follow such a plane is reproduced
+    exactly between rows, however far apart the measured context levels are."""
+    from fleetplan.models.perf import ProfileData
+
+    max_kv = 100_000
+    usages = [0.05, 0.2, 0.4, 0.6, 0.8]
+    levels = [350.0, 3000.0, 12000.0]
+
+    def plane_ms(seqs, kv):
+        return 4.0 + 0.02 * seqs + 0.03e-3 * kv
+
+    rows = [(u, c, plane_ms(u * max_kv / c, u * max_kv)) for c in levels for u in usages]
+    profile = ProfileData(
+        prefill_isl=[100.0, 8000.0], prefill_ttft_ms=[20.0, 300.0],
+        x_kv_usage=[r[0] for r in rows], y_context_length=[r[1] for r in rows],
+        z_itl_ms=[r[2] for r in rows], max_kv_tokens=max_kv,
+    )
+    timing = engine_timing(profile)
+    for ctx in (500.0, 1260.0, 2000.0, 7000.0):
+        for usage in (0.2, 0.4, 0.6):  # on measured usages: exact in usage too
+            kv = usage * max_kv
+            assert timing.decode_s(kv / ctx, kv) * 1000 == pytest.approx(plane_ms(kv / ctx, kv), rel=1e-12)

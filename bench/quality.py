@@ -29,7 +29,11 @@ point forecast, mean request, no queueing floor; rows "dynamo ...") and with
 fleetplan's default sizing (docs/sizing.md; rows "fleetplan ..."); each
 loop configuration that forecasts once per predictor (constant, arima,
 kalman, and ensemble for fleetplan's sizing; prophet is an optional extra,
-run if installed). Every other config field is the default except the SLA
+run if installed). ``--sizings reference-forecast`` adds issue 5's rows:
+fleetplan's sizing with the reference's forecasting (the point forecast of
+the next window, no startup quantile) and the reference's predictors
+(constant, the frozen-order ARIMA, Kalman), so that only the forecast
+differs from the "fleetplan" rows. Every other config field is the default except the SLA
 and ``max_gpu_budget`` (raised so the budget never binds). All contenders
 start from the same warm fleet (sized for the traffic until the first
 decision can take effect), except the static and oracle fleets, which start
@@ -68,17 +72,32 @@ class Spec:
 
 
 SIZINGS = ("dynamo", "fleetplan")
+EXTRA_SIZINGS = ("reference-forecast",)
+"""Run only when asked (``--sizings``): fleetplan's sizing, the reference's forecasting."""
+REFERENCE_FORECAST = {"throughput_sizing": "point"}
+
+
+def sizing_overrides(sizing: str) -> dict:
+    """Config fields of a sizing: Dynamo's, fleetplan's defaults, or fleetplan's with the reference's forecast."""
+    from fleetplan.models.config import REFERENCE_SIZING
+
+    return {"dynamo": dict(REFERENCE_SIZING), "fleetplan": {},
+            "reference-forecast": dict(REFERENCE_FORECAST)}[sizing]
 
 
 def predictors(sizing: str = "dynamo") -> list[str]:
-    out = ["constant", "arima", "kalman"] + (["ensemble"] if sizing == "fleetplan" else [])
+    if sizing == "reference-forecast":
+        return ["constant", "arima_frozen", "kalman"] + _prophet()
+    return ["constant", "arima", "kalman"] + (["ensemble"] if sizing == "fleetplan" else []) + _prophet()
+
+
+def _prophet() -> list[str]:
+    """Prophet is an optional extra: a row only where it is installed."""
     try:
         import prophet  # noqa: F401
-
-        out.append("prophet")
     except ImportError:
-        pass
-    return out
+        return []
+    return ["prophet"]
 
 
 def build_workload(spec: Spec):
@@ -154,12 +173,10 @@ def run_baselines(spec: Spec, sla) -> list[dict]:
 
 
 def run_planner_config(spec: Spec, sla, loops: str, predictor: str, sizing: str = "dynamo") -> list[dict]:
-    from fleetplan.models.config import REFERENCE_SIZING
     from fleetplan.models.planner import Planner
     from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload
 
-    base = dict(REFERENCE_SIZING) if sizing == "dynamo" else {}
-    cfg, setup = make_setup(spec, sla, {**base, **LOOPS[loops], "load_predictor": predictor})
+    cfg, setup = make_setup(spec, sla, {**sizing_overrides(sizing), **LOOPS[loops], "load_predictor": predictor})
     workload = build_workload(spec)
     initial = initial_fleet("warm", setup, size_workload(workload, setup), workload)
     t0 = time.perf_counter()
@@ -242,8 +259,8 @@ def markdown(rows: list[dict], scales: dict) -> str:
                 policies.append(r["policy"])
         order = ["static-peak", "static-mean", "oracle"] + [
             f"{sizing} {loops}" + ("" if loops == "load" else f" ({p})")
-            for sizing in SIZINGS for loops in LOOPS
-            for p in (["constant"] if loops == "load" else ["constant", "arima", "kalman", "ensemble", "prophet"])
+            for sizing in SIZINGS + EXTRA_SIZINGS for loops in LOOPS
+            for p in (["constant"] if loops == "load" else ["constant", "arima_frozen", "arima", "kalman", "ensemble", "prophet"])
         ]
         policies = [p for p in order if p in policies] + sorted(p for p in policies if p not in order)
         for p in policies:
@@ -276,7 +293,8 @@ def main() -> None:
     parser.add_argument("--md", type=Path, default=None)
     parser.add_argument("--render", type=Path, nargs="*", default=None, help="only render these JSON results as markdown")
     parser.add_argument("--sla", default="500/50,200/20", help="SLAs to run, TTFT/ITL in ms, comma-separated")
-    parser.add_argument("--sizings", default=",".join(SIZINGS))
+    parser.add_argument("--sizings", default=",".join(SIZINGS),
+                        help=f"any of {', '.join(SIZINGS + EXTRA_SIZINGS)} (default: {', '.join(SIZINGS)})")
     parser.add_argument("--loops", default=",".join(LOOPS))
     parser.add_argument("--predictors", default="", help="only these predictors (default: every one)")
     parser.add_argument("--no-baselines", dest="baselines", action="store_false",
@@ -290,6 +308,9 @@ def main() -> None:
             scales.update(data["scales"])
         print(markdown(rows, scales))
         return
+    unknown = set(args.sizings.split(",")) - set(SIZINGS + EXTRA_SIZINGS)
+    if unknown:
+        parser.error(f"--sizings: one of {', '.join(SIZINGS + EXTRA_SIZINGS)}, got {', '.join(sorted(unknown))}")
     started = time.time()
     chosen = specs(args.data, set(args.only.split(",")), args.min_engines, args.servegen_engines, args.hours)
     scales = {}

@@ -4,7 +4,8 @@ Usage:
 
     .venv/bin/python bench/sizing.py --data /work/shared/data \
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
-        [--jobs 1] [--no-oracle] [--json out.json]      # --variants frontier: the reference sweep
+        [--jobs 1] [--no-oracle] [--json out.json]
+        # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept
 
 Runs the oracle and each variant of ``VARIANTS`` (config overrides on top
 of the defaults; throughput loop only, ARIMA, unless a variant says
@@ -61,11 +62,21 @@ FRONTIER: dict[str, dict] = {
     for p in ("arima", "kalman") for u in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 }
 VARIANTS.update(FRONTIER)
-ABLATION = [name for name in VARIANTS if name not in FRONTIER]
+
+# Issue 5's frontier: fleetplan's sizing with the reference's forecasting (point forecast of
+# the next window) and predictors, headroom swept, against the defaults (startup quantile) at
+# equal GPU-hours (`--variants forecast-frontier`).
+FORECAST_FRONTIER: dict[str, dict] = {
+    f"reference forecast ({p}) util{u:g}": {"throughput_sizing": "point", "load_predictor": p, "target_utilization": u}
+    for p in ("constant", "arima_frozen", "kalman") for u in (0.8, 0.7, 0.6, 0.5)
+}
+VARIANTS.update(FORECAST_FRONTIER)
+GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER}
+ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
-SCALES = {"azure-conv-30min": 26.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,
-          "servegen-m-large-24h": 0.16}
+SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,
+          "servegen-m-large-24h": 0.1714}
 
 
 def run_variant(spec: Spec, sla, name: str) -> dict:
@@ -95,7 +106,8 @@ def main() -> None:
     parser.add_argument("--only", default="conv,code,mooncake")
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--variants", default=",".join(ABLATION),
-                        help="variant names, comma-separated; 'frontier' adds the reference sweep")
+                        help="variant names, comma-separated; 'frontier' adds the reference sweep, "
+                             "'forecast-frontier' the reference forecasting's")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--no-oracle", dest="oracle", action="store_false",
                         help="skip the oracle (slow on a day: six replays); ratios need it")
@@ -106,7 +118,7 @@ def main() -> None:
     for s in specs(args.data, set(args.only.split(",")), 10, 24, 24.0, choose=False):
         chosen.append(Spec(**{**s.__dict__, "scale": SCALES.get(s.name, s.scale)}))
     asked = [v.strip() for v in args.variants.split(",") if v.strip()]
-    asked = [name for v in asked for name in (FRONTIER if v == "frontier" else [v])]
+    asked = [name for v in asked for name in GROUPS.get(v, [v])]
     unknown = [v for v in asked if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")

@@ -46,6 +46,7 @@ VARIANTS: dict[str, dict] = {
     "fleetplan -mix": {"capacity_mix": "mean"},
     "fleetplan -quantile": {"throughput_sizing": "point"},
     "fleetplan -headroom": {"target_utilization": 1.0},
+    "fleetplan util0.8": {"target_utilization": 0.8},  # the default until 2026-11-30
     "fleetplan -quadratic": {"prefill_time_model": "linear"},
     "fleetplan burst 20s": {"burst_window_seconds": 20},
     "fleetplan burst 10s": {"burst_window_seconds": 10},

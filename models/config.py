@@ -83,7 +83,7 @@ class PlannerConfig(BaseModel):
     enable_load_scaling: bool = False
     max_throughput_scaling_replicas: int = Field(8, ge=1)
     # sizing past the reference (fleetplan's own defaults; REFERENCE_SIZING and docs/sizing.md)
-    target_utilization: float = Field(0.9, gt=0, le=1, allow_inf_nan=False)
+    target_utilization: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
     hold_scale_down_until_floor: bool = True
     throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)

@@ -139,23 +139,16 @@ def profile_points(name: str, tp: int | None) -> str:
     return "\n".join(lines)
 
 
-def _decode_row(profile, ctx: float) -> tuple[np.ndarray, np.ndarray]:
-    at = profile.y_context_length == ctx
-    order = np.argsort(profile.x_kv_usage[at])
-    return profile.x_kv_usage[at][order], profile.z_itl_ms[at][order]
-
-
 def held_out_levels(name: str, tp: int | None) -> str:
     """Predict each inner context level from its neighbours: in 1/context and in context."""
     profile = load_profile(name, tp)
-    levels = sorted(set(profile.y_context_length.tolist()))
+    rows = profile.decode_levels()
+    levels = list(rows)
     lines = [f"#### {name} (TP{profile.tp})\n",
              "| held-out context | from | rows | in 1/context: mean | max | in context: mean | max |",
              "|---:|---|---:|---:|---:|---:|---:|"]
     for below, ctx, above in zip(levels[:-2], levels[1:-1], levels[2:], strict=True):
-        usage, itl = _decode_row(profile, ctx)
-        u0, t0 = _decode_row(profile, below)
-        u1, t1 = _decode_row(profile, above)
+        (usage, itl), (u0, t0), (u1, t1) = rows[ctx], rows[below], rows[above]
         inside = (usage >= max(u0[0], u1[0])) & (usage <= min(u0[-1], u1[-1]))
         if not inside.any():
             continue

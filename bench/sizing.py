@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from quality import Spec, _row, build_workload, make_setup, specs
+from quality import REFERENCE_FORECAST, Spec, _row, build_workload, make_setup, specs
 
 from fleetplan.models.config import REFERENCE_SIZING
 
@@ -68,7 +68,7 @@ VARIANTS.update(FRONTIER)
 # the next window) and predictors, headroom swept, against the defaults (startup quantile) at
 # equal GPU-hours (`--variants forecast-frontier`).
 FORECAST_FRONTIER: dict[str, dict] = {
-    f"reference forecast ({p}) util{u:g}": {"throughput_sizing": "point", "load_predictor": p, "target_utilization": u}
+    f"reference forecast ({p}) util{u:g}": {**REFERENCE_FORECAST, "load_predictor": p, "target_utilization": u}
     for p in ("constant", "arima_frozen", "kalman") for u in (0.8, 0.7, 0.6, 0.5)
 }
 VARIANTS.update(FORECAST_FRONTIER)

@@ -127,15 +127,9 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
         origin=floor,
     )
     max_kv = float(profile.max_kv_tokens or 1)
-    levels: dict[float, tuple[list[float], list[float]]] = {}
-    for u, c, itl in zip(
-        profile.x_kv_usage.tolist(), profile.y_context_length.tolist(), profile.z_itl_ms.tolist(), strict=True
-    ):
-        us, ts = levels.setdefault(float(c), ([], []))
-        us.append(u)
-        ts.append(itl / 1000.0)
-    ctxs = sorted(levels)
-    curves = [_Piecewise(*levels[c], extend=False) for c in ctxs]
+    levels = profile.decode_levels()
+    ctxs = list(levels)
+    curves = [_Piecewise(usage.tolist(), (itl_ms / 1000.0).tolist(), extend=False) for usage, itl_ms in levels.values()]
     inverse = [1.0 / c for c in ctxs]  # interpolation between levels is linear in 1/context
 
     def decode(seqs: int, kv: float) -> float:

@@ -96,6 +96,19 @@ class ProfileData:
     def has_decode(self) -> bool:
         return self.x_kv_usage.size > 0
 
+    def decode_levels(self) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+        """The decode rows by measured context length, shortest first.
+
+        Each level is (KV usage ascending, ITL ms): one measured curve, which
+        the simulated engine interpolates along and between.
+        """
+        levels = {}
+        for ctx in np.unique(self.y_context_length).tolist():
+            at = self.y_context_length == ctx
+            order = np.argsort(self.x_kv_usage[at], kind="stable")
+            levels[ctx] = (self.x_kv_usage[at][order], self.z_itl_ms[at][order])
+        return levels
+
 
 def seed_samples(profile: ProfileData, role: Role) -> FpmColumns:
     """The profile as synthetic FPM columns for a role's model.

@@ -115,3 +115,15 @@ def test_live_traffic_replaces_seeds_only_where_it_runs():
     assert before < after <= 0.0705
     # and the slope still comes from the profile's spread, not from a single point
     assert model.fit().coef[0] == pytest.approx(2.2e-5, rel=0.1)
+
+
+def test_decode_levels_group_the_rows_by_context_shortest_first():
+    profile = ProfileData(
+        prefill_isl=[100.0], prefill_ttft_ms=[20.0],
+        x_kv_usage=[0.5, 0.1, 0.2, 0.3], y_context_length=[3000.0, 3000.0, 350.0, 350.0],
+        z_itl_ms=[30.0, 10.0, 12.0, 15.0], max_kv_tokens=100_000,
+    )
+    levels = profile.decode_levels()
+    assert list(levels) == [350.0, 3000.0]
+    assert [u.tolist() for u, _ in levels.values()] == [[0.2, 0.3], [0.1, 0.5]]
+    assert [t.tolist() for _, t in levels.values()] == [[12.0, 15.0], [10.0, 30.0]]

@@ -276,6 +276,7 @@ class Planner:
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
             arrival_dispersion=state.arrival_dispersion if cfg.queueing_arrivals == "measured" else 1.0,
+            length_mix=mix if cfg.capacity_mix == "buckets" else None,
         )
         scratch.predicted = proposal.predicted
         scratch.capacity = proposal.capacity_rps

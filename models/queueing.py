@@ -19,6 +19,14 @@ busy engines on average) and, if it waits, longer than t with probability
 
 with ``budget = ttft - service`` (the TTFT left after the prompt's own
 pass) and ``share`` the SLA attainment aimed for (``queueing_sla_share``).
+With the window's length mix the budget is per class of prompt (one per
+ISL bucket, ``models/mix.py``): all classes share the queue, each has its
+own ``budget``, and the share is met on the share-weighted average. Classes
+whose own pass already takes the whole TTFT are left out. That matters at
+tight targets on long-prompt traffic, where the *mean* prompt cannot meet
+the TTFT at all and a mean-based floor would have nothing to say, while
+the short prompts still make it if an engine is free when they arrive.
+
 Exponential service is pessimistic for prefill (pass times vary little),
 which is the safe side; large fleets come out close to the rate-based
 count (square-root staffing), small ones get the headroom they need.
@@ -27,6 +35,7 @@ count (square-root staffing), small ones get the headroom they need.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 MAX_EXTRA_ENGINES = 10_000
 
@@ -54,24 +63,49 @@ def wait_exceeds(
     return erlang_c(servers, offered) * math.exp(-(servers * engine_rps - demand_rps) * budget_s / stretch)
 
 
+Budgets = float | Sequence[tuple[float, float]]
+"""One wait budget (s) for every prompt, or ``(share, budget_s)`` per class of prompt."""
+
+
+def budget_classes(budget: Budgets) -> list[tuple[float, float]]:
+    """The prompt classes that any number of engines can serve in time (budget > 0)."""
+    classes = [(1.0, budget)] if isinstance(budget, int | float) else list(budget)
+    return [(share, b) for share, b in classes if share > 0 and b > 0]
+
+
+def miss_share(
+    servers: int, demand_rps: float, engine_rps: float, classes: Sequence[tuple[float, float]],
+    arrival_dispersion: float = 1.0,
+) -> float:
+    """Share of the servable prompts that wait past their budget (one shared queue)."""
+    total = math.fsum(share for share, _ in classes)
+    return math.fsum(
+        share * wait_exceeds(servers, demand_rps, engine_rps, b, arrival_dispersion) for share, b in classes
+    ) / total
+
+
 def queueing_replicas(
-    demand_rps: float, engine_rps: float, budget_s: float, share: float, minimum: int,
+    demand_rps: float, engine_rps: float, budget_s: Budgets, share: float, minimum: int,
     arrival_dispersion: float = 1.0,
 ) -> int | None:
-    """Fewest engines keeping ``P(wait > budget) <= 1 - share``; None if the budget is gone.
+    """Fewest engines keeping the share of prompts that wait too long <= ``1 - share``.
 
-    With no budget (a prompt's own prefill already takes the whole TTFT) no
-    number of engines meets the SLA and the caller falls back to sizing by rate.
+    ``budget_s`` is the wait one prompt can afford, or per class of prompt
+    ``(share, budget)``: a window mixing short and long prompts leaves each a
+    different budget, and prompts whose own prefill takes the whole TTFT
+    (budget <= 0) are left out, since no number of engines serves them in
+    time. None if no prompt has a budget: the caller falls back to sizing by rate.
     """
     if demand_rps <= 0:
         return minimum
     if engine_rps <= 0:
         raise ValueError("engine capacity must be positive")
-    if budget_s <= 0:
+    classes = budget_classes(budget_s)
+    if not classes:
         return None
     n = max(math.floor(demand_rps / engine_rps) + 1, 1)
     for _ in range(MAX_EXTRA_ENGINES):
-        if wait_exceeds(n, demand_rps, engine_rps, budget_s, arrival_dispersion) <= 1.0 - share:
+        if miss_share(n, demand_rps, engine_rps, classes, arrival_dispersion) <= 1.0 - share:
             return max(n, minimum)
         n += 1
     return max(n, minimum)

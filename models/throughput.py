@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
-from fleetplan.models.queueing import queueing_replicas
+from fleetplan.models.mix import LengthMix
+from fleetplan.models.queueing import Budgets, queueing_replicas
 from fleetplan.schemas.events import PredictedLoad, Role
 
 
@@ -56,6 +57,26 @@ def engine_capacity(
     )
 
 
+def prefill_budgets(model, config: PlannerConfig, at_means, kv_hit_rate, mix: LengthMix | None) -> Budgets:
+    """The wait each class of prompt can afford before its TTFT: ``(share, seconds)``.
+
+    With the window's mix, one class per length bucket, its budget the TTFT
+    left after its own pass at the engine's operating point; otherwise the
+    mean prompt's. Per bucket matters where the mean prompt cannot meet the
+    TTFT on its own (long-document traffic at a tight target): the short
+    prompts still can, if they do not queue.
+    """
+    groups = mix.groups() if mix is not None else []
+    if not groups:
+        return (config.ttft_ms - at_means.ttft_ms) / 1000.0
+    budgets = []
+    for share, isl, osl in groups:
+        cap = engine_capacity(model, config, isl, osl, kv_hit_rate)
+        if cap is not None and cap.ttft_ms is not None:
+            budgets.append((share, (config.ttft_ms - cap.ttft_ms) / 1000.0))
+    return budgets
+
+
 def cap_change(desired: int, current: int, max_step: int, minimum: int) -> int:
     """Move at most ``max_step`` from ``current``; recovering the floor may exceed it."""
     capped = min(max(desired, current - max_step), current + max_step)
@@ -75,6 +96,7 @@ def propose_throughput(
     horizon_windows: int | None = None,
     mix_factor: Mapping[Role, float] | None = None,
     arrival_dispersion: float = 1.0,
+    length_mix: LengthMix | None = None,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -82,6 +104,8 @@ def propose_throughput(
     is the count the fleet is sized for when given; the point forecast
     is still reported. ``mix_factor`` scales each role's capacity.
     ``arrival_dispersion`` (1 for Poisson) stretches the queueing floor's waits.
+    ``length_mix`` (the last window's) gives the queueing floor one wait
+    budget per length bucket instead of the mean prompt's.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -111,9 +135,9 @@ def propose_throughput(
             if role == "prefill" and config.prefill_sizing == "queueing" and cap.ttft_ms is not None:
                 # a floor: where one prompt's pass is a large part of the TTFT,
                 # random arrivals need more engines than any fixed utilisation gives
-                budget_s = (config.ttft_ms - cap.ttft_ms) / 1000.0
+                budgets = prefill_budgets(model, config, cap, kv_hit_rate, length_mix)
                 waiting = queueing_replicas(
-                    demand_rps, capacity[role], budget_s, config.queueing_sla_share, minimums[role],
+                    demand_rps, capacity[role], budgets, config.queueing_sla_share, minimums[role],
                     arrival_dispersion=arrival_dispersion,
                 )
                 desired = max(desired, waiting or 0)

@@ -3,8 +3,9 @@
 The requests are the bundled 10-minute Azure code slice, one finished-request
 event each (the trace has arrival times only, so an event's time is its
 arrival). The log also holds what a live deployment would have recorded
-around them: the starting inventory, and for each decision the orchestrator's
-inventory events and ack 60 s later. The planner decides those decisions
+around them: the starting inventory, the bridge's clock heartbeats in idle
+seconds, and for each decision the orchestrator's inventory events and ack
+60 s later. The planner decides those decisions
 itself while the log is made, so `fleetplan plan` on the log reproduces them.
 
     .venv/bin/python examples/events/make_example.py
@@ -17,7 +18,7 @@ from pathlib import Path
 from fleetplan.bootstrap import build_planner
 from fleetplan.eventlog import write_events
 from fleetplan.models.fleet import Fleet
-from fleetplan.schemas import Ack, InventoryEvent, RequestRecord
+from fleetplan.schemas import Ack, ClockEvent, InventoryEvent, RequestRecord
 from fleetplan.sim.traces import read_trace
 
 HERE = Path(__file__).parent
@@ -36,6 +37,11 @@ def main() -> None:
         log.append(RequestRecord(deployment="code", time=t, request_id=f"code-{len(log)}",
                                  input_tokens=r.input_tokens, output_tokens=r.output_tokens,
                                  request_received_ms=t * 1000.0))
+    # the bridge heartbeats a source idle for a second, so event time (and the
+    # ticks) move on through quiet minutes, as in a live deployment
+    busy = {int(e.time) for e in log}
+    end = int(max(e.time for e in log)) + 1
+    log += [ClockEvent(deployment="code", time=float(s)) for s in range(int(EPOCH), end) if s - 1 not in busy]
     log.sort(key=lambda e: e.time)
     out, i = [], 0
     while i < len(log):

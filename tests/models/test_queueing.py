@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetplan.models.queueing import erlang_c, queueing_replicas, wait_exceeds
+from fleetplan.models.queueing import erlang_c, miss_share, queueing_replicas, wait_exceeds
 from tests.models.factories import T0, decisions, ready, requests
 
 
@@ -121,3 +121,42 @@ def test_the_planner_adds_prefill_for_clustered_arrivals(make_fleet):
     poisson = decisions(make_fleet(queueing_arrivals="poisson", **kw).run(sorted(clustered, key=lambda e: e.time)))
     assert bursty[-1].targets["prefill"] > poisson[-1].targets["prefill"]
     assert poisson[-1].targets["prefill"] == calm[-1].targets["prefill"]
+
+
+# --- prompt classes: a budget per length bucket ---------------------------------
+
+
+def test_one_class_is_the_single_budget():
+    assert queueing_replicas(30.0, 5.0, [(1.0, 0.2)], 0.99, 1) == queueing_replicas(30.0, 5.0, 0.2, 0.99, 1)
+
+
+def test_prompts_with_no_budget_are_left_out_of_the_share():
+    # a third of the prompts cannot meet the TTFT however many engines wait for them
+    mixed = queueing_replicas(30.0, 5.0, [(2.0, 0.2), (1.0, -0.1)], 0.99, 1)
+    assert mixed == queueing_replicas(30.0, 5.0, 0.2, 0.99, 1)
+    assert queueing_replicas(30.0, 5.0, [(1.0, -0.1), (1.0, 0.0)], 0.99, 1) is None
+
+
+@given(st.floats(1.0, 200), st.floats(1.0, 50), st.floats(0.02, 1.0), st.floats(0.02, 1.0), st.floats(0.05, 0.95))
+def test_the_share_weighted_miss_is_met_and_lies_between_the_classes(demand, rate, short, long, weight):
+    classes = [(weight, short), (1.0 - weight, long)]
+    n = queueing_replicas(demand, rate, classes, 0.99, 1)
+    assert miss_share(n, demand, rate, classes) <= 0.01
+    tight = queueing_replicas(demand, rate, min(short, long), 0.99, 1)
+    loose = queueing_replicas(demand, rate, max(short, long), 0.99, 1)
+    assert loose <= n <= tight
+
+
+def test_short_prompts_get_a_floor_when_the_mean_prompt_cannot_meet_the_ttft(make_fleet):
+    # 200 ms TTFT on the H200 8B: a 16k-token prompt's own pass takes ~330 ms and the
+    # mean prompt (11.4k tokens) ~235 ms, so by the mean nothing can be done but size
+    # by rate; the 500-token prompts (30 %) still meet it if they do not wait
+    long = requests(2.1, T0 + 1, T0 + 182, isl=16_000, osl=100, tag="l")
+    short = requests(0.9, T0 + 1.3, T0 + 182, isl=500, osl=100, tag="s")
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *long, *short]
+    kw = {"sizing": "fleetplan", "ttft_ms": 200, "itl_ms": 20, "max_throughput_scaling_replicas": 20}
+    at = T0 + 180
+    by_mean = [o for o in make_fleet(capacity_mix="mean", **kw).run(list(evs)) if o.time == at][0]
+    by_bucket = [o for o in make_fleet(**kw).run(list(evs)) if o.time == at][0]
+    assert by_mean.predicted.isl > 11_000
+    assert by_bucket.targets["prefill"] > by_mean.targets["prefill"]

@@ -11,7 +11,8 @@ docs/sizing.md) departs in four places here: ``sized_num_req`` replaces
 the point forecast with an upper quantile over the startup horizon,
 ``mix_factor`` corrects each role's capacity for the window's ISL/OSL mix
 (``fleetplan.models.mix``), ``target_utilization`` keeps headroom, and
-prefill gets a queueing floor (``fleetplan.models.queueing``).
+prefill gets a queueing floor (``fleetplan.models.queueing``) whose wait
+budgets come from the same mix, one per length bucket.
 """
 
 from __future__ import annotations

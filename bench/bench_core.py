@@ -3,19 +3,26 @@
     .venv/bin/python bench/bench_core.py
 
 Tick time is measured for one deployment of 1, 100 and 1,000 engines (both
-loops due: a 180 s boundary, load loop on, every engine reporting) and for
-100 deployments of 10 engines each. Apply throughput is FPM events folded
-per second, one event at a time and as FpmBatch records of 500.
+loops due: a 180 s boundary, load loop on, every engine reporting, the
+window's 200 requests of one length restored before every tick so each
+tick closes a full window), for the same 100 engines with a window of
+3,000 requests of lognormal lengths (24 ISL/OSL buckets: the request-mix
+capacity and the queueing floor's per-bucket budgets are computed per
+bucket), and for 100 deployments of 10 engines each. Apply throughput is
+FPM events folded per second, one event at a time and as FpmBatch records
+of 500.
 """
 
 from __future__ import annotations
 
 import platform
+import random
 import statistics
 import time
 
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.planner import Planner
+from fleetplan.models.state import TrafficWindow
 from fleetplan.schemas import (
     ForwardPassMetrics,
     FpmBatch,
@@ -41,7 +48,14 @@ def _fpm(dep: str, worker: str, role: str, i: int) -> ForwardPassMetrics:
     )
 
 
-def _deployment(planner: Planner, dep: str, engines: int):
+def _lengths(wide: bool, rng: random.Random) -> tuple[int, int]:
+    """One request's (ISL, OSL): all alike, or lognormal around 5k / 200 tokens."""
+    if not wide:
+        return 3000, 150
+    return max(int(rng.lognormvariate(8.5, 1.2)), 1), max(int(rng.lognormvariate(5.3, 0.9)), 2)
+
+
+def _deployment(planner: Planner, dep: str, engines: int, wide_mix: bool = False):
     state = planner.new_state(dep)
     half = max(engines // 2, 1)
     for k in range(engines):
@@ -49,17 +63,24 @@ def _deployment(planner: Planner, dep: str, engines: int):
         w = f"{role}-{k}"
         planner.apply(state, InventoryEvent(deployment=dep, time=T0, worker_id=w, role=role, state="ready"))
         planner.apply(state, _fpm(dep, w, role, k))
-    for k in range(200):
-        planner.apply(state, RequestRecord(deployment=dep, time=T0 + k * 0.5, request_id=f"r{k}",
-                                           input_tokens=3000, output_tokens=150, request_received_ms=T0 * 1000))
+    rng = random.Random(0)
+    count = 3000 if wide_mix else 200
+    for k in range(count):
+        isl, osl = _lengths(wide_mix, rng)
+        planner.apply(state, RequestRecord(deployment=dep, time=T0 + k * 100.0 / count, request_id=f"r{k}",
+                                           input_tokens=isl, output_tokens=osl, request_received_ms=T0 * 1000))
     return state
 
 
 def _time_ticks(planner: Planner, states, reps: int) -> list[float]:
     """Milliseconds per tick round (all ``states`` ticked once at a 180 s boundary)."""
     out = []
+    windows = [st.window.to_data() for st in states]
     for r in range(reps):
         now = T0 + 180 * (r + 1)
+        for st, window in zip(states, windows, strict=True):
+            st.window = TrafficWindow.from_data(window)  # every round closes the same full window
+            st.window_start = now - 180
         started = time.perf_counter()
         for st in states:
             planner.tick(st, now)
@@ -78,6 +99,9 @@ def main() -> None:
         st = _deployment(planner, "d", engines)
         samples = _time_ticks(planner, [st], 30)
         print(f"| 1 deployment, {engines} engines | {statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
+    st = _deployment(planner, "d", 100, wide_mix=True)
+    samples = _time_ticks(planner, [st], 30)
+    print(f"| 1 deployment, 100 engines, 24-bucket request mix | {statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
     states = [_deployment(planner, f"d{k}", 10) for k in range(100)]
     samples = _time_ticks(planner, states, 10)
     print(f"| 100 deployments x 10 engines | {statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")

@@ -41,7 +41,7 @@ from fleetplan.models.state import (
     Worker,
     request_kv_hit_rate,
 )
-from fleetplan.models.throughput import engine_capacity, propose_throughput
+from fleetplan.models.throughput import bucket_budgets, engine_capacity, propose_throughput
 from fleetplan.schemas.events import (
     Ack,
     ClockEvent,
@@ -261,8 +261,14 @@ class Planner:
         if obs.accept_length is not None:
             state.last_accept_length = obs.accept_length
             accept = obs.accept_length
+        budgets = None
         if cfg.capacity_mix == "buckets" and mix.count:
-            state.mix_factor = _mix_factors(state, mix, kv_hit, accept)
+            capacities = {
+                role: _capacity_memo(state, role, kv_hit, accept) for role in cfg.roles if state.perf[role].ready
+            }
+            state.mix_factor = _mix_factors(state, mix, capacities)
+            if "prefill" in capacities:
+                budgets = bucket_budgets(cfg, mix, capacities["prefill"])
         # a partial first window has partial sub-windows too: its peak is not a peak
         state.forecaster.observe(full, peak=peak if duration >= interval else None)
         forecast = state.forecaster.forecast()
@@ -276,7 +282,7 @@ class Planner:
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
             arrival_dispersion=state.arrival_dispersion if cfg.queueing_arrivals == "measured" else 1.0,
-            length_mix=mix if cfg.capacity_mix == "buckets" else None,
+            queue_budgets=budgets,
         )
         scratch.predicted = proposal.predicted
         scratch.capacity = proposal.capacity_rps
@@ -579,17 +585,31 @@ def _engines_of(state: DeploymentState, role: Role) -> tuple[list[ForwardPassMet
     return engines, covered
 
 
-def _mix_factors(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float) -> dict:
-    """Per role, the window's capacity on its mix over its capacity at the mean lengths."""
-    cfg = state.config
-    factors: dict[Role, float] = {}
-    for role in cfg.roles:
-        model = state.perf[role]
-        if not model.ready:
-            continue
+def _capacity_memo(state: DeploymentState, role: Role, kv_hit: float, accept: float):
+    """``(isl, osl) -> Capacity | None`` of one role for this tick, each length computed once.
 
-        def capacity_at(isl: float, osl: float, model=model) -> float | None:
-            cap = engine_capacity(model, cfg, isl, osl, kv_hit, accept)
+    The request-mix factor and the queueing floor's budgets ask for the same
+    buckets; a wide mix has a few dozen, and each is a capacity search.
+    """
+    model, cfg = state.perf[role], state.config
+    seen: dict[tuple[float, float], object] = {}
+
+    def capacity_of(isl: float, osl: float):
+        key = (isl, osl)
+        if key not in seen:
+            seen[key] = engine_capacity(model, cfg, isl, osl, kv_hit, accept)
+        return seen[key]
+
+    return capacity_of
+
+
+def _mix_factors(state: DeploymentState, mix: LengthMix, capacities: dict) -> dict:
+    """Per role, the window's capacity on its mix over its capacity at the mean lengths."""
+    factors: dict[Role, float] = {}
+    for role, capacity_of in capacities.items():
+
+        def capacity_at(isl: float, osl: float, capacity_of=capacity_of) -> float | None:
+            cap = capacity_of(isl, osl)
             return None if cap is None else cap.rps
 
         factor = mix_factor(mix, capacity_at)

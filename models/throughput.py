@@ -58,21 +58,18 @@ def engine_capacity(
     )
 
 
-def prefill_budgets(model, config: PlannerConfig, at_means, kv_hit_rate, mix: LengthMix | None) -> Budgets:
-    """The wait each class of prompt can afford before its TTFT: ``(share, seconds)``.
+def bucket_budgets(config: PlannerConfig, mix: LengthMix, capacity_of) -> list[tuple[float, float]]:
+    """The wait each length bucket's prompts can afford before the TTFT: ``(share, seconds)``.
 
-    With the window's mix, one class per length bucket, its budget the TTFT
-    left after its own pass at the engine's operating point; otherwise the
-    mean prompt's. Per bucket matters where the mean prompt cannot meet the
-    TTFT on its own (long-document traffic at a tight target): the short
-    prompts still can, if they do not queue.
+    ``capacity_of(isl, osl)`` is the prefill engine's operating point at a
+    bucket's mean lengths; its budget is the TTFT left after that pass.
+    Per bucket matters where the mean prompt cannot meet the TTFT on its
+    own (long-document traffic at a tight target): the short prompts
+    still can, if they do not queue.
     """
-    groups = mix.groups() if mix is not None else []
-    if not groups:
-        return (config.ttft_ms - at_means.ttft_ms) / 1000.0
     budgets = []
-    for share, isl, osl in groups:
-        cap = engine_capacity(model, config, isl, osl, kv_hit_rate)
+    for share, isl, osl in mix.groups():
+        cap = capacity_of(isl, osl)
         if cap is not None and cap.ttft_ms is not None:
             budgets.append((share, (config.ttft_ms - cap.ttft_ms) / 1000.0))
     return budgets
@@ -97,7 +94,7 @@ def propose_throughput(
     horizon_windows: int | None = None,
     mix_factor: Mapping[Role, float] | None = None,
     arrival_dispersion: float = 1.0,
-    length_mix: LengthMix | None = None,
+    queue_budgets: Budgets | None = None,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -105,8 +102,8 @@ def propose_throughput(
     is the count the fleet is sized for when given; the point forecast
     is still reported. ``mix_factor`` scales each role's capacity.
     ``arrival_dispersion`` (1 for Poisson) stretches the queueing floor's waits.
-    ``length_mix`` (the last window's) gives the queueing floor one wait
-    budget per length bucket instead of the mean prompt's.
+    ``queue_budgets`` (``bucket_budgets`` of the last window's mix) replaces
+    the queueing floor's one budget, the mean prompt's.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -136,7 +133,7 @@ def propose_throughput(
             if role == "prefill" and config.prefill_sizing == "queueing" and cap.ttft_ms is not None:
                 # a floor: where one prompt's pass is a large part of the TTFT,
                 # random arrivals need more engines than any fixed utilisation gives
-                budgets = prefill_budgets(model, config, cap, kv_hit_rate, length_mix)
+                budgets = queue_budgets if queue_budgets else (config.ttft_ms - cap.ttft_ms) / 1000.0
                 waiting = queueing_replicas(
                     demand_rps, capacity[role], budgets, config.queueing_sla_share, minimums[role],
                     arrival_dispersion=arrival_dispersion,

@@ -40,7 +40,7 @@ def main() -> None:
     bins = [float(b) for b in args.bins.split(",")]
     print("| trace | " + " | ".join(f"dispersion at {b:g} s, min–max over windows" for b in bins) + " |")
     print("|---|" + "---|" * len(bins))
-    for s in specs(args.data, {"conv", "code", "mooncake"}, 10, 24, 24.0, choose=False):
+    for s in specs(args.data, {"conv", "code", "mooncake", "mooncake-spread"}, 10, 24, 24.0, choose=False):
         spec = Spec(**{**s.__dict__, "scale": SCALES[s.name]})
         workload = build_workload(spec)
         arrivals = np.array([r.arrival_s for r in workload.requests()])

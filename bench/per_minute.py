@@ -9,8 +9,9 @@ Runs fleetplan's default config (throughput loop, ARIMA, ``--set`` to
 override fields, YAML values) on one quality workload of ``bench/quality.py``
 at its ``bench/sizing.py`` scale, from the replayed warm fleet, and prints
 per arrival minute the requests, the share meeting both targets and each
-target alone, then per tick the targets, ready engines, forecast and the
-perf model's per-engine capacity.
+target alone, the share meeting the TTFT per size of the prompt an engine
+computes (ISL less cached prefix), then per tick the targets, ready
+engines, forecast and the perf model's per-engine capacity.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--workload", required=True,
-                        help="azure-conv-30min, azure-code-30min or mooncake-conv-30min")
+                        help="azure-conv-30min, azure-code-30min, mooncake-conv-30min or mooncake-conv-30min-spread")
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--warm", choices=("replayed", "capacity"), default="replayed",
                         help="initial fleet: replayed until the first span meets the SLA, or the capacity search alone")
@@ -39,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     sla = tuple(float(v) for v in args.sla.split(","))
     overrides = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.overrides)}
-    found = [s for s in specs(args.data, {"conv", "code", "mooncake"}, 10, 24, 24.0, choose=False)
+    found = [s for s in specs(args.data, {"conv", "code", "mooncake", "mooncake-spread"}, 10, 24, 24.0, choose=False)
              if s.name == args.workload]
     if not found:
         parser.error(f"--workload: one of {', '.join(SCALES)} (the 30-minute traces), got {args.workload!r}")
@@ -63,6 +64,16 @@ def main() -> None:
         if sel.any():
             print(f"| {m} | {int(sel.sum())} | {(ttft_ok & itl_ok)[sel].mean():.1%} | "
                   f"{ttft_ok[sel].mean():.1%} | {itl_ok[sel].mean():.1%} |")
+    # the prompt tokens an engine computes: long ones cannot meet a tight TTFT on their own
+    computed = a["isl"] - a["cached"]
+    print("\n| prompt tokens computed | requests | share | TTFT met | TTFT p50 ms |\n|---|---:|---:|---:|---:|")
+    edges = [0, 256, 1024, 2048, 4096, 8192, 16384, 32768]
+    for lo, hi in zip(edges, edges[1:] + [None], strict=True):
+        sel = (computed >= lo) & (computed < hi if hi is not None else True)
+        if sel.any():
+            span = f"{lo:,}–{hi - 1:,}" if hi is not None else f"{lo:,}+"
+            print(f"| {span} | {int(sel.sum())} | {sel.mean():.1%} | {ttft_ok[sel].mean():.1%} | "
+                  f"{np.median(a['ttft'][sel]) * 1000.0:.0f} |")
     print("\n| tick s | targets | ready | predicted rps | prefill rps/engine | decode rps/engine |")
     print("|---:|---|---|---:|---:|---:|")
     for t in result.ticks:

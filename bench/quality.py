@@ -3,7 +3,7 @@
 Usage (the shared data folder is an argument; nothing is read from a fixed path):
 
     .venv/bin/python bench/quality.py --data /work/shared/data \\
-        [--only conv,code,mooncake,m-large,m-mid] [--jobs 1] \\
+        [--only conv,code,mooncake,mooncake-spread,m-large,m-mid] [--jobs 1] \\
         [--json bench-quality.json] [--md bench-quality.md] \\
         [--sla 500/50,200/20] [--sizings dynamo,fleetplan] [--loops throughput,load,both] \\
         [--predictors arima,ensemble] [--no-baselines]
@@ -12,7 +12,9 @@ Workloads, each rate-scaled with the time axis kept until autoscaling
 matters (at their recorded rates every shared trace fits in one prefill and
 one decode engine):
 
-- Azure conv, Azure code, Mooncake conversation (30 min each): the smallest
+- Azure conv, Azure code, Mooncake conversation (30 min each; and
+  ``mooncake-spread``, the Mooncake trace with the arrivals it logged in
+  3-s steps spread uniformly over their step): the smallest
   whole number of superposed copies whose busiest minute needs at least
   ``--min-engines`` (10) engines on the H200 Llama-3.1-8B profile;
 - ServeGen m-large and m-mid, one day (``--hours``), generated per client,
@@ -69,6 +71,8 @@ class Spec:
     model: str = ""
     hours: float = 24.0
     router: str = "least-loaded"
+    key: str = ""  # what --only calls it
+    spread: bool = False  # arrival times spread over the trace's timestamp step
 
 
 SIZINGS = ("dynamo", "fleetplan")
@@ -103,12 +107,23 @@ def _prophet() -> list[str]:
 def build_workload(spec: Spec):
     from fleetplan.sim.servegen import servegen_workload
     from fleetplan.sim.traces import read_trace
-    from fleetplan.sim.workload import Workload, rate_scale, trace_duration
+    from fleetplan.sim.workload import (
+        Workload,
+        rate_scale,
+        spread_arrivals,
+        timestamp_step,
+        trace_duration,
+    )
 
     if spec.kind == "servegen":
         return servegen_workload(spec.path, spec.model, duration_s=spec.hours * 3600, rate_scale=spec.scale, seed=0)
     reqs = read_trace(spec.path)
     duration = trace_duration(reqs)
+    if spec.spread:
+        step = timestamp_step(reqs)
+        if step is None:
+            raise ValueError(f"{spec.path}: arrival times are not rounded to a step; nothing to spread")
+        reqs = spread_arrivals(reqs, step, seed=0)
     return Workload.from_requests(spec.name, rate_scale(reqs, spec.scale, seed=0, duration_s=duration), duration)
 
 
@@ -215,10 +230,14 @@ def specs(
 ) -> list[Spec]:
     """The workloads named in ``only``, rate-scaled (``choose``) or at scale 1."""
     traces = data / "traces"
+    mooncake = str(traces / "mooncake" / "conversation_trace_first30min.jsonl")
     base = [
-        Spec("azure-conv-30min", "trace", str(traces / "azure2023" / "AzureLLMInferenceTrace_conv_first30min.csv"), "h200-llama3.1-8b"),
-        Spec("azure-code-30min", "trace", str(traces / "azure2023" / "AzureLLMInferenceTrace_code_first30min.csv"), "h200-llama3.1-8b"),
-        Spec("mooncake-conv-30min", "trace", str(traces / "mooncake" / "conversation_trace_first30min.jsonl"), "h200-llama3.1-8b", router="prefix"),
+        Spec("azure-conv-30min", "trace", str(traces / "azure2023" / "AzureLLMInferenceTrace_conv_first30min.csv"), "h200-llama3.1-8b", key="conv"),
+        Spec("azure-code-30min", "trace", str(traces / "azure2023" / "AzureLLMInferenceTrace_code_first30min.csv"), "h200-llama3.1-8b", key="code"),
+        Spec("mooncake-conv-30min", "trace", mooncake, "h200-llama3.1-8b", router="prefix", key="mooncake"),
+        # the same trace with its 3-s timestamp steps spread (sim/workload.py: spread_arrivals)
+        Spec("mooncake-conv-30min-spread", "trace", mooncake, "h200-llama3.1-8b", router="prefix",
+             key="mooncake-spread", spread=True),
     ]
     clients = str(data / "rates" / "servegen" / "clients_rate_10min_week1.csv.gz")
     gen = [
@@ -227,7 +246,7 @@ def specs(
     ]
     out = []
     for s in base:
-        if s.name.split("-")[1] in only or s.name.split("-")[0] in only:
+        if s.key in only:
             out.append(choose_scale(s, min_engines, integer=True) if choose else s)
     for s in gen:
         if s.model in only:

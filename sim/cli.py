@@ -7,6 +7,7 @@ the workload, the fleet and the planner, and hands over to
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -55,6 +56,7 @@ def simulate(
     start: Annotated[float, typer.Option("--start", help="slice: first second of the trace to replay")] = 0.0,
     duration: Annotated[float | None, typer.Option("--duration", help="slice: seconds of the trace to replay (default: all)")] = None,
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the request rate, time axis kept (superposed shifted copies)")] = 1.0,
+    spread: Annotated[str, typer.Option("--spread-arrivals", help="arrival times the trace rounded to a step (Mooncake: 3 s): auto (find the step, spread each request uniformly over it), off, or the step in seconds")] = "auto",
     speed: Annotated[float, typer.Option("--speed", help="play the trace this many times faster")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="seed of rate scaling, startup draws and generators")] = 0,
     servegen: Annotated[Path | None, typer.Option("--servegen", help="generate the workload from ServeGen clients_rate_10min CSV(.gz) instead of --trace")] = None,
@@ -80,11 +82,14 @@ def simulate(
         run = _prepare(
             trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
             servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-            prefix_block_tokens, deployment,
+            prefix_block_tokens, deployment, spread,
         )
         run["live"] = _live(publish, realtime)
     except _UserError as err:
         fail(str(err))
+    if run["spread_s"] is not None and spread == "auto":
+        typer.echo(f"fleetplan: {trace}: arrival times come in {run['spread_s']:g} s steps; each request is "
+                   "spread uniformly over its step (--spread-arrivals off keeps them)", err=True)
     if baselines is None:
         # A live run is a demo fleet: baselines are neither published nor paced, and the
         # oracle's replays would run first and hold up the live run.
@@ -107,7 +112,7 @@ class _UserError(Exception):
 def _prepare(
     trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
     servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-    prefix_block_tokens=512, deployment="sim",
+    prefix_block_tokens=512, deployment="sim", spread="auto",
 ) -> dict:
     from fleetplan.bootstrap import build_planner
     from fleetplan.models.config import ConfigError, load_config
@@ -157,7 +162,8 @@ def _prepare(
     except ValueError as err:
         raise _UserError(f"{config or 'config'}: {err}") from None
     try:
-        workload = _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed)
+        workload, spread_s = _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed,
+                                       spread)
     except (TraceFormatError, ServeGenError, ValueError, OSError) as err:
         raise _UserError(str(err)) from None
     if policy in ("planner",):
@@ -187,7 +193,7 @@ def _prepare(
     return {
         "workload": workload, "setup": setup, "planner": planner, "policy": policy,
         "policy_obj": policy_obj, "initial": initial_spec, "config_path": config, "profile": profile,
-        "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed,
+        "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed, "spread_s": spread_s,
         "converted_profile": prof if converted else None,
     }
 
@@ -218,10 +224,28 @@ def _live(publish: str | None, realtime: float | None):
     return LiveRun(publisher, pacer)
 
 
-def _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed):
+def _spread_step(spread: str, requests) -> float | None:
+    """``--spread-arrivals``: the step to spread arrivals over, None to keep them."""
+    from fleetplan.sim.workload import timestamp_step
+
+    if spread == "off":
+        return None
+    if spread == "auto":
+        return timestamp_step(requests)
+    try:
+        step = float(spread)
+    except ValueError:
+        step = math.nan
+    if not step > 0 or math.isinf(step):
+        raise ValueError(f"--spread-arrivals: expected auto, off or a step in seconds > 0, got {spread!r}")
+    return step
+
+
+def _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed, spread="auto"):
+    """The run's workload, and the step its arrivals were spread over (None: kept)."""
     from fleetplan.sim.servegen import servegen_workload
     from fleetplan.sim.traces import read_trace
-    from fleetplan.sim.workload import Workload, slice_trace, trace_duration
+    from fleetplan.sim.workload import Workload, slice_trace, spread_arrivals, trace_duration
     from fleetplan.sim.workload import rate_scale as scale_rate
     from fleetplan.sim.workload import speed as speed_up
 
@@ -234,12 +258,18 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
         )
         if speed != 1.0:
             raise ValueError("--speed applies to --trace workloads only")
-        return wl
+        if spread not in ("auto", "off"):
+            raise ValueError("--spread-arrivals applies to --trace workloads only")
+        return wl, None
     if not trace.exists():
         raise ValueError(f"{trace}: no such trace file")
     requests = read_trace(trace)
     if not requests:
         raise ValueError(f"{trace}: the trace has no requests")
+    spread_s = _spread_step(spread, requests)
+    if spread_s is not None:
+        # before slicing: the rounding is the recording's, on the trace's own clock
+        requests = spread_arrivals(requests, spread_s, seed=seed)
     full = trace_duration(requests)
     end = None if duration is None else start + duration
     if start or end is not None:
@@ -252,7 +282,7 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
     if speed != 1.0:
         requests = speed_up(requests, speed)
         window = window / speed
-    return Workload.from_requests(Path(trace).stem, requests, window)
+    return Workload.from_requests(Path(trace).stem, requests, window), spread_s
 
 
 def _initial_spec(text: str):
@@ -370,6 +400,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         "trace": str(run["trace"]), "workload": run["workload"].name, "profile": run["profile"],
         "config": None if run["config_path"] is None else str(run["config_path"]),
         "mode": cfg.mode, "rate_scale": run["rate_scale"], "speed": run["speed"],
+        "spread_arrivals_s": run["spread_s"],
         "duration_s": run["workload"].duration_s, "requests": main.summary.requests,
         "sla": {"ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms},
         "startup": setup.startup().describe(), "router": setup.options.router,

@@ -13,19 +13,26 @@ Trace transforms keep the arrival times relative to 0 and the rows sorted:
   axis: it superposes ``k`` copies of the trace, each shifted by its own
   seeded offset and wrapped around, so k times the users arrive with the
   same daily shape (speeding up would squeeze a 30-minute trace below one
-  throughput interval instead).
+  throughput interval instead);
+- :func:`spread_arrivals` undoes a recording's rounding of arrival times:
+  Mooncake's traces log them in 3-second steps, so ten requests that came
+  over three seconds would otherwise reach the fleet at the same instant
+  (:func:`timestamp_step` finds the step).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fleetplan.sim.traces import TraceRequest
 
-__all__ = ["Workload", "rate_scale", "slice_trace", "speed", "trace_duration"]
+__all__ = [
+    "Workload", "rate_scale", "slice_trace", "speed", "spread_arrivals", "timestamp_step", "trace_duration",
+]
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,45 @@ def rate_scale(
             tagged.append((t, c, i, _moved(r, t, hashes)))
     tagged.sort(key=lambda x: x[:3])
     return [x[3] for x in tagged]
+
+
+MIN_TIMESTAMP_STEP_S = 1.0
+"""Shorter steps are taken as the arrival process itself, not as rounding."""
+
+
+def timestamp_step(requests: Sequence[TraceRequest]) -> float | None:
+    """The step a trace's arrival times were rounded to, or None if they were not.
+
+    Rounded when most requests share their arrival time with others (at
+    least two per distinct time on average) and the distinct times lie a
+    typical (median) gap of at least ``MIN_TIMESTAMP_STEP_S`` apart; that
+    gap is the step. Mooncake's conversation trace: 5,719 requests at 600
+    distinct times, 3 s apart. Azure's traces log 100-ns ticks: None.
+    """
+    times = sorted({r.arrival_s for r in requests})
+    if len(times) < 3 or len(requests) < 2 * len(times):
+        return None
+    step = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
+    return step if step >= MIN_TIMESTAMP_STEP_S else None
+
+
+def spread_arrivals(requests: Sequence[TraceRequest], step_s: float, seed: int = 0) -> list[TraceRequest]:
+    """Each arrival moved to a seeded uniform point of the ``step_s`` after its recorded time.
+
+    A recording that rounds arrival times down to a step (Mooncake: 3 s)
+    turns a steady stream into bursts at each step, which queue on a
+    simulated fleet as no real one would see them (docs/benchmarks-sim.md
+    measures how much on Mooncake). Spreading the requests uniformly over
+    their step is the least-assuming undo. Rows stay
+    sorted (ties by their order in the trace); the same seed gives the same times.
+    """
+    if not step_s > 0:
+        raise ValueError(f"timestamp step must be > 0, got {step_s}")
+    rng = random.Random(seed)
+    moved = sorted(
+        ((r.arrival_s + rng.random() * step_s, i, r) for i, r in enumerate(requests)), key=lambda x: x[:2]
+    )
+    return [_moved(r, t) for t, _, r in moved]
 
 
 def _private_blocks(rows: Sequence[TraceRequest]) -> tuple[set[int], int]:

@@ -57,6 +57,7 @@ def test_table_output_and_baseline_policy(tmp_path):
         (["--trace", CODE, "--router", "random"], "--router: expected one of"),
         (["--trace", CODE, "--startup", "gamma:1:2"], "--startup"),
         (["--trace", CODE, "--initial", "prefill=x"], "--initial"),
+        (["--trace", CODE, "--spread-arrivals", "soon"], "--spread-arrivals: expected auto, off or a step"),
         ([], "give exactly one of --trace FILE or --servegen FILE"),
     ],
 )
@@ -83,3 +84,23 @@ def test_a_baseline_as_the_main_policy_writes_its_log(tmp_path):
     decisions = [line for line in lines if b'"type":"decision"' in line]
     acks = [line for line in lines if b'"type":"ack"' in line]
     assert len(decisions) == orjson.loads(result.stdout)["results"]["oracle"]["decisions"] == len(acks)
+
+
+def _stepped_trace(path):
+    """A Mooncake-format trace whose arrival times come in 3 s steps, 8 requests each."""
+    rows = [{"timestamp": k * 3000, "input_length": 600 + 37 * j, "output_length": 40, "hash_ids": [k * 8 + j]}
+            for k in range(60) for j in range(8)]
+    path.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    return path
+
+
+@pytest.mark.parametrize("spread,expected", [("auto", 3.0), ("off", None), ("1.5", 1.5)])
+def test_rounded_arrival_times_are_spread_over_their_step(tmp_path, spread, expected):
+    trace = _stepped_trace(tmp_path / "stepped.jsonl")
+    result = simulate("--trace", trace, "--spread-arrivals", spread, "--json", "--no-baselines",
+                      "--policy", "static-mean")
+    assert result.exit_code == 0, result.output
+    summary = orjson.loads(result.stdout)
+    assert summary["spread_arrivals_s"] == expected and summary["requests"] == 480
+    # auto says what it did, and how to keep the recorded times
+    assert ("3 s steps" in result.stderr and "--spread-arrivals off" in result.stderr) == (spread == "auto")

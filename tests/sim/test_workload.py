@@ -6,7 +6,14 @@ import pytest
 
 from fleetplan.sim.servegen import ServeGenError, servegen_workload
 from fleetplan.sim.traces import TraceRequest, read_trace
-from fleetplan.sim.workload import rate_scale, slice_trace, speed, trace_duration
+from fleetplan.sim.workload import (
+    rate_scale,
+    slice_trace,
+    speed,
+    spread_arrivals,
+    timestamp_step,
+    trace_duration,
+)
 from tests.sim.sim_helpers import CONV, DATA
 
 
@@ -101,3 +108,33 @@ def test_servegen_rejects_unknown_models_and_bad_files(tmp_path):
     bad.write_text("t,rate\n0,1\n")
     with pytest.raises(ServeGenError, match=r"bad.csv:1: header"):
         servegen_workload(bad, "m-mid")
+
+
+# --- arrival times rounded to a step -----------------------------------------------
+
+
+def _stepped(step_s: float = 3.0, steps: int = 40, per_step: int = 6) -> list[TraceRequest]:
+    """Mooncake-like: every request of a step logged at the step's start."""
+    return [TraceRequest(k * step_s, 1000 + j, 100) for k in range(steps) for j in range(per_step)]
+
+
+def test_the_rounding_step_is_found_and_exact_timestamps_have_none(conv):
+    assert timestamp_step(_stepped(3.0)) == 3.0
+    assert timestamp_step(conv) is None  # Azure logs 100-ns ticks: one request per timestamp
+    assert timestamp_step(_stepped(0.5)) is None  # sub-second clumps are taken as the arrivals themselves
+    assert timestamp_step(_stepped(3.0, steps=2)) is None  # too few timestamps to tell
+
+
+def test_spread_keeps_every_request_inside_its_step_and_is_seeded():
+    rows = _stepped(3.0)
+    spread = spread_arrivals(rows, 3.0, seed=7)
+    assert len(spread) == len(rows)
+    assert [r.arrival_s for r in spread] == sorted(r.arrival_s for r in spread)
+    assert len({r.arrival_s for r in spread}) == len(rows)  # no two arrive at the same instant
+    # each request lands in the step after its recorded time, lengths untouched
+    assert sorted((int(r.arrival_s // 3.0), r.input_tokens) for r in spread) == sorted(
+        (int(r.arrival_s // 3.0), r.input_tokens) for r in rows)
+    assert spread == spread_arrivals(rows, 3.0, seed=7)
+    assert spread != spread_arrivals(rows, 3.0, seed=8)
+    with pytest.raises(ValueError, match="timestamp step must be > 0"):
+        spread_arrivals(rows, 0.0)

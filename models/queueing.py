@@ -56,11 +56,7 @@ def wait_exceeds(
     servers: int, demand_rps: float, engine_rps: float, budget_s: float, arrival_dispersion: float = 1.0,
 ) -> float:
     """P(a prompt waits longer than ``budget_s``) with ``servers`` engines."""
-    offered = demand_rps / engine_rps
-    if offered >= servers:
-        return 1.0
-    stretch = max(1.0, (arrival_dispersion + 1.0) / 2.0)
-    return erlang_c(servers, offered) * math.exp(-(servers * engine_rps - demand_rps) * budget_s / stretch)
+    return miss_share(servers, demand_rps, engine_rps, [(1.0, budget_s)], arrival_dispersion)
 
 
 Budgets = float | Sequence[tuple[float, float]]
@@ -77,10 +73,19 @@ def miss_share(
     servers: int, demand_rps: float, engine_rps: float, classes: Sequence[tuple[float, float]],
     arrival_dispersion: float = 1.0,
 ) -> float:
-    """Share of the servable prompts that wait past their budget (one shared queue)."""
+    """Share of the prompts that wait past their budget, all classes in one queue.
+
+    One class waits past ``t`` with probability ``C(n, a) · exp(-(n·mu -
+    lambda) · t / k)``; only ``t`` differs between classes.
+    """
+    offered = demand_rps / engine_rps
+    if offered >= servers:
+        return 1.0
+    waits = erlang_c(servers, offered)
+    stretch = max(1.0, (arrival_dispersion + 1.0) / 2.0)
     total = math.fsum(share for share, _ in classes)
     return math.fsum(
-        share * wait_exceeds(servers, demand_rps, engine_rps, b, arrival_dispersion) for share, b in classes
+        share * (waits * math.exp(-(servers * engine_rps - demand_rps) * b / stretch)) for share, b in classes
     ) / total
 
 

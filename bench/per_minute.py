@@ -11,7 +11,8 @@ at its ``bench/sizing.py`` scale, from the replayed warm fleet, and prints
 per arrival minute the requests, the share meeting both targets and each
 target alone, the share meeting the TTFT per size of the prompt an engine
 computes (ISL less cached prefix), then per tick the targets, ready
-engines, forecast and the perf model's per-engine capacity.
+engines, forecast, the perf model's per-engine capacity and what set the
+prefill count (engines by rate, engines the queueing floor asks for).
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def main() -> None:
             span = f"{lo:,}–{hi - 1:,}" if hi is not None else f"{lo:,}+"
             print(f"| {span} | {int(sel.sum())} | {sel.mean():.1%} | {ttft_ok[sel].mean():.1%} | "
                   f"{np.median(a['ttft'][sel]) * 1000.0:.0f} |")
-    print("\n| tick s | targets | ready | predicted rps | prefill rps/engine | decode rps/engine |")
-    print("|---:|---|---|---:|---:|---:|")
+    print("\n| tick s | targets | ready | predicted rps | prefill rps/engine | decode rps/engine "
+          "| prefill by rate / queueing floor |")
+    print("|---:|---|---|---:|---:|---:|---|")
     for t in result.ticks:
         print(f"| {t['t']:g} | {t['targets']} | {t['ready']} | {t.get('predicted_rps', float('nan')):.1f} | "
-              f"{t.get('prefill_capacity_rps', float('nan')):.1f} | {t.get('decode_capacity_rps', float('nan')):.1f} |")
+              f"{t.get('prefill_capacity_rps', float('nan')):.1f} | {t.get('decode_capacity_rps', float('nan')):.1f} | "
+              f"{t.get('prefill_rate_replicas', '–')} / {t.get('prefill_queueing_replicas', '–')} |")
 
 
 if __name__ == "__main__":

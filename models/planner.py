@@ -115,6 +115,8 @@ class _Scratch:
     predicted: PredictedLoad | None = None
     observed: TrafficObservation | None = None
     capacity: dict[Role, float] = field(default_factory=dict)
+    rate_replicas: dict[Role, int] = field(default_factory=dict)
+    queueing_replicas: dict[Role, int | None] = field(default_factory=dict)
     signals: dict[Role, LoadSignal] = field(default_factory=dict)
 
 
@@ -286,6 +288,8 @@ class Planner:
         )
         scratch.predicted = proposal.predicted
         scratch.capacity = proposal.capacity_rps
+        scratch.rate_replicas = proposal.rate_replicas
+        scratch.queueing_replicas = proposal.queueing_replicas
         if proposal.targets is None:
             scratch.throughput_reason = proposal.reason
             return
@@ -393,6 +397,8 @@ class Planner:
                 itl_ms=None if sig is None else sig.itl_ms,
                 engine_capacity_rps=scratch.capacity.get(role),
                 throughput_lower_bound=state.lower_bound.get(role),
+                rate_replicas=scratch.rate_replicas.get(role),
+                queueing_replicas=scratch.queueing_replicas.get(role),
             )
         return out
 

@@ -35,6 +35,9 @@ class ThroughputProposal:
     targets: dict[Role, int] | None = None
     predicted: PredictedLoad | None = None
     capacity_rps: dict[Role, float] = field(default_factory=dict)
+    # what set each count: engines by rate, and the prefill queueing floor's (None: no floor)
+    rate_replicas: dict[Role, int] = field(default_factory=dict)
+    queueing_replicas: dict[Role, int | None] = field(default_factory=dict)
 
 
 def replicas_for(demand_rps: float, engine_rps: float, minimum: int) -> int:
@@ -118,6 +121,8 @@ def propose_throughput(
     factors = mix_factor or {}
     capacity: dict[Role, float] = {}
     targets: dict[Role, int] = {}
+    by_rate: dict[Role, int] = {}
+    by_queueing: dict[Role, int | None] = {}
     for role in config.roles:
         model = perf[role]
         if demand_rps > 0:
@@ -129,7 +134,7 @@ def propose_throughput(
             capacity[role] = cap.rps * factors.get(role, 1.0)
             # Sizing at 100% of the SLA-bound rate leaves no room for bursts
             # within the window; target_utilization < 1 keeps headroom.
-            desired = replicas_for(demand_rps, capacity[role] * config.target_utilization, minimums[role])
+            desired = by_rate[role] = replicas_for(demand_rps, capacity[role] * config.target_utilization, minimums[role])
             if role == "prefill" and config.prefill_sizing == "queueing" and cap.ttft_ms is not None:
                 # a floor: where one prompt's pass is a large part of the TTFT,
                 # random arrivals need more engines than any fixed utilisation gives
@@ -138,10 +143,11 @@ def propose_throughput(
                     demand_rps, capacity[role], budgets, config.queueing_sla_share, minimums[role],
                     arrival_dispersion=arrival_dispersion,
                 )
+                by_queueing[role] = waiting
                 desired = max(desired, waiting or 0)
         else:
             desired = minimums[role]
         targets[role] = cap_change(
             desired, current[role], config.max_throughput_scaling_replicas, minimums[role]
         )
-    return ThroughputProposal("scale", targets, predicted, capacity)
+    return ThroughputProposal("scale", targets, predicted, capacity, by_rate, by_queueing)

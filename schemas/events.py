@@ -226,12 +226,20 @@ class PredictedLoad(_Model):
 
 
 class RoleEstimate(_Model):
-    """What the perf model believes about one role at the tick."""
+    """What the perf model believes about one role at the tick.
+
+    ``rate_replicas`` and ``queueing_replicas`` say what set the throughput
+    loop's count: the engines the sized rate needs at the target
+    utilisation, and the engines the prefill queueing floor asks for (None
+    when there is no floor, or no prompt can meet the TTFT by waiting less).
+    """
 
     ttft_ms: NonNegative | None = None
     itl_ms: NonNegative | None = None
     engine_capacity_rps: NonNegative | None = None
     throughput_lower_bound: Count | None = None
+    rate_replicas: Count | None = None
+    queueing_replicas: Count | None = None
 
 
 class Decision(_Envelope):

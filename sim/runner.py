@@ -211,6 +211,10 @@ def tick_row(report) -> dict:
             row[f"{role}_est_itl_ms"] = est.itl_ms
         if est.engine_capacity_rps is not None:
             row[f"{role}_capacity_rps"] = est.engine_capacity_rps
+        if est.rate_replicas is not None:
+            row[f"{role}_rate_replicas"] = est.rate_replicas
+        if est.queueing_replicas is not None:
+            row[f"{role}_queueing_replicas"] = est.queueing_replicas
     return row
 
 

@@ -160,3 +160,8 @@ def test_short_prompts_get_a_floor_when_the_mean_prompt_cannot_meet_the_ttft(mak
     by_bucket = [o for o in make_fleet(**kw).run(list(evs)) if o.time == at][0]
     assert by_mean.predicted.isl > 11_000
     assert by_bucket.targets["prefill"] > by_mean.targets["prefill"]
+    # the tick says what set the count: the floor, above the rate
+    est = by_bucket.estimates["prefill"]
+    assert est.queueing_replicas == by_bucket.targets["prefill"] > est.rate_replicas
+    assert by_mean.estimates["prefill"].queueing_replicas is None  # the mean prompt has no budget
+    assert by_bucket.estimates["decode"].queueing_replicas is None and by_bucket.estimates["decode"].rate_replicas >= 1

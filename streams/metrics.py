@@ -29,6 +29,10 @@ class WorkerMetrics:
                                  ["deployment", "role"], registry=r)
         self.predicted = Gauge("fleetplan_predicted_load", "the throughput loop's predicted load",
                                ["deployment", "quantity"], registry=r)
+        self.sizing = Gauge("fleetplan_sizing_replicas",
+                            "engines the throughput loop's sizing asked for, by what: the sized rate at the "
+                            "target utilisation (rate) or the prefill queueing floor (queueing)",
+                            ["deployment", "role", "by"], registry=r)
         self.ttft = Gauge("fleetplan_estimated_ttft_ms", "worst engine TTFT estimate at the last load tick",
                           ["deployment", "role"], registry=r)
         self.itl = Gauge("fleetplan_estimated_itl_ms", "worst engine ITL estimate at the last load tick",
@@ -96,6 +100,10 @@ class WorkerMetrics:
                 self.ttft.labels(dep, role).set(est.ttft_ms)
             if est.itl_ms is not None:
                 self.itl.labels(dep, role).set(est.itl_ms)
+            if est.rate_replicas is not None:
+                self.sizing.labels(dep, role, "rate").set(est.rate_replicas)
+            if est.queueing_replicas is not None:
+                self.sizing.labels(dep, role, "queueing").set(est.queueing_replicas)
         if report.predicted is not None:
             for name in PREDICTED_FIELDS:
                 self.predicted.labels(dep, name).set(getattr(report.predicted, name))

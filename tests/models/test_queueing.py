@@ -165,3 +165,23 @@ def test_short_prompts_get_a_floor_when_the_mean_prompt_cannot_meet_the_ttft(mak
     assert est.queueing_replicas == by_bucket.targets["prefill"] > est.rate_replicas
     assert by_mean.estimates["prefill"].queueing_replicas is None  # the mean prompt has no budget
     assert by_bucket.estimates["decode"].queueing_replicas is None and by_bucket.estimates["decode"].rate_replicas >= 1
+
+
+def test_the_worker_exports_what_set_the_count(make_fleet):
+    """fleetplan_sizing_replicas carries both counts of a tick to Prometheus."""
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    long = requests(2.1, T0 + 1, T0 + 182, isl=16_000, osl=100, tag="l")
+    short = requests(0.9, T0 + 1.3, T0 + 182, isl=500, osl=100, tag="s")
+    fleet = make_fleet(sizing="fleetplan", ttft_ms=200, itl_ms=20, max_throughput_scaling_replicas=20)
+    report = [o for o in fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *long, *short])
+              if o.time == T0 + 180][0]
+    metrics = WorkerMetrics()
+    metrics.observe_tick(report, next(iter(fleet.states.values())))
+    est = report.estimates["prefill"]
+
+    def value(role, by):
+        return metrics.registry.get_sample_value("fleetplan_sizing_replicas", {"deployment": "d", "role": role, "by": by})
+
+    assert value("prefill", "queueing") == est.queueing_replicas and value("prefill", "rate") == est.rate_replicas
+    assert value("decode", "queueing") is None and value("decode", "rate") >= 1

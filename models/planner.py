@@ -41,7 +41,12 @@ from fleetplan.models.state import (
     Worker,
     request_kv_hit_rate,
 )
-from fleetplan.models.throughput import bucket_budgets, engine_capacity, propose_throughput
+from fleetplan.models.throughput import (
+    ThroughputProposal,
+    bucket_budgets,
+    engine_capacity,
+    propose_throughput,
+)
 from fleetplan.schemas.events import (
     Ack,
     ClockEvent,
@@ -114,9 +119,7 @@ class _Scratch:
     load_targets: dict[Role, int] | None = None
     predicted: PredictedLoad | None = None
     observed: TrafficObservation | None = None
-    capacity: dict[Role, float] = field(default_factory=dict)
-    rate_replicas: dict[Role, int] = field(default_factory=dict)
-    queueing_replicas: dict[Role, int | None] = field(default_factory=dict)
+    proposal: ThroughputProposal | None = None  # the throughput loop's sizing, for the estimates
     signals: dict[Role, LoadSignal] = field(default_factory=dict)
 
 
@@ -287,9 +290,7 @@ class Planner:
             queue_budgets=budgets,
         )
         scratch.predicted = proposal.predicted
-        scratch.capacity = proposal.capacity_rps
-        scratch.rate_replicas = proposal.rate_replicas
-        scratch.queueing_replicas = proposal.queueing_replicas
+        scratch.proposal = proposal
         if proposal.targets is None:
             scratch.throughput_reason = proposal.reason
             return
@@ -390,15 +391,16 @@ class Planner:
 
     def _estimates(self, state, scratch) -> dict[Role, RoleEstimate]:
         out: dict[Role, RoleEstimate] = {}
+        sizing = scratch.proposal or ThroughputProposal("not_due")
         for role in state.config.roles:
             sig = scratch.signals.get(role)
             out[role] = RoleEstimate(
                 ttft_ms=None if sig is None else sig.ttft_ms,
                 itl_ms=None if sig is None else sig.itl_ms,
-                engine_capacity_rps=scratch.capacity.get(role),
+                engine_capacity_rps=sizing.capacity_rps.get(role),
                 throughput_lower_bound=state.lower_bound.get(role),
-                rate_replicas=scratch.rate_replicas.get(role),
-                queueing_replicas=scratch.queueing_replicas.get(role),
+                rate_replicas=sizing.rate_replicas.get(role),
+                queueing_replicas=sizing.queueing_replicas.get(role),
             )
         return out
 

@@ -163,8 +163,8 @@ def spread_arrivals(requests: Sequence[TraceRequest], step_s: float, seed: int =
     turns a steady stream into bursts at each step, which queue on a
     simulated fleet as no real one would see them (docs/benchmarks-sim.md
     measures how much on Mooncake). Spreading the requests uniformly over
-    their step is the least-assuming undo. Rows stay
-    sorted (ties by their order in the trace); the same seed gives the same times.
+    their step is the least-assuming undo. Rows stay sorted (ties by their
+    order in the trace); the same seed gives the same times.
     """
     if not step_s > 0:
         raise ValueError(f"timestamp step must be > 0, got {step_s}")

@@ -17,10 +17,14 @@ ITL against KV usage and context). Two more public sources convert to it:
   a + b·Σcontext + c·batch`` (two decode fits split at a batch threshold).
   The fit is sampled on a grid of ISLs and of (batch, context) points;
   ``max_kv_tokens`` is DistServe's KV capacity for the model on one A100
-  (``max_num_tokens.csv``, 66,144 tokens for OPT-13B at TP1).
+  (``max_num_tokens.csv``, 66,144 tokens for OPT-13B at TP1). The fits come
+  from a kernel profiler, so they leave out what a serving engine's step
+  costs on the host (scheduling, sampling, detokenising each sequence);
+  ``host_ms_per_seq`` adds that as a cost per running sequence per decode
+  step (0 by default; ``bench/calibrate.py`` fits it on measured TPOT).
 
 Spec strings for ``--profile``: ``splitwise:FILE:MODEL:HARDWARE:TP`` and
-``distserve:FILE:MODEL:TP[:MAX_KV_TOKENS]``. :func:`write_profile_json`
+``distserve:FILE:MODEL:TP[:MAX_KV_TOKENS[:HOST_MS_PER_SEQ]]``. :func:`write_profile_json`
 writes any profile as one Dynamo-style JSON file, which every fleetplan
 command (``plan`` included) reads with ``--profile FILE``.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -76,7 +81,12 @@ def splitwise_profile(path: str | Path, model: str, hardware: str, tp: int, max_
     )
 
 
-def distserve_profile(path: str | Path, model: str = "facebook/opt-13b", tp: int = 1, max_kv_tokens: int = 66_144) -> ProfileData:
+def distserve_profile(
+    path: str | Path, model: str = "facebook/opt-13b", tp: int = 1, max_kv_tokens: int = 66_144,
+    host_ms_per_seq: float = 0.0,
+) -> ProfileData:
+    if not (math.isfinite(host_ms_per_seq) and host_ms_per_seq >= 0):
+        raise ProfileConvertError(f"host_ms_per_seq: expected a finite number >= 0, got {host_ms_per_seq}")
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -100,7 +110,7 @@ def distserve_profile(path: str | Path, model: str = "facebook/opt-13b", tp: int
             a, b, cc = small if batch < threshold else large
             usage.append(kv / max_kv_tokens)
             ctx.append(float(c))
-            itl.append(a + b * kv + cc * batch)
+            itl.append(a + b * kv + (cc + host_ms_per_seq) * batch)
     return ProfileData(
         prefill_isl=isl, prefill_ttft_ms=ttft, x_kv_usage=np.array(usage), y_context_length=np.array(ctx),
         z_itl_ms=np.array(itl), max_kv_tokens=max_kv_tokens, name=f"distserve-{model}-tp{tp}", model=model,
@@ -120,15 +130,17 @@ def profile_from_spec(spec: str) -> ProfileData | None:
                 raise ValueError
             path, model, hardware, tp = parts[:4]
             return splitwise_profile(path, model, hardware, int(tp), int(parts[4]) if len(parts) == 5 else None)
-        if len(parts) not in (3, 4):
+        if len(parts) not in (3, 4, 5):
             raise ValueError
         path, model, tp = parts[:3]
-        return distserve_profile(path, model, int(tp), int(parts[3]) if len(parts) == 4 else 66_144)
+        kv = int(parts[3]) if len(parts) >= 4 else 66_144
+        return distserve_profile(path, model, int(tp), kv, float(parts[4]) if len(parts) == 5 else 0.0)
     except ValueError as err:
         if isinstance(err, ProfileConvertError):
             raise
         raise ProfileConvertError(
-            f"{spec}: expected splitwise:FILE:MODEL:HARDWARE:TP[:MAX_KV] or distserve:FILE:MODEL:TP[:MAX_KV]"
+            f"{spec}: expected splitwise:FILE:MODEL:HARDWARE:TP[:MAX_KV] or "
+            "distserve:FILE:MODEL:TP[:MAX_KV[:HOST_MS_PER_SEQ]]"
         ) from None
 
 

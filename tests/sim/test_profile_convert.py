@@ -68,3 +68,18 @@ def test_spec_strings_and_json_round_trip(tmp_path):
     back = load_profile(write_profile_json(profile, tmp_path / "profile.json"))
     assert back.max_kv_tokens == profile.max_kv_tokens
     assert back.z_itl_ms.tolist() == profile.z_itl_ms.tolist()
+
+
+def test_host_cost_per_sequence_adds_to_every_decode_step(tmp_path):
+    path = tmp_path / "profiler.json"
+    path.write_text(json.dumps(DISTSERVE))
+    plain = engine_timing(distserve_profile(path, "facebook/opt-13b", 1, max_kv_tokens=60_000))
+    host = engine_timing(distserve_profile(path, "facebook/opt-13b", 1, max_kv_tokens=60_000, host_ms_per_seq=0.5))
+    assert (host.decode_s(8, 8 * 512) - plain.decode_s(8, 8 * 512)) * 1000 == pytest.approx(8 * 0.5)
+    assert host.prefill_s(512) == plain.prefill_s(512)  # a prompt pass is not a decode step
+    spec = profile_from_spec(f"distserve:{path}:facebook/opt-13b:1:60000:0.5")
+    assert spec is not None and spec.z_itl_ms.tolist() == distserve_profile(
+        path, "facebook/opt-13b", 1, 60_000, 0.5).z_itl_ms.tolist()
+    for bad in ("-1", "nan", "x"):
+        with pytest.raises(ProfileConvertError, match="host_ms_per_seq|HOST_MS_PER_SEQ"):
+            profile_from_spec(f"distserve:{path}:facebook/opt-13b:1:60000:{bad}")

@@ -681,9 +681,12 @@ def _import_prophet():
             "the 'prophet' predictor needs the optional extra: pip install 'fleetplan[prophet]'"
         ) from exc
     stan_log = logging.getLogger("cmdstanpy")
-    if stan_log.level == logging.NOTSET:
-        # cmdstanpy logs two INFO lines per fit; keep them out unless asked.
+    if stan_log.level == logging.NOTSET and not stan_log.handlers:
+        # cmdstanpy logs two INFO lines per fit; keep them out unless asked. On its
+        # first fit it installs its own stderr handler at DEBUG unless some handler
+        # exists, so give it one that drops records: warnings still propagate.
         stan_log.setLevel(logging.WARNING)
+        stan_log.addHandler(logging.NullHandler())
     return Prophet, pd
 
 

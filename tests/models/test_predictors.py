@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 
 import pytest
@@ -350,6 +351,22 @@ def test_prophet_forecasts_and_round_trips():
     q = predictor_from_state(json_round_trip(p.to_state()))
     assert bits(q.predict_next()) == bits(forecast)
     assert fed("prophet", values[:4]).predict_next() == values[3]  # warm-up: last value
+
+
+def test_prophet_fits_quietly():
+    """cmdstanpy prints two INFO lines per fit to stderr when no logging is set
+    up, as in the CLI; pytest's own log capture would hide that, so a clean
+    interpreter runs the fit."""
+    pytest.importorskip("prophet")
+    code = (
+        "from fleetplan.models.predictors import make_predictor\n"
+        "p = make_predictor('prophet', prophet_window_size=8)\n"
+        "for i in range(12): p.add_data_point(100.0 + (i % 6) * 10)\n"
+        "print(p.predict_next())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert float(run.stdout) >= 0.0
+    assert "cmdstanpy" not in run.stderr
 
 
 def test_frozen_arima_waits_for_a_window_that_is_not_flat():

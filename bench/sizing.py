@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from quality import REFERENCE_FORECAST, Spec, _row, build_workload, make_setup, specs
+from quality import REFERENCE_FORECAST, Spec, _row, build_workload, make_setup, predictors, specs
 
 from fleetplan.models.config import REFERENCE_SIZING
 
@@ -69,8 +69,8 @@ VARIANTS.update(FRONTIER)
 # equal GPU-hours (`--variants forecast-frontier`).
 FORECAST_FRONTIER: dict[str, dict] = {
     f"reference forecast ({p}) util{u:g}": {**REFERENCE_FORECAST, "load_predictor": p, "target_utilization": u}
-    for p in ("constant", "arima_frozen", "kalman") for u in (0.8, 0.7, 0.6, 0.5)
-}
+    for p in predictors("reference-forecast") for u in (0.8, 0.7, 0.6, 0.5)
+}  # constant, arima_frozen, kalman, and prophet where the extra is installed
 VARIANTS.update(FORECAST_FRONTIER)
 GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER}
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]

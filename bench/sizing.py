@@ -77,7 +77,7 @@ ABLATION = [name for name in VARIANTS if not any(name in group for group in GROU
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,
-          "mooncake-conv-30min-spread": 6.0, "servegen-m-large-24h": 0.1714}
+          "mooncake-conv-30min-spread": 6.0, "servegen-m-large-24h": 0.1714, "servegen-m-mid-24h": 0.0667}
 
 
 def run_variant(spec: Spec, sla, name: str) -> dict:

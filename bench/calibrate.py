@@ -214,18 +214,31 @@ def knee(rates: list[float], ttft_p90: list[float]) -> tuple[float | None, float
     return (max(ok) if ok else None, min(bad) if bad else None)
 
 
-def fit_host_ms(runs: list[dict], coefficients: Path) -> tuple[float, list[float], list[int]]:
+def host_sweep(runs: list[dict], coefficients: Path) -> dict[float, list[tuple[np.ndarray, np.ndarray]]]:
+    """Every run replayed at every host cost of ``HOST_GRID``: the fit and the knee read the same replays."""
+    return {
+        float(host): replay_vllm(runs, distserve_profile(coefficients, "facebook/opt-13b", 1, host_ms_per_seq=host))
+        for host in HOST_GRID
+    }
+
+
+def fit_host_ms(
+    runs: list[dict], coefficients: Path, sweep: dict | None = None,
+) -> tuple[float, list[float], list[int]]:
     """The host's cost per running sequence per decode step, fitted on TPOT.
 
     The smallest mean |log(simulated / measured TPOT p50)| on ``HOST_GRID``
     over the runs whose *measured* TTFT p90 is under the knee. Returns the
     fit, the error at each grid point and the runs it used. The knee itself
-    (TTFT p90, at higher rates) is not fitted: it is the check."""
+    (TTFT p90, at higher rates) is not fitted: it is the check. ``sweep``
+    is :func:`host_sweep`'s replays, when the caller has them.
+    """
+    sweep = sweep if sweep is not None else host_sweep(runs, coefficients)
     below = [i for i, r in enumerate(runs) if r["ttft"][1] <= KNEE_MS]
-    errors = []
-    for host in HOST_GRID:
-        sim = replay_vllm([runs[i] for i in below], distserve_profile(coefficients, "facebook/opt-13b", 1, host_ms_per_seq=host))
-        errors.append(float(np.mean([abs(math.log(s[1][0] / runs[i]["tpot"][0])) for i, s in zip(below, sim, strict=True)])))
+    errors = [
+        float(np.mean([abs(math.log(sim[i][1][0] / runs[i]["tpot"][0])) for i in below]))
+        for sim in sweep.values()
+    ]
     return float(HOST_GRID[int(np.argmin(errors))]), errors, below
 
 
@@ -233,10 +246,10 @@ def distserve_curve(data: Path) -> str:
     """Replay DistServe's vLLM runs on its fitted coefficients, as given and
     with the host's per-sequence step cost (:func:`fit_host_ms`) added."""
     folder = data / "profiles" / "distserve"
-    coefficients = folder / "profiler-a100-80g.vllm.json"
     runs = vllm_runs(folder)
     rates = [r["rate"] for r in runs]
-    fitted, errors, below = fit_host_ms(runs, coefficients)
+    sweep = host_sweep(runs, folder / "profiler-a100-80g.vllm.json")
+    fitted, errors, below = fit_host_ms(runs, folder / "profiler-a100-80g.vllm.json", sweep)
     lines = [
         f"Host cost per running sequence per decode step, fitted on TPOT p50 of the {len(below)} runs whose "
         f"measured TTFT p90 is under {KNEE_MS:,.0f} ms (rates {', '.join(f'{rates[i]:g}' for i in below)} req/s), "
@@ -246,8 +259,7 @@ def distserve_curve(data: Path) -> str:
         f"simulated, + {fitted:g} ms/seq/step | measured TPOT p50 / p90 ms | as given | + {fitted:g} ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    given = replay_vllm(runs, distserve_profile(coefficients, "facebook/opt-13b", 1))
-    host = replay_vllm(runs, distserve_profile(coefficients, "facebook/opt-13b", 1, host_ms_per_seq=fitted))
+    given, host = sweep[0.0], sweep[fitted]
 
     def ms(v) -> str:
         return " / ".join(f"{x:,.0f}" for x in v)
@@ -260,9 +272,7 @@ def distserve_curve(data: Path) -> str:
         lo, hi = knee(rates, p90)
         lines.append(f"\nTTFT p90 breaks (first rate above {KNEE_MS / 1000:g} s), {label}: between {lo} and {hi} req/s.")
     measured = knee(rates, [r["ttft"][1] for r in runs])
-    matching = [float(h) for h in HOST_GRID if knee(rates, [
-        x[0][1] for x in replay_vllm(runs, distserve_profile(coefficients, "facebook/opt-13b", 1, host_ms_per_seq=h))
-    ]) == measured]
+    matching = [h for h, sim in sweep.items() if knee(rates, [x[0][1] for x in sim]) == measured]
     lines.append(f"\nGrid host costs whose simulated knee is the measured one: "
                  f"{', '.join(f'{h:g}' for h in matching) or 'none'} ms.")
     return "\n".join(lines)

@@ -47,12 +47,9 @@ def _logs(series: Series) -> np.ndarray:
 
 def _loss(pred: np.ndarray, series: Series, rows: range) -> float:
     """Mean window loss of log1p predictions ``pred[i]`` for windows ``rows``."""
-    total = [
-        window_loss(tuple(np.expm1(pred[i])), (w.num_req, w.isl, w.osl))
-        for i in rows
-        for w in (series.windows[i],)
-    ]
-    return math.fsum(total) / len(total)
+    windows = series.windows
+    losses = [window_loss(tuple(np.expm1(pred[i])), (windows[i].num_req, windows[i].isl, windows[i].osl)) for i in rows]
+    return math.fsum(losses) / len(losses)
 
 
 def _ewma(z: np.ndarray, alpha: float) -> np.ndarray:

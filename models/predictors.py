@@ -341,19 +341,44 @@ class _ArimaFit:
 
 @contextmanager
 def _quiet_statsmodels() -> Iterator[None]:
-    """Silence convergence and interpolation warnings from statsmodels.
+    """Run statsmodels on one BLAS thread, its convergence warnings silenced.
 
     A bad candidate order is expected during selection; it loses or fails
     over to the last value, and its warnings would only be noise.
+
+    One thread, because these fits multiply 3x3 matrices thousands of times:
+    OpenBLAS's threads only add hand-offs, and when the other cores are busy
+    (a worker beside other pods, a benchmark beside another) every hand-off
+    waits for a core. Measured on 2 cores with the other one busy: an
+    8-hour ServeGen replay under Dynamo's sizing took 135 s with OpenBLAS's
+    threads and 78 s with one (docs/benchmarks.md, "BLAS threads"). One
+    thread also makes a fit's arithmetic the same on any machine.
     """
     # Import first: statsmodels installs "always" warning filters when its
     # exceptions module is first imported, which would shadow ours.
     import statsmodels.tsa.arima.model  # noqa: F401
     import statsmodels.tsa.stattools  # noqa: F401
 
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
+    with _blas_controller().limit(limits=1, user_api="blas"), warnings.catch_warnings(), \
+            np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         yield
+
+
+_BLAS: list = []
+
+
+def _blas_controller():
+    """The process's BLAS thread pools, found once (after statsmodels loaded them).
+
+    Finding them walks the loaded libraries (about 0.6 ms); limiting them
+    through the found controller then costs about 12 us a fit.
+    """
+    if not _BLAS:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0]
 
 
 def _trend_for(d: int) -> str:

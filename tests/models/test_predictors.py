@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -367,6 +368,36 @@ def test_prophet_fits_quietly():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert float(run.stdout) >= 0.0
     assert "cmdstanpy" not in run.stderr
+
+
+def test_arima_fits_on_one_blas_thread():
+    """The fits run on one BLAS thread whatever the process allows, and the
+    process's own setting comes back after. A clean interpreter, because
+    `make test` starts pytest with OPENBLAS_NUM_THREADS=1; the process first
+    allows two threads, so the check means something on a one-core machine."""
+    code = (
+        "import json, threadpoolctl\n"
+        "import statsmodels.tsa.arima.model as m\n"
+        "from fleetplan.models.predictors import make_predictor\n"
+        "threadpoolctl.threadpool_limits(2, user_api='blas')\n"
+        "def threads(): return sorted({i['num_threads'] for i in threadpoolctl.threadpool_info()"
+        " if i['user_api'] == 'blas'})\n"
+        "seen, fit = [], m.ARIMA.fit\n"
+        "def spy(self, *a, **k):\n"
+        "    seen.append(threads())\n"
+        "    return fit(self, *a, **k)\n"
+        "m.ARIMA.fit = spy\n"
+        "p = make_predictor('arima', arima_max_history=12, arima_reselect_every=4)\n"
+        "for i in range(14): p.add_data_point(100.0 + (i % 5) * 7)\n"
+        "p.predict_next()\n"
+        "print(json.dumps({'during': seen, 'after': threads()}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True, env=env)
+    seen = json.loads(run.stdout)
+    assert seen["during"] and all(t == [1] for t in seen["during"])
+    assert seen["after"] == [2]
 
 
 def test_frozen_arima_waits_for_a_window_that_is_not_flat():

@@ -2,11 +2,11 @@
 
     .venv/bin/python bench/bench_blas.py --data /work/shared/data [--model m-large] [--busy 1]
 
-The planner's ARIMA fits multiply 3x3 matrices thousands of times per
-selection. OpenBLAS starts a thread per core and hands work to them; when
-the other cores are busy (a planner pod beside others, a benchmark beside
-another) each hand-off waits for a core, and a fit that takes a few
-milliseconds takes tens. ``models/predictors.py`` therefore runs every
+The planner's ARIMA fits multiply matrices of at most four rows
+thousands of times per selection. OpenBLAS starts a thread per core and
+hands work to them; when the other cores are busy (a planner pod beside
+others, a benchmark beside another) each hand-off waits for a core, and a
+fit that takes a few milliseconds takes tens. ``models/predictors.py`` therefore runs every
 statsmodels call on one BLAS thread (``_quiet_statsmodels``).
 
 This feeds the re-selecting ARIMA the ServeGen week's 10-minute request
@@ -83,7 +83,7 @@ def main() -> None:
     for s in spinners:
         s.start()
     try:
-        one = forecast_times(values, args.warm)  # warms imports for both arms too
+        forecast_times(values[:40], args.warm)  # imports and the first selections out of the way
         predictors._blas_controller()  # found with every pool loaded
         predictors._BLAS[0], controller = _Unlimited(), predictors._BLAS[0]
         try:

@@ -346,13 +346,13 @@ def _quiet_statsmodels() -> Iterator[None]:
     A bad candidate order is expected during selection; it loses or fails
     over to the last value, and its warnings would only be noise.
 
-    One thread, because these fits multiply 3x3 matrices thousands of times:
-    OpenBLAS's threads only add hand-offs, and when the other cores are busy
-    (a worker beside other pods, a benchmark beside another) every hand-off
-    waits for a core. Measured on 2 cores with the other one busy: an
-    8-hour ServeGen replay under Dynamo's sizing took 135 s with OpenBLAS's
-    threads and 78 s with one (docs/benchmarks.md, "BLAS threads"). One
-    thread also makes a fit's arithmetic the same on any machine.
+    One thread, because these fits multiply matrices of at most four rows
+    thousands of times: OpenBLAS's threads only add hand-offs, and when the
+    other cores are busy (a worker beside other pods, a benchmark beside
+    another) every hand-off waits for a core. Measured on 2 cores with the other one busy, ARIMA
+    forecasting over a ServeGen week took 88 s with OpenBLAS's threads and
+    29 s with one (bench/bench_blas.py, docs/benchmarks.md "BLAS threads").
+    One thread also makes a fit's arithmetic the same on any machine.
     """
     # Import first: statsmodels installs "always" warning filters when its
     # exceptions module is first imported, which would shadow ours.

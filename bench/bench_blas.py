@@ -7,7 +7,7 @@ thousands of times per selection. OpenBLAS starts a thread per core and
 hands work to them; when the other cores are busy (a planner pod beside
 others, a benchmark beside another) each hand-off waits for a core, and a
 fit that takes a few milliseconds takes tens. ``models/predictors.py`` therefore runs every
-statsmodels call on one BLAS thread (``_quiet_statsmodels``).
+statsmodels call on one BLAS thread (``_statsmodels_run``).
 
 This feeds the re-selecting ARIMA the ServeGen week's 10-minute request
 counts of one model (the series ``bench/forecast.py`` scores), forecasting
@@ -84,12 +84,12 @@ def main() -> None:
         s.start()
     try:
         forecast_times(values[:40], args.warm)  # imports and the first selections out of the way
-        predictors._blas_controller()  # found with every pool loaded
-        predictors._BLAS[0], controller = _Unlimited(), predictors._BLAS[0]
+        controller = predictors._blas_controller
+        predictors._blas_controller = _Unlimited
         try:
             default = forecast_times(values, args.warm)
         finally:
-            predictors._BLAS[0] = controller
+            predictors._blas_controller = controller
         one = forecast_times(values, args.warm)
     finally:
         stop.set()

@@ -248,8 +248,9 @@ def distserve_curve(data: Path) -> str:
     folder = data / "profiles" / "distserve"
     runs = vllm_runs(folder)
     rates = [r["rate"] for r in runs]
-    sweep = host_sweep(runs, folder / "profiler-a100-80g.vllm.json")
-    fitted, errors, below = fit_host_ms(runs, folder / "profiler-a100-80g.vllm.json", sweep)
+    coefficients = folder / "profiler-a100-80g.vllm.json"
+    sweep = host_sweep(runs, coefficients)
+    fitted, errors, below = fit_host_ms(runs, coefficients, sweep)
     lines = [
         f"Host cost per running sequence per decode step, fitted on TPOT p50 of the {len(below)} runs whose "
         f"measured TTFT p90 is under {KNEE_MS:,.0f} ms (rates {', '.join(f'{rates[i]:g}' for i in below)} req/s), "

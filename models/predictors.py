@@ -25,6 +25,7 @@ forecasts the last value.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import warnings
@@ -340,7 +341,7 @@ class _ArimaFit:
 
 
 @contextmanager
-def _quiet_statsmodels() -> Iterator[None]:
+def _statsmodels_run() -> Iterator[None]:
     """Run statsmodels on one BLAS thread, its convergence warnings silenced.
 
     A bad candidate order is expected during selection; it loses or fails
@@ -349,10 +350,11 @@ def _quiet_statsmodels() -> Iterator[None]:
     One thread, because these fits multiply matrices of at most four rows
     thousands of times: OpenBLAS's threads only add hand-offs, and when the
     other cores are busy (a worker beside other pods, a benchmark beside
-    another) every hand-off waits for a core. Measured on 2 cores with the other one busy, ARIMA
-    forecasting over a ServeGen week took 88 s with OpenBLAS's threads and
-    29 s with one (bench/bench_blas.py, docs/benchmarks.md "BLAS threads").
-    One thread also makes a fit's arithmetic the same on any machine.
+    another) every hand-off waits for a core. Measured on 2 cores with the
+    other one busy, ARIMA forecasting over a ServeGen week took 88 s with
+    OpenBLAS's threads and 29 s with one (bench/bench_blas.py,
+    docs/benchmarks.md "BLAS threads"). One thread also makes a fit's
+    arithmetic the same on any machine.
     """
     # Import first: statsmodels installs "always" warning filters when its
     # exceptions module is first imported, which would shadow ours.
@@ -365,20 +367,16 @@ def _quiet_statsmodels() -> Iterator[None]:
         yield
 
 
-_BLAS: list = []
-
-
+@functools.cache
 def _blas_controller():
     """The process's BLAS thread pools, found once (after statsmodels loaded them).
 
     Finding them walks the loaded libraries (about 0.6 ms); limiting them
     through the found controller then costs about 12 us a fit.
     """
-    if not _BLAS:
-        from threadpoolctl import ThreadpoolController
+    from threadpoolctl import ThreadpoolController
 
-        _BLAS.append(ThreadpoolController())
-    return _BLAS[0]
+    return ThreadpoolController()
 
 
 def _trend_for(d: int) -> str:
@@ -558,7 +556,7 @@ class ArimaPredictor(Predictor):
         self._order, self._coefs = None, None
         if np.ptp(y) == 0.0:
             return  # a flat window has no dynamics to fit
-        with _quiet_statsmodels():
+        with _statsmodels_run():
             fit = _select_order(y, self._criterion)
         if fit is not None:
             self._order, self._coefs = fit.order, fit.params
@@ -574,7 +572,7 @@ class ArimaPredictor(Predictor):
             return self._from_model_space(float(y[-1]))
         if self._order is None:
             return self._last
-        with _quiet_statsmodels():
+        with _statsmodels_run():
             value = self._model_forecast(y)
         return self._last if value is None else self._from_model_space(value)
 
@@ -682,7 +680,7 @@ class FrozenArimaPredictor(ArimaPredictor):
         if np.ptp(y) == 0.0:
             return
         try:
-            with _quiet_statsmodels():
+            with _statsmodels_run():
                 res = _fit_order(y, self._order, start=np.asarray(self._coefs))
         except Exception:  # keep the previous coefficients
             return
@@ -751,7 +749,7 @@ class ProphetPredictor(Predictor):
         )
         history = pd.DataFrame({"ds": stamps[:-1], "y": self._window})
         model = prophet_cls(uncertainty_samples=0)
-        with _quiet_statsmodels():
+        with _statsmodels_run():
             model.fit(history)
             yhat = model.predict(pd.DataFrame({"ds": stamps[-1:]}))["yhat"].iloc[0]
         return self._from_model(float(yhat))

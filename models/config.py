@@ -56,6 +56,7 @@ REFERENCE_SIZING: dict[str, object] = {
     "capacity_mix": "mean",
     "prefill_sizing": "rate",
     "prefill_time_model": "linear",
+    "decode_scale_down": "absolute",
 }
 """The values that size the fleet exactly as Dynamo's planner does (docs/sizing.md).
 
@@ -113,6 +114,7 @@ class PlannerConfig(BaseModel):
     max_num_fpm_samples: int = Field(64, ge=8)
     fpm_sample_bucket_size: int = Field(16, ge=1)
     load_scaling_down_sensitivity: float = Field(80.0, ge=0, le=100)
+    decode_scale_down: Literal["absolute", "above_floor"] = "above_floor"
     load_min_observations: int = Field(5, ge=2)
     prefill_scale_up_queue_tokens: int | None = Field(None, ge=0)
     prefill_scale_down_queue_tokens: int | None = Field(None, ge=0)

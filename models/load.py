@@ -6,7 +6,10 @@ routing problem, not a capacity problem). Scale-down is consolidation-aware
 share of a removed engine's load, ``N/(N-1)`` times its queue, and goes down
 only if every engine would still be within the SLA with margin
 ``load_scaling_down_sensitivity``. This removes the 2↔1 oscillation of a
-flat threshold (reference notes §2d).
+flat threshold (reference notes §2d). Both roles keep that margin on the
+part of the latency the load adds, above what the engine takes alone
+(decode: ``decode_scale_down``), so an engine slow on its own is not
+locked out of scale-down.
 """
 
 from __future__ import annotations
@@ -101,17 +104,33 @@ def decode_signal(
     if bool((est > config.itl_ms).all()):
         return LoadSignal(+1, "scale_up", itl_ms=worst)
     if n > 1:
-        s = config.load_scaling_down_sensitivity / 100.0
         scale = n / (n - 1)
         if model.role == "agg":
             kv = kv + loads.queued_prefill
         max_kv = model.limits.max_kv_tokens
         fits = True if max_kv is None else bool((kv * scale < max_kv).all())
         post = model.estimate_itl_ms_many(kv, accept_length, load_scale=scale)
-        if fits and bool((post < config.itl_ms * s).all()):
+        if fits and bool((post < _itl_scale_down_bound(config, model, accept_length)).all()):
             return LoadSignal(-1, "scale_down", itl_ms=worst)
         return LoadSignal(0, "scale_down_refused_consolidation", itl_ms=worst)
     return LoadSignal(0, "no_change", itl_ms=worst)
+
+
+def _itl_scale_down_bound(config: PlannerConfig, model, accept_length: float) -> float:
+    """The ITL every engine must stay under, one engine fewer, to release one.
+
+    ``absolute`` is Dynamo's ``s × target``. On an engine whose one-sequence
+    ITL is already above that (a 70B TP2 engine takes 17.8 ms against 0.8 ×
+    20 ms) no engine is ever released and the load loop only grows the
+    fleet, so ``above_floor`` keeps the margin on the part of the ITL the
+    load adds: ``floor + s × (target − floor)``, the form the prefill rule
+    uses with the engine's own TTFT (docs/sizing.md).
+    """
+    s = config.load_scaling_down_sensitivity / 100.0
+    if config.decode_scale_down == "absolute":
+        return config.itl_ms * s
+    floor = model.estimate_itl_floor_ms(accept_length)
+    return floor + s * (config.itl_ms - floor)
 
 
 def agg_signal(

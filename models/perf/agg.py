@@ -158,6 +158,14 @@ class AggPerfModel(RolePerfModel):
         wall = fit.predict_many(np.full_like(kv, self.avg_prefill_tokens), kv + self.avg_decode_len)
         return wall / normalize_accept_length(accept_length) * 1000.0
 
+    def estimate_itl_floor_ms(self, accept_length: float | None = None) -> float | None:
+        """ITL (ms) of one average request alone on an engine, no prompt riding
+        along: the latency no count of engines can lower (see the decode model)."""
+        fit = self.fit()
+        if fit is None:
+            return None
+        return fit.predict(0.0, self.avg_decode_len) / normalize_accept_length(accept_length) * 1000.0
+
     def capacity_rps(
         self,
         isl: int,

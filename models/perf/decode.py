@@ -86,6 +86,15 @@ class DecodePerfModel(RolePerfModel):
         wall = fit.predict_many(np.full_like(kv, self.avg_num_decode + 1.0), kv + self.avg_decode_len)
         return wall / normalize_accept_length(accept_length) * 1000.0
 
+    def estimate_itl_floor_ms(self, accept_length: float | None = None) -> float | None:
+        """ITL (ms) of one average request alone on an engine: the latency no
+        count of engines can lower, which the load loop's scale-down budget is
+        measured from (``decode_scale_down: above_floor``)."""
+        fit = self.fit()
+        if fit is None:
+            return None
+        return fit.predict(1.0, self.avg_decode_len) / normalize_accept_length(accept_length) * 1000.0
+
     def capacity_rps(
         self,
         isl: int,

@@ -88,6 +88,7 @@ class PlannerConfig(BaseModel):
     hold_scale_down_until_floor: bool = True
     throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)
+    sizing_quantile_adapt_rate: float = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
     startup_seconds: float = Field(120.0, ge=0, allow_inf_nan=False)
     burst_window_seconds: int = Field(60, ge=0)
     capacity_mix: Literal["mean", "buckets"] = "buckets"

@@ -143,7 +143,9 @@ class Planner:
 
     def new_state(self, deployment: str) -> DeploymentState:
         cfg = self.config
-        forecaster = QuantileForecaster(cfg.load_predictor, **_predictor_params(cfg))
+        forecaster = QuantileForecaster(
+            cfg.load_predictor, adapt_rate=cfg.sizing_quantile_adapt_rate, **_predictor_params(cfg)
+        )
         if self.warmup:
             forecaster.warm(self.warmup)
         return DeploymentState(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fleetplan.models import ensemble  # noqa: F401  (registers the "ensemble" kind)
 from fleetplan.models.forecast import TrafficObservation
-from fleetplan.models.quantiles import QuantileForecaster
+from fleetplan.models.quantiles import DEFAULT_ADAPT_RATE, QuantileForecaster
 
 
 def window(n: float, isl: float = 2000.0, osl: float = 200.0) -> TrafficObservation:
@@ -136,6 +136,70 @@ def test_bad_arguments_are_refused():
             qf.quantile(0.9, h)
     with pytest.raises(ValueError):
         QuantileForecaster("constant", history=1)
+    for rate in (-0.01, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="adapt_rate"):
+            QuantileForecaster("constant", adapt_rate=rate)
+
+
+def _growing_noise(size: int, seed: int) -> list[float]:
+    """Counts whose noise widens all the way (sigma 0.1 → 0.6): never exchangeable."""
+    rng = np.random.default_rng(seed)
+    sigma = np.linspace(0.1, 0.6, size)
+    return [float(v) for v in np.round(500.0 * np.exp(sigma * rng.standard_normal(size)))]
+
+
+def _coverage_at_rate(counts: list[float], rate: float, horizon: int, warm: int = 200) -> float:
+    qf = QuantileForecaster("constant", history=256, adapt_rate=rate)
+    qf.warm(window(n) for n in counts[:warm])
+    hits, spans = 0, 0
+    for i in range(warm, len(counts) - horizon + 1):
+        hits += max(counts[i : i + horizon]) <= qf.quantile(0.9, horizon)
+        spans += 1
+        qf.observe(window(counts[i]))
+    return hits / spans
+
+
+@pytest.mark.parametrize("horizon", [1, 3])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_adaptive_level_holds_coverage_while_the_errors_grow(seed, horizon):
+    counts = _growing_noise(2400, seed)
+    plain = _coverage_at_rate(counts, 0.0, horizon)
+    adaptive = _coverage_at_rate(counts, DEFAULT_ADAPT_RATE, horizon)
+    assert plain < 0.89  # split conformal lags errors that keep growing
+    assert 0.89 <= adaptive <= 0.91
+
+
+def test_adaptive_level_moves_only_on_calibrated_quantiles():
+    qf = QuantileForecaster("constant", history=64)
+    for n in (100.0, 400.0, 50.0, 800.0):  # too few origins: the largest values answer
+        qf.quantile(0.9, 1)
+        qf.observe(window(n))
+    assert not qf.calibrated(0.9, 1) and qf.to_state()["levels"] == {}
+    for n in lognormal_counts(40, seed=3):
+        qf.quantile(0.9, 1)
+        qf.observe(window(n))
+    assert qf.calibrated(0.9, 1) and set(qf.to_state()["levels"]) == {"0.9@1"}
+
+
+def test_adapt_rate_zero_is_plain_split_conformal():
+    counts = lognormal_counts(300, seed=4)
+    plain = QuantileForecaster("constant", history=64, adapt_rate=0.0)
+    other = QuantileForecaster("constant", history=64, adapt_rate=0.0)
+    for n in counts:
+        assert bits(plain.quantile(0.9, 2)) == bits(other.quantile(0.9, 2))
+        plain.observe(window(n))
+        other.observe(window(n))
+    assert plain.to_state()["levels"] == {} and plain.to_state()["issued"] == {}
+
+
+def test_a_state_from_before_the_adaptive_levels_restores():
+    qf = QuantileForecaster("constant", history=16)
+    for n in (10.0, 20.0, 30.0):
+        qf.observe(window(n))
+    old = {k: v for k, v in qf.to_state().items() if k in ("forecaster", "history", "forecasts", "actuals")}
+    restored = QuantileForecaster.from_state(old)
+    assert restored.adapt_rate == qf.adapt_rate
+    assert bits(restored.quantile(0.9, 2)) == bits(qf.quantile(0.9, 2))
 
 
 # --- never negative, exact state -----------------------------------------------
@@ -163,8 +227,9 @@ def test_quantiles_are_never_negative_and_finite(values, q, horizon):
     rest=st.lists(st.floats(0.0, 1e5), max_size=10),
 )
 def test_state_round_trips_exactly_and_continues_bit_for_bit(values, rest):
-    a = QuantileForecaster("ensemble", history=24)
+    a = QuantileForecaster("ensemble", history=24, adapt_rate=0.05)
     for v in values:
+        a.quantiles(0.9, 4)  # issued quantiles and adaptive levels are state too
         a.observe(window(v))
     b = QuantileForecaster.from_state(json.loads(json.dumps(a.to_state(), allow_nan=False)))
     assert b.to_state() == a.to_state()
@@ -181,3 +246,9 @@ def test_wrapping_keeps_the_callers_forecaster():
     wrapped = QuantileForecaster.wrapping(qf.forecaster, history=8)
     assert wrapped.forecaster is qf.forecaster
     assert wrapped.to_state()["forecasts"] == [] and wrapped.history == 8
+
+
+def test_the_planner_default_is_the_forecasters():
+    from fleetplan.models.config import config_from_dict
+
+    assert config_from_dict({}).sizing_quantile_adapt_rate == DEFAULT_ADAPT_RATE

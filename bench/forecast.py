@@ -58,7 +58,7 @@ from fleetplan.models.forecast import (
     bucket_traffic,
     window_loss,
 )
-from fleetplan.models.quantiles import QuantileForecaster
+from fleetplan.models.quantiles import DEFAULT_ADAPT_RATE, QuantileForecaster
 from fleetplan.sim.traces import read_trace, trace_arrivals
 
 REPO = Path(__file__).resolve().parent.parent
@@ -254,14 +254,16 @@ class Coverage:
     p90: float  # share with n <= P90, %
     p90_h: float  # share with max(n over HORIZON windows) <= P90 of that max, %
     headroom: float  # mean P90 / point forecast
+    adapt_rate: float = DEFAULT_ADAPT_RATE  # the quantiles' adaptive-level rate
 
 
 HORIZON = 3
+LONG_SERIES = 50  # scored windows a series needs before its coverage says anything
 
 
-def coverage(kind: str, series: Series, q: float = 0.9) -> Coverage:
+def coverage(kind: str, series: Series, q: float = 0.9, adapt_rate: float = DEFAULT_ADAPT_RATE) -> Coverage:
     """Held-out coverage of the quantile forecasts of ``kind`` on ``series``."""
-    qf = QuantileForecaster(kind, prophet_interval_s=float(series.interval_s))
+    qf = QuantileForecaster(kind, adapt_rate=adapt_rate, prophet_interval_s=float(series.interval_s))
     qf.warm(series.windows[: series.warm])
     calibrated = qf.calibrated(q, HORIZON)
     scored = series.windows[series.warm :]
@@ -289,11 +291,13 @@ def coverage(kind: str, series: Series, q: float = 0.9) -> Coverage:
         p90=100.0 * hits90 / n,
         p90_h=100.0 * hits90h / spans if spans else float("nan"),
         headroom=statistics.fmean(headroom) if headroom else float("nan"),
+        adapt_rate=adapt_rate,
     )
 
 
-def _coverage_task(args: tuple[str, Series]) -> Coverage:
-    return coverage(*args)
+def _coverage_task(args: tuple[str, Series, float]) -> Coverage:
+    kind, series, rate = args
+    return coverage(kind, series, adapt_rate=rate)
 
 
 # --- report ------------------------------------------------------------------
@@ -376,13 +380,36 @@ def summary(scores: list[Score], kinds: list[str], series: list[Series]) -> str:
 
 def coverage_markdown(rows: list[Coverage]) -> str:
     lines = [
-        f"| series | scored | kind | calibrated | n <= P50 % | n <= P90 % | max of next {HORIZON} <= P90 % | P90 / point |",
-        "|---|---:|---|---|---:|---:|---:|---:|",
+        f"| series | scored | kind | adapt rate | calibrated | n <= P50 % | n <= P90 % "
+        f"| max of next {HORIZON} <= P90 % | P90 / point |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|",
     ]
     for c in rows:
         lines.append(
-            f"| {c.series} | {c.windows} | {c.kind} | {'yes' if c.calibrated else 'no'} "
+            f"| {c.series} | {c.windows} | {c.kind} | {c.adapt_rate:g} | {'yes' if c.calibrated else 'no'} "
             f"| {c.p50:.0f} | {c.p90:.0f} | {c.p90_h:.0f} | {c.headroom:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def calibration_summary(rows: list[Coverage]) -> str:
+    """Per kind and adapt rate, over the series with at least LONG_SERIES scored windows:
+    how far the P90s' coverage sits from 90 % on average, and the headroom it costs."""
+    groups: dict[tuple[str, float], list[Coverage]] = {}
+    for c in rows:
+        if c.windows >= LONG_SERIES:
+            groups.setdefault((c.kind, c.adapt_rate), []).append(c)
+    lines = [
+        f"| kind | adapt rate | series | mean abs(P90 coverage − 90) | mean abs(max of next {HORIZON} − 90) "
+        "| worst | mean P90 / point |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (kind, rate), cs in sorted(groups.items()):
+        gaps = [abs(c.p90 - 90.0) for c in cs]
+        gaps_h = [abs(c.p90_h - 90.0) for c in cs]
+        lines.append(
+            f"| {kind} | {rate:g} | {len(cs)} | {statistics.fmean(gaps):.2f} | {statistics.fmean(gaps_h):.2f} "
+            f"| {max(gaps + gaps_h):.1f} | {statistics.fmean(c.headroom for c in cs):.3f} |"
         )
     return "\n".join(lines)
 
@@ -411,6 +438,11 @@ def main(argv: list[str] | None = None) -> None:
         default="ensemble",
         help="kinds whose P50/P90 coverage is measured ('' for none)",
     )
+    parser.add_argument(
+        "--adapt-rates",
+        default=str(DEFAULT_ADAPT_RATE),
+        help="comma-separated adaptive-level rates to measure the coverage at (0: plain split conformal)",
+    )
     args = parser.parse_args(argv)
 
     kinds = available_kinds(args.kinds.split(",") if args.kinds else None)
@@ -421,7 +453,8 @@ def main(argv: list[str] | None = None) -> None:
     tasks = [(kind, s) for s in series for kind in kinds]
     started = time.perf_counter()
     quantile_kinds = [k for k in args.quantile_kinds.split(",") if k]
-    quantile_tasks = [(kind, s) for s in series for kind in quantile_kinds]
+    rates = [float(r) for r in args.adapt_rates.split(",") if r]
+    quantile_tasks = [(kind, s, r) for s in series for kind in quantile_kinds for r in rates]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             scores = list(pool.map(_score_task, tasks))
@@ -442,6 +475,8 @@ def main(argv: list[str] | None = None) -> None:
     if covered:
         print()
         print(coverage_markdown(covered))
+        print()
+        print(calibration_summary(covered))
     if args.json:
         payload = {
             "scores": [s.__dict__ for s in scores],

@@ -41,12 +41,12 @@ week of production traffic is not quite that (the P90 covered 87 % of
 m-large's held-out windows when the errors grew). So each (q, h) pair the
 caller asks for keeps an adaptive level (adaptive conformal inference,
 Gibbs & Candès 2021): once the h windows after an origin have arrived, a
-miss of the quantile issued there raises the level by
-``adapt_rate × (1 − (1 − q))`` and a hit lowers it by ``adapt_rate × (1 −
-q)``, so over any long run the share of misses comes back to 1 − q
-whatever the errors do. The level moves only on quantiles that were
-conformal when issued (the uncalibrated fallbacks are already the largest
-values), and stays in [0, 1]; ``adapt_rate=0`` is plain split conformal.
+miss of the quantile issued there raises the level by ``adapt_rate × q``
+and a hit lowers it by ``adapt_rate × (1 − q)``, so over a long run the
+share of misses comes back to 1 − q whatever the errors do. The level
+moves only on quantiles that were conformal when issued (the uncalibrated
+fallbacks are already the largest values), and stays in [0, 1];
+``adapt_rate=0`` is plain split conformal.
 """
 
 from __future__ import annotations

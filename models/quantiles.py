@@ -96,9 +96,15 @@ def _check(q: float, horizon_windows: int) -> tuple[float, int]:
     return q, horizon
 
 
-def _key(q: float, h: int) -> str:
-    """The adaptive level's key: JSON-safe, exact for any float q."""
+def _key_text(key: tuple[float, int]) -> str:
+    """An adaptive level's key in the state: JSON-safe, exact for any float q."""
+    q, h = key
     return f"{q!r}@{h}"
+
+
+def _key_of(text: str) -> tuple[float, int]:
+    q, h = text.split("@")
+    return float(q), int(h)
 
 
 class QuantileForecaster:
@@ -129,8 +135,8 @@ class QuantileForecaster:
         self._actuals: list[float] = []
         self._seen = 0  # windows observed since the start: the origins' clock
         # per (q, h): the adaptive level, and the log1p quantiles issued at origins not yet resolved
-        self._levels: dict[str, float] = {}
-        self._issued: dict[str, dict[int, float]] = {}
+        self._levels: dict[tuple[float, int], float] = {}
+        self._issued: dict[tuple[float, int], dict[int, float]] = {}
 
     @classmethod
     def wrapping(
@@ -145,7 +151,6 @@ class QuantileForecaster:
             "history": history,
             "forecasts": [],
             "actuals": [],
-            "adapt_rate": DEFAULT_ADAPT_RATE,
         }
         qf = cls.from_state(state)
         qf._forecaster = forecaster  # the caller's object, not a copy
@@ -179,8 +184,7 @@ class QuantileForecaster:
         latest = self._seen - 1  # origin index of the window just observed
         first = self._seen - len(self._actuals)  # origin index of the oldest kept window
         for key, issued in self._issued.items():
-            q_text, h_text = key.split("@")
-            q, h = float(q_text), int(h_text)
+            q, h = key
             origin = latest - h + 1
             value = issued.pop(origin, None)
             for stale in [o for o in issued if o < origin]:
@@ -255,14 +259,14 @@ class QuantileForecaster:
             pool = matching[h - 1]
             conformal = bool(pool) and _rank(len(pool), q) <= len(pool)
             if pool:
-                value = base + _conformal(pool, self._levels.get(_key(q, h), q) if conformal else q)
+                value = base + _conformal(pool, self._levels.get((q, h), q) if conformal else q)
             elif counts[h - 1]:
                 value = _conformal(counts[h - 1], q)  # no matching origin: the counts themselves
             else:
                 value = base  # nothing observed spans h windows yet
             level = max(level, value)
             if conformal and self.adapt_rate > 0.0:
-                self._issued.setdefault(_key(q, h), {})[self._seen] = level
+                self._issued.setdefault((q, h), {})[self._seen] = level
             out.append(max(0.0, math.expm1(level)))
         return out
 
@@ -298,8 +302,8 @@ class QuantileForecaster:
             "actuals": list(self._actuals),
             "adapt_rate": self.adapt_rate,
             "seen": self._seen,
-            "levels": dict(self._levels),
-            "issued": {k: [[o, v] for o, v in issued.items()] for k, issued in self._issued.items()},
+            "levels": {_key_text(k): v for k, v in self._levels.items()},
+            "issued": {_key_text(k): [[o, v] for o, v in issued.items()] for k, issued in self._issued.items()},
         }
 
     @classmethod
@@ -317,9 +321,9 @@ class QuantileForecaster:
         # states written before the adaptive levels existed start them afresh
         qf.adapt_rate = _adapt_rate(state.get("adapt_rate", DEFAULT_ADAPT_RATE))
         qf._seen = int(state.get("seen", len(qf._actuals)))
-        qf._levels = {str(k): float(v) for k, v in state.get("levels", {}).items()}
+        qf._levels = {_key_of(k): float(v) for k, v in state.get("levels", {}).items()}
         qf._issued = {
-            str(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("issued", {}).items()
+            _key_of(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("issued", {}).items()
         }
         return qf
 

@@ -1,7 +1,11 @@
-"""The load loop: ±1 replica from each engine's latest forward pass.
+"""The load loop: replicas from each engine's latest forward pass.
 
 Scale-up needs *every* engine of a role over the SLA (one hot engine is a
-routing problem, not a capacity problem). Scale-down is consolidation-aware
+routing problem, not a capacity problem). Dynamo then adds one engine;
+with ``load_max_scale_up_step`` above 1 the loop adds the fewest engines
+that would bring every engine back within the SLA, its load spread over
+``N + k`` engines (the consolidation check run the other way), so a fleet
+far behind a ramp does not wait a startup per engine it is short. Scale-down is consolidation-aware
 (Dynamo PR #9294): it asks what each engine would look like carrying its
 share of a removed engine's load, ``N/(N-1)`` times its queue, and goes down
 only if every engine would still be within the SLA with margin
@@ -27,7 +31,7 @@ from fleetplan.schemas.events import ForwardPassMetrics
 class LoadSignal:
     """One role's verdict: -1, 0 or +1, with the worst estimates behind it."""
 
-    step: int
+    step: int  # engines to add (> 0) or remove (-1); 0 holds
     reason: str
     ttft_ms: float | None = None
     itl_ms: float | None = None
@@ -75,7 +79,10 @@ def prefill_signal(
         return LoadSignal(0, "insufficient_data")
     worst = float(est.max())
     if bool((est > config.ttft_ms).all()):
-        return LoadSignal(+1, "scale_up", ttft_ms=worst)
+        def within(scale: float) -> bool:
+            post = _ttft(model, loads, kv_hit_rate, queue_scale=scale, decode_scale=scale)
+            return bool((post <= config.ttft_ms).all())
+        return LoadSignal(_scale_up_step(config, n, within), "scale_up", ttft_ms=worst)
     if n > 1:
         s = config.load_scaling_down_sensitivity / 100.0
         scale = n / (n - 1)
@@ -102,7 +109,9 @@ def decode_signal(
         return LoadSignal(0, "insufficient_data")
     worst = float(est.max())
     if bool((est > config.itl_ms).all()):
-        return LoadSignal(+1, "scale_up", itl_ms=worst)
+        def within(scale: float) -> bool:
+            return bool((model.estimate_itl_ms_many(kv, accept_length, load_scale=scale) <= config.itl_ms).all())
+        return LoadSignal(_scale_up_step(config, n, within), "scale_up", itl_ms=worst)
     if n > 1:
         scale = n / (n - 1)
         if model.role == "agg":
@@ -114,6 +123,25 @@ def decode_signal(
             return LoadSignal(-1, "scale_down", itl_ms=worst)
         return LoadSignal(0, "scale_down_refused_consolidation", itl_ms=worst)
     return LoadSignal(0, "no_change", itl_ms=worst)
+
+
+def _scale_up_step(config: PlannerConfig, n: int, within) -> int:
+    """Engines to add: the fewest ``k`` for which ``within(n / (n + k))`` holds.
+
+    ``within(scale)`` says whether every engine, carrying ``scale`` times
+    its load, meets the SLA. Capped at ``load_max_scale_up_step`` (Dynamo:
+    1); the cap is the answer when no step within it is enough, as when a
+    backlog has built up that only time drains. When no count of engines
+    would do (an engine alone misses the target), one engine, as Dynamo
+    adds: more would cost without helping.
+    """
+    cap = config.load_max_scale_up_step
+    if cap == 1 or not within(0.0):
+        return 1
+    for k in range(1, cap):
+        if within(n / (n + k)):
+            return k
+    return cap
 
 
 def _itl_scale_down_bound(config: PlannerConfig, model, accept_length: float) -> float:
@@ -136,14 +164,14 @@ def _itl_scale_down_bound(config: PlannerConfig, model, accept_length: float) ->
 def agg_signal(
     config: PlannerConfig, model, loads: EngineLoads, kv_hit_rate: float, accept_length: float,
 ) -> LoadSignal:
-    """Aggregated engines: up if either side says up, down only if both agree."""
+    """Aggregated engines: up if either side says up (by the larger step), down only if both agree."""
     pre = prefill_signal(config, model, loads, kv_hit_rate)
     dec = decode_signal(config, model, loads, accept_length)
     ttft, itl = pre.ttft_ms, dec.itl_ms
     if pre.reason == "insufficient_data" and dec.reason == "insufficient_data":
         return LoadSignal(0, "insufficient_data")
     if pre.step > 0 or dec.step > 0:
-        return LoadSignal(+1, "scale_up", ttft, itl)
+        return LoadSignal(max(pre.step, dec.step), "scale_up", ttft, itl)
     if pre.step < 0 and dec.step < 0:
         return LoadSignal(-1, "scale_down", ttft, itl)
     if pre.step < 0 or dec.step < 0:

@@ -33,7 +33,12 @@ from fleetplan.models.mix import LengthMix, mix_factor
 from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.quantiles import QuantileForecaster
-from fleetplan.models.startup import record_scale_up, startup_horizon_windows, startup_sample
+from fleetplan.models.startup import (
+    measured_startup_seconds,
+    record_scale_up,
+    startup_horizon_windows,
+    startup_sample,
+)
 from fleetplan.models.state import (
     DeploymentState,
     PendingDecision,
@@ -186,12 +191,17 @@ class Planner:
         interval_l = cfg.load_adjustment_interval_seconds
         if not cfg.throughput_enabled:
             scratch.throughput_reason = "disabled"
+            if _due(now, interval_t):
+                # nothing reads the window without the loop: drop it each interval so a
+                # load-only deployment's state stays bounded (it counts every second)
+                state.window = TrafficWindow()
+                state.window_start = now
         elif _due(now, interval_t):
             self._throughput_loop(state, now, baseline, minimums, kv_hit, accept, scratch)
         if not cfg.load_enabled:
             scratch.load_reason = "disabled"
         elif _due(now, interval_l):
-            self._load_loop(state, baseline, ready, in_progress, kv_hit, accept, scratch)
+            self._load_loop(state, now, baseline, in_progress, kv_hit, accept, scratch)
 
         proposed, reason_t, reason_l = self._reconcile(state, baseline, scratch)
         proposed, bound_reason = clamp_to_bounds(proposed, minimums, maximums)
@@ -303,9 +313,11 @@ class Planner:
             scratch.throughput_targets = proposal.targets
             scratch.throughput_reason = "scale"
 
-    def _load_loop(self, state, baseline, ready, in_progress, kv_hit, accept, scratch) -> None:
+    def _load_loop(self, state, now, baseline, in_progress, kv_hit, accept, scratch) -> None:
         cfg = state.config
         if in_progress:
+            # the fleet is changing: a scale-down run needs verdicts on a settled fleet
+            state.down_since.clear()
             scratch.load_reason = "scaling_in_progress"
             return
         targets: dict[Role, int] = {}
@@ -320,6 +332,11 @@ class Planner:
             signal = self._signal(state, role, engines, kv_hit, accept)
             scratch.signals[role] = signal
             scratch.load_reasons[role] = signal.reason
+            if signal.step >= 0:
+                state.down_since.pop(role, None)
+            elif now - state.down_since.setdefault(role, now) < _stabilization_seconds(state):
+                scratch.load_reasons[role] = "scale_down_stabilizing"
+                continue
             if signal.step < 0 and cfg.hold_scale_down_until_floor and cfg.throughput_enabled \
                     and role not in state.lower_bound:
                 # Before the first throughput floor, an idle start would shed
@@ -328,6 +345,8 @@ class Planner:
                 continue
             if signal.step:
                 targets[role] = max(baseline[role] + signal.step, 0)
+                if signal.step < 0:
+                    state.down_since.pop(role, None)  # the next release needs a run of its own
         reasons = list(scratch.load_reasons.values())
         for code in ("scale_up", "scale_down"):
             if code in reasons:
@@ -552,6 +571,19 @@ _APPLY = {
 
 
 # --- helpers ----------------------------------------------------------------
+
+
+def _stabilization_seconds(state: DeploymentState) -> float:
+    """How long a role's engines must look spare, tick after tick, before one is released.
+
+    A released engine takes a startup to get back, so by default the loop
+    waits one startup (measured, else configured): a lull shorter than that
+    keeps its engines. Kubernetes' HPA holds scale-downs for the same reason
+    (its scale-down stabilization window, 300 s by default); Dynamo releases
+    on the first verdict (``load_scale_down_stabilization_seconds: 0``).
+    """
+    configured = state.config.load_scale_down_stabilization_seconds
+    return measured_startup_seconds(state) if configured is None else configured
 
 
 def _due(now: float, interval: int) -> bool:

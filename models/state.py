@@ -164,6 +164,8 @@ class DeploymentState:
     last_kv_hit_rate: float | None = None
     last_accept_length: float | None = None
     lower_bound: dict[Role, int] = field(default_factory=dict)
+    # per role, when its current unbroken run of load-loop scale-down verdicts began
+    down_since: dict[Role, float] = field(default_factory=dict)
     next_decision_id: int = 0
     pending: PendingDecision | None = None
     desired: dict[Role, int] | None = None
@@ -207,6 +209,7 @@ class DeploymentState:
             "last_kv_hit_rate": self.last_kv_hit_rate,
             "last_accept_length": self.last_accept_length,
             "lower_bound": dict(self.lower_bound),
+            "down_since": dict(self.down_since),
             "next_decision_id": self.next_decision_id,
             "pending": None if self.pending is None else {
                 "decision_id": self.pending.decision_id, "time": self.pending.time,
@@ -248,6 +251,7 @@ class DeploymentState:
             last_kv_hit_rate=data["last_kv_hit_rate"],
             last_accept_length=data["last_accept_length"],
             lower_bound=dict(data["lower_bound"]),
+            down_since=dict(data.get("down_since", {})),
             next_decision_id=data["next_decision_id"],
             pending=None if pending is None else PendingDecision(
                 pending["decision_id"], pending["time"], dict(pending["targets"])

@@ -10,13 +10,15 @@ from fleetplan.models.fleet import Fleet
 from tests.models.test_sequencer import SCENARIO
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.integers(min_value=1, max_value=len(SCENARIO) - 1), st.sampled_from(["constant", "kalman", "arima", "ensemble"]))
-def test_snapshot_mid_stream_then_continue(make_fleet, cut, predictor):
-    straight = make_fleet(enable_load_scaling=True, load_predictor=predictor)
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(min_value=1, max_value=len(SCENARIO) - 1), st.sampled_from(["constant", "kalman", "arima", "ensemble"]),
+       st.sampled_from(["reference", "fleetplan"]))
+def test_snapshot_mid_stream_then_continue(make_fleet, cut, predictor, sizing):
+    extra = {"load_scale_down_stabilization_seconds": None, "load_max_scale_up_step": 8} if sizing == "fleetplan" else {}
+    straight = make_fleet(enable_load_scaling=True, load_predictor=predictor, sizing=sizing, **extra)
     expected = [o.to_dict() for o in straight.run(SCENARIO)]
 
-    first = make_fleet(enable_load_scaling=True, load_predictor=predictor)
+    first = make_fleet(enable_load_scaling=True, load_predictor=predictor, sizing=sizing, **extra)
     got = [o.to_dict() for o in (x for e in SCENARIO[:cut] for x in first.feed(e))]
     blob = orjson.dumps(first.to_data())  # what a changelog table stores
     restored = Fleet(first.planner)

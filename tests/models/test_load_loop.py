@@ -1,0 +1,119 @@
+"""The load loop past Dynamo's ±1: a scale-up sized to the shortfall, scale-downs held for a startup."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
+from fleetplan.models.load import EngineLoads, prefill_signal
+from fleetplan.models.perf import seeded_perf_model
+from fleetplan.schemas import ClockEvent, RequestArrival
+from fleetplan.sim.profiles import load_profile
+from tests.models.factories import T0, decisions, fpm, ready
+
+
+@pytest.fixture(scope="module")
+def prefill_model():
+    return seeded_perf_model(load_profile("h200-llama3.1-8b"), "prefill")
+
+
+def _queues(*tokens: float) -> EngineLoads:
+    q = np.array(tokens, dtype=np.float64)
+    return EngineLoads(q, np.zeros_like(q), np.zeros_like(q))
+
+
+def _worst_ttft(model, loads: EngineLoads, scale: float) -> float:
+    return float(model.estimate_ttft_ms_many(loads.queued_prefill, 0.0, queue_scale=scale).max())
+
+
+@pytest.mark.parametrize("queued", [16_000.0, 24_000.0, 40_000.0])
+def test_scale_up_adds_the_fewest_engines_that_bring_every_engine_back(prefill_model, queued):
+    cfg = config_from_dict({"load_max_scale_up_step": 8})
+    loads = _queues(queued, queued * 1.1, queued * 1.2)
+    assert _worst_ttft(prefill_model, loads, 1.0) > cfg.ttft_ms  # all three over: a scale-up
+    sig = prefill_signal(cfg, prefill_model, loads, 0.0)
+    n, k = len(loads), sig.step
+    assert sig.reason == "scale_up" and 1 <= k < cfg.load_max_scale_up_step
+    assert _worst_ttft(prefill_model, loads, n / (n + k)) <= cfg.ttft_ms
+    assert k == 1 or _worst_ttft(prefill_model, loads, n / (n + k - 1)) > cfg.ttft_ms
+
+
+def test_scale_up_is_capped_and_dynamo_adds_one(prefill_model):
+    backlog = _queues(400_000.0, 400_000.0)  # minutes of prompts: no step within the cap is enough
+    assert prefill_signal(config_from_dict({"load_max_scale_up_step": 8}), prefill_model, backlog, 0.0).step == 8
+    assert prefill_signal(config_from_dict({"load_max_scale_up_step": 3}), prefill_model, backlog, 0.0).step == 3
+    assert prefill_signal(config_from_dict(dict(REFERENCE_SIZING)), prefill_model, backlog, 0.0).step == 1
+
+
+def _idle_fleet(until: float, hot_at: float | None = None) -> list:
+    """Three idle prefill engines and one decode engine, reporting every 5 s until ``until``.
+
+    At ``hot_at`` one prefill engine reports a long queue: the others could not take it.
+    """
+    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
+    for t in np.arange(1.0, until - T0, 5.0):
+        hot = hot_at is not None and abs(T0 + t - hot_at) < 1
+        evs += [fpm(f"p{i}", "prefill", T0 + t, queued_prefill=100_000 if hot and i == 0 else 0, counter=int(t))
+                for i in range(3)]
+        evs.append(fpm("d0", "decode", T0 + t, counter=int(t), decode_reqs=4, decode_kv=12_000))
+    evs.append(ClockEvent(deployment="d", time=until))
+    return evs
+
+
+def _load_only(make_fleet, **config):
+    return make_fleet(enable_load_scaling=True, enable_throughput_scaling=False, **config)
+
+
+def test_an_engine_is_released_after_one_startup_of_spare_verdicts(make_fleet):
+    dynamo = decisions(_load_only(make_fleet).run(_idle_fleet(T0 + 200)))
+    assert dynamo[0].time == T0 + 5  # the first verdict releases
+    # null: one startup (configured, 120 s, until one is measured) of verdicts, from the first at T0 + 5
+    held = _load_only(make_fleet, sizing="fleetplan", startup_seconds=120,
+                      load_scale_down_stabilization_seconds=None).run(_idle_fleet(T0 + 200))
+    (first, *_) = decisions(held)
+    assert first.time == T0 + 125 and first.targets["prefill"] == 2 and first.load_reason == "scale_down"
+    waiting = [o for o in held if T0 + 5 <= o.time < T0 + 125]
+    assert waiting and all(o.load_reasons["prefill"] == "scale_down_stabilizing" for o in waiting)
+    short = decisions(_load_only(make_fleet, load_scale_down_stabilization_seconds=30).run(_idle_fleet(T0 + 200)))
+    assert short[0].time == T0 + 35
+
+
+def test_a_busy_verdict_restarts_the_wait(make_fleet):
+    out = _load_only(make_fleet, load_scale_down_stabilization_seconds=30).run(
+        _idle_fleet(T0 + 200, hot_at=T0 + 21))
+    # spare from T0 + 5; at T0 + 25 one engine's queue refuses consolidation; spare again from T0 + 30
+    assert decisions(out)[0].time == T0 + 60
+
+
+def test_the_wait_starts_again_after_each_release(make_fleet):
+    fleet = _load_only(make_fleet, load_scale_down_stabilization_seconds=30)
+    evs = _idle_fleet(T0 + 200)
+    out = fleet.run(evs)
+    (first,) = decisions(out)  # unacknowledged: the loop holds while it is in flight
+    assert first.time == T0 + 35
+    assert not fleet.state("d").down_since
+
+
+def test_down_verdicts_round_trip_and_old_state_restores(make_fleet):
+    from fleetplan.models.state import DeploymentState
+
+    fleet = _load_only(make_fleet, load_scale_down_stabilization_seconds=60)
+    fleet.run(_idle_fleet(T0 + 40))
+    state = fleet.state("d")
+    assert state.down_since == {"prefill": T0 + 5}
+    data = state.to_data()
+    assert DeploymentState.from_data(data).to_data() == data
+    del data["down_since"]  # written before the wait existed
+    assert DeploymentState.from_data(data).down_since == {}
+
+
+def test_without_the_throughput_loop_the_window_stays_bounded(make_fleet):
+    fleet = _load_only(make_fleet)
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    evs += [RequestArrival(deployment="d", time=T0 + 1 + i / 10, request_id=f"a{i}", input_tokens=100)
+            for i in range(10 * 1000)]
+    fleet.run([*evs, ClockEvent(deployment="d", time=T0 + 1002)])
+    window = fleet.state("d").window
+    # the throughput interval (180 s) is the most a window holds, one count per second
+    assert 0 < len(window.second_arrivals) <= 180

@@ -29,9 +29,9 @@ from fleetplan.schemas.events import ForwardPassMetrics
 
 @dataclass(frozen=True)
 class LoadSignal:
-    """One role's verdict: -1, 0 or +1, with the worst estimates behind it."""
+    """One role's verdict: engines to add (> 0), -1 to release one, 0 to hold; with the worst estimates."""
 
-    step: int  # engines to add (> 0) or remove (-1); 0 holds
+    step: int
     reason: str
     ttft_ms: float | None = None
     itl_ms: float | None = None

@@ -194,8 +194,7 @@ class Planner:
             if _due(now, interval_t):
                 # nothing reads the window without the loop: drop it each interval so a
                 # load-only deployment's state stays bounded (it counts every second)
-                state.window = TrafficWindow()
-                state.window_start = now
+                _start_window(state, now)
         elif _due(now, interval_t):
             self._throughput_loop(state, now, baseline, minimums, kv_hit, accept, scratch)
         if not cfg.load_enabled:
@@ -261,8 +260,7 @@ class Planner:
         dispersion = state.window.arrival_dispersion(duration)
         if dispersion is not None:
             state.arrival_dispersion = dispersion
-        state.window = TrafficWindow()
-        state.window_start = now
+        _start_window(state, now)
         if not state.seen_traffic:
             scratch.throughput_reason = "no_traffic_data"
             return
@@ -573,10 +571,16 @@ _APPLY = {
 # --- helpers ----------------------------------------------------------------
 
 
+def _start_window(state: DeploymentState, now: float) -> None:
+    """A fresh traffic window from ``now`` on."""
+    state.window = TrafficWindow()
+    state.window_start = now
+
+
 def _stabilization_seconds(state: DeploymentState) -> float:
     """How long a role's engines must look spare, tick after tick, before one is released.
 
-    A released engine takes a startup to get back, so by default the loop
+    A released engine takes a startup to get back, so with ``null`` the loop
     waits one startup (measured, else configured): a lull shorter than that
     keeps its engines. Kubernetes' HPA holds scale-downs for the same reason
     (its scale-down stabilization window, 300 s by default); Dynamo releases

@@ -59,6 +59,7 @@ REFERENCE_SIZING: dict[str, object] = {
     "decode_scale_down": "absolute",
     "load_max_scale_up_step": 1,
     "load_scale_down_stabilization_seconds": 0.0,
+    "load_floor": "none",
 }
 """The values that size the fleet exactly as Dynamo's planner does (docs/sizing.md).
 
@@ -120,6 +121,7 @@ class PlannerConfig(BaseModel):
     decode_scale_down: Literal["absolute", "above_floor"] = "above_floor"
     load_max_scale_up_step: int = Field(1, ge=1)  # 1 is Dynamo's; docs/planner.md
     load_scale_down_stabilization_seconds: float | None = Field(0.0, ge=0, allow_inf_nan=False)  # None: one startup
+    load_floor: Literal["measured", "none"] = "measured"  # without the throughput loop; docs/planner.md
     load_min_observations: int = Field(5, ge=2)
     prefill_scale_up_queue_tokens: int | None = Field(None, ge=0)
     prefill_scale_down_queue_tokens: int | None = Field(None, ge=0)

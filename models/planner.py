@@ -74,6 +74,8 @@ from fleetplan.schemas.fpm_wire import WireFpmBatch
 
 PARTIAL_WINDOW_SHARE = 0.1
 """A first throughput window whose traffic began later than this share of it is partial."""
+MEASURED_RATE_MIN_SECONDS = 60.0
+"""Without the throughput loop, the load loop's floor measures the current window once it is this long."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class _Scratch:
     observed: TrafficObservation | None = None
     proposal: ThroughputProposal | None = None  # the throughput loop's sizing, for the estimates
     signals: dict[Role, LoadSignal] = field(default_factory=dict)
+    measured_floor: dict[Role, int] | None = None  # load-only: the measured traffic's, once a tick
 
 
 class Planner:
@@ -192,15 +195,18 @@ class Planner:
         if not cfg.throughput_enabled:
             scratch.throughput_reason = "disabled"
             if _due(now, interval_t):
-                # nothing reads the window without the loop: drop it each interval so a
-                # load-only deployment's state stays bounded (it counts every second)
+                began = _window_began(state)
+                if _measures_floor(cfg) and began is not None:
+                    state.measured_floor = _engines_measured(state, now - began, baseline, minimums, kv_hit, accept)
+                # a new window each interval keeps a load-only deployment's state bounded
+                # (the window counts every second)
                 _start_window(state, now)
         elif _due(now, interval_t):
             self._throughput_loop(state, now, baseline, minimums, kv_hit, accept, scratch)
         if not cfg.load_enabled:
             scratch.load_reason = "disabled"
         elif _due(now, interval_l):
-            self._load_loop(state, now, baseline, in_progress, kv_hit, accept, scratch)
+            self._load_loop(state, now, baseline, minimums, in_progress, kv_hit, accept, scratch)
 
         proposed, reason_t, reason_l = self._reconcile(state, baseline, scratch)
         proposed, bound_reason = clamp_to_bounds(proposed, minimums, maximums)
@@ -276,14 +282,7 @@ class Planner:
         if obs.accept_length is not None:
             state.last_accept_length = obs.accept_length
             accept = obs.accept_length
-        budgets = None
-        if cfg.capacity_mix == "buckets" and mix.count:
-            capacities = {
-                role: _capacity_memo(state, role, kv_hit, accept) for role in cfg.roles if state.perf[role].ready
-            }
-            state.mix_factor = _mix_factors(state, mix, capacities)
-            if "prefill" in capacities:
-                budgets = bucket_budgets(cfg, mix, capacities["prefill"])
+        budgets = _size_mix(state, mix, kv_hit, accept)
         # a partial first window has partial sub-windows too: its peak is not a peak
         state.forecaster.observe(full, peak=peak if duration >= interval else None)
         forecast = state.forecaster.forecast()
@@ -311,7 +310,7 @@ class Planner:
             scratch.throughput_targets = proposal.targets
             scratch.throughput_reason = "scale"
 
-    def _load_loop(self, state, now, baseline, in_progress, kv_hit, accept, scratch) -> None:
+    def _load_loop(self, state, now, baseline, minimums, in_progress, kv_hit, accept, scratch) -> None:
         cfg = state.config
         if in_progress:
             # the fleet is changing: a scale-down run needs verdicts on a settled fleet
@@ -330,6 +329,12 @@ class Planner:
             signal = self._signal(state, role, engines, kv_hit, accept)
             scratch.signals[role] = signal
             scratch.load_reasons[role] = signal.reason
+            if _measures_floor(cfg):
+                signal = _hold_measured_floor(
+                    signal, role, baseline, _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch),
+                )
+                scratch.signals[role] = signal
+                scratch.load_reasons[role] = signal.reason
             if signal.step >= 0:
                 state.down_since.pop(role, None)
             elif now - state.down_since.setdefault(role, now) < _stabilization_seconds(state):
@@ -346,7 +351,7 @@ class Planner:
                 if signal.step < 0:
                     state.down_since.pop(role, None)  # the next release needs a run of its own
         reasons = list(scratch.load_reasons.values())
-        for code in ("scale_up", "scale_down"):
+        for code in ("scale_up", "scale_up_to_measured_rate", "scale_down"):
             if code in reasons:
                 scratch.load_reason = code
                 break
@@ -588,6 +593,116 @@ def _stabilization_seconds(state: DeploymentState) -> float:
     """
     configured = state.config.load_scale_down_stabilization_seconds
     return measured_startup_seconds(state) if configured is None else configured
+
+
+def _measures_floor(cfg: PlannerConfig) -> bool:
+    """Whether the load loop keeps the fleet at what the measured traffic needs.
+
+    With the throughput loop on, its floor already holds what the forecast
+    needs. Without it, the loop's only view is a snapshot of each engine's
+    queue, which is near empty on a fleet at 80 % utilisation whose prompts
+    take tens of milliseconds: it would release an engine the traffic
+    needs, and add one only once every queue had overflowed, a startup
+    too late (docs/planner.md).
+    """
+    return cfg.load_floor == "measured" and not cfg.throughput_enabled and cfg.sla_mode
+
+
+def _hold_measured_floor(signal: LoadSignal, role: Role, baseline, floor: dict[Role, int]) -> LoadSignal:
+    """The verdict, moved so the role ends at or above the engines the measured traffic needs."""
+    need = floor.get(role)
+    if need is None or baseline[role] + signal.step >= need:
+        return signal
+    if need > baseline[role]:
+        return LoadSignal(need - baseline[role], "scale_up_to_measured_rate", signal.ttft_ms, signal.itl_ms)
+    return LoadSignal(0, "scale_down_capped_by_measured_rate", signal.ttft_ms, signal.itl_ms)
+
+
+def _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch) -> dict[Role, int]:
+    """Per role, the engines the measured traffic needs, once a tick.
+
+    That is the larger of the current window's (once it holds a minute) and
+    the last window's, so a burst is remembered for one window more. In the
+    deployment's first minute of traffic, the fleet as it is: the first
+    seconds' finished requests are the short ones, and a deployment that
+    starts on a warm fleet must not shed it on idle-looking snapshots.
+    Before any traffic, nothing: the snapshots tell the truth.
+    """
+    if scratch.measured_floor is None:
+        start = _window_began(state)
+        last = state.measured_floor
+        if state.first_traffic is None:
+            scratch.measured_floor = {}
+        elif now - start >= MEASURED_RATE_MIN_SECONDS:
+            current = _engines_measured(state, now - start, baseline, minimums, kv_hit, accept)
+            scratch.measured_floor = {r: max(current.get(r, 0), last.get(r, 0)) for r in state.config.roles
+                                      if r in current or r in last}
+        elif state.window_start is None:
+            scratch.measured_floor = dict(baseline)
+        else:
+            scratch.measured_floor = dict(last)
+    return scratch.measured_floor
+
+
+def _window_began(state: DeploymentState) -> float | None:
+    """When the traffic window began: before the first interval's tick, at the first request."""
+    return state.first_traffic if state.window_start is None else state.window_start
+
+
+def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> dict[Role, int]:
+    """Per role, the engines the window's traffic needs, sized as the throughput loop sizes a forecast.
+
+    The rate and the queueing floor both count, with the window's own mix
+    and burstiness; nothing (``{}``) when the window is empty or the perf
+    model cannot size it yet.
+    """
+    cfg = state.config
+    obs = state.window.observation(
+        duration, by_arrival=state.seen_arrivals, last_osl=state.forecaster.forecaster.last_osl,
+    )
+    if duration <= 0 or not obs.num_req:
+        return {}
+    if obs.kv_hit_rate is not None:
+        kv_hit = obs.kv_hit_rate
+    if obs.accept_length is not None:
+        accept = obs.accept_length
+    budgets = _size_mix(state, state.window.length_mix, kv_hit, accept)
+    dispersion = 1.0
+    if cfg.queueing_arrivals == "measured":
+        measured = state.window.arrival_dispersion(duration)
+        dispersion = state.arrival_dispersion if measured is None else measured
+    interval = cfg.throughput_adjustment_interval_seconds
+    count = obs.num_req * interval / duration
+    if duration >= cfg.burst_seconds:
+        # the busiest sub-window, as the throughput loop sizes: bursty traffic needs its peaks
+        peak = state.window.peak_count(interval, cfg.burst_seconds, by_arrival=state.seen_arrivals)
+        count = max(count, peak or 0.0)
+    proposal = propose_throughput(
+        cfg, baseline, minimums, (count, obs.isl, obs.osl), kv_hit, accept, state.perf,
+        mix_factor=state.mix_factor if cfg.capacity_mix == "buckets" else None,
+        arrival_dispersion=dispersion, queue_budgets=budgets,
+    )
+    if proposal.targets is None:
+        return {}
+    return {
+        role: max(n, proposal.queueing_replicas.get(role) or 0) for role, n in proposal.rate_replicas.items()
+    }
+
+
+def _size_mix(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float):
+    """Set the window's per-role mix correction; return the prefill queue's budgets per length bucket.
+
+    ``None`` (the mean prompt's one budget) with ``capacity_mix: mean`` or
+    an empty window.
+    """
+    cfg = state.config
+    if cfg.capacity_mix != "buckets" or not mix.count:
+        return None
+    capacities = {role: _capacity_memo(state, role, kv_hit, accept) for role in cfg.roles if state.perf[role].ready}
+    state.mix_factor = _mix_factors(state, mix, capacities)
+    if "prefill" in capacities:
+        return bucket_budgets(cfg, mix, capacities["prefill"])
+    return None
 
 
 def _due(now: float, interval: int) -> bool:

@@ -10,7 +10,7 @@ from fleetplan.models.load import EngineLoads, prefill_signal
 from fleetplan.models.perf import seeded_perf_model
 from fleetplan.schemas import ClockEvent, RequestArrival
 from fleetplan.sim.profiles import load_profile
-from tests.models.factories import T0, decisions, fpm, ready
+from tests.models.factories import T0, decisions, fpm, ready, requests
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +117,69 @@ def test_without_the_throughput_loop_the_window_stays_bounded(make_fleet):
     window = fleet.state("d").window
     # the throughput interval (180 s) is the most a window holds, one count per second
     assert 0 < len(window.second_arrivals) <= 180
+
+
+# --- without the throughput loop: the floor the measured traffic sets -----------------------
+
+
+def _prefill_rps(make_fleet) -> float:
+    """One prefill engine's SLA-bound rate at the test traffic's lengths (3,000 in, 150 out)."""
+    from fleetplan.models.throughput import engine_capacity
+
+    fleet = _load_only(make_fleet, sizing="fleetplan")
+    state = fleet.planner.new_state("d")
+    return engine_capacity(state.perf["prefill"], state.config, 3000, 150).rps
+
+
+def _with_traffic(rate: float, until: float) -> list:
+    """The idle-looking fleet of ``_idle_fleet`` while requests arrive at ``rate`` from T0 + 1."""
+    evs = _idle_fleet(until)
+    clock = evs.pop()
+    return sorted([*evs, *requests(rate, T0 + 1, until)], key=lambda e: e.time) + [clock]
+
+
+def test_a_load_only_fleet_keeps_what_the_measured_traffic_needs(make_fleet):
+    # the traffic needs the three prefill engines (2.2 engines' worth at 80 % utilisation),
+    # though every snapshot shows an empty queue
+    rate = 2.2 * 0.8 * _prefill_rps(make_fleet)
+    out = _load_only(make_fleet, sizing="fleetplan").run(_with_traffic(rate, T0 + 400))
+    assert all(d.targets["prefill"] >= 3 for d in decisions(out))
+    held = [o for o in out if o.load_reasons.get("prefill") == "scale_down_capped_by_measured_rate"]
+    assert held and held[0].time == T0 + 5  # from the first verdict: no minute measured yet, the fleet holds
+    # Dynamo's load loop releases on the first idle-looking verdict
+    dynamo = decisions(_load_only(make_fleet).run(_with_traffic(rate, T0 + 400)))
+    assert dynamo[0].time == T0 + 5 and dynamo[0].targets["prefill"] == 2
+
+
+def test_the_floor_raises_a_fleet_short_of_the_measured_traffic(make_fleet):
+    rate = 4.5 * 0.8 * _prefill_rps(make_fleet)  # five engines' worth, on three
+    fleet = _load_only(make_fleet, sizing="fleetplan")
+    out = fleet.run(_with_traffic(rate, T0 + 100))
+    (up,) = decisions(out)  # unacknowledged: nothing more while it is in flight
+    # the first minute of traffic (from T0 + 1) is measured at the first tick after T0 + 61
+    assert up.time == T0 + 65 and up.load_reason == "scale_up_to_measured_rate"
+    assert up.targets["prefill"] >= 5 and up.targets["decode"] >= 1
+
+
+def test_with_no_traffic_the_snapshots_decide(make_fleet):
+    out = decisions(_load_only(make_fleet, sizing="fleetplan").run(_idle_fleet(T0 + 200)))
+    assert out[0].time == T0 + 5 and out[0].targets["prefill"] == 2  # as Dynamo: nothing measured to hold
+
+
+def test_the_floor_is_only_for_load_only_deployments(make_fleet):
+    rate = 2.2 * 0.8 * _prefill_rps(make_fleet)
+    both = make_fleet(sizing="fleetplan", enable_load_scaling=True).run(_with_traffic(rate, T0 + 400))
+    assert not any("measured_rate" in str(o.load_reasons) for o in both)
+
+
+def test_the_measured_floor_round_trips_and_old_state_restores(make_fleet):
+    from fleetplan.models.state import DeploymentState
+
+    fleet = _load_only(make_fleet, sizing="fleetplan")
+    fleet.run(_with_traffic(2.2 * 0.8 * _prefill_rps(make_fleet), T0 + 200))
+    state = fleet.state("d")
+    assert state.measured_floor["prefill"] >= 3  # the window closed at T0 + 180 was measured
+    data = state.to_data()
+    assert DeploymentState.from_data(data).to_data() == data
+    del data["measured_floor"]  # written before the floor existed
+    assert DeploymentState.from_data(data).measured_floor == {}

@@ -10,11 +10,13 @@ from fleetplan.models.fleet import Fleet
 from tests.models.test_sequencer import SCENARIO
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(min_value=1, max_value=len(SCENARIO) - 1), st.sampled_from(["constant", "kalman", "arima", "ensemble"]),
-       st.sampled_from(["reference", "fleetplan"]))
-def test_snapshot_mid_stream_then_continue(make_fleet, cut, predictor, sizing):
+       st.sampled_from(["reference", "fleetplan"]), st.booleans())
+def test_snapshot_mid_stream_then_continue(make_fleet, cut, predictor, sizing, throughput):
     extra = {"load_scale_down_stabilization_seconds": None, "load_max_scale_up_step": 8} if sizing == "fleetplan" else {}
+    # without the throughput loop, fleetplan's load loop keeps the measured traffic's floor
+    extra["enable_throughput_scaling"] = throughput
     straight = make_fleet(enable_load_scaling=True, load_predictor=predictor, sizing=sizing, **extra)
     expected = [o.to_dict() for o in straight.run(SCENARIO)]
 

@@ -331,7 +331,7 @@ class Planner:
             scratch.load_reasons[role] = signal.reason
             if _measures_floor(cfg):
                 signal = _hold_measured_floor(
-                    signal, role, baseline, _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch),
+                    cfg, signal, role, baseline, _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch),
                 )
                 scratch.signals[role] = signal
                 scratch.load_reasons[role] = signal.reason
@@ -608,13 +608,20 @@ def _measures_floor(cfg: PlannerConfig) -> bool:
     return cfg.load_floor == "measured" and not cfg.throughput_enabled and cfg.sla_mode
 
 
-def _hold_measured_floor(signal: LoadSignal, role: Role, baseline, floor: dict[Role, int]) -> LoadSignal:
-    """The verdict, moved so the role ends at or above the engines the measured traffic needs."""
+def _hold_measured_floor(
+    cfg: PlannerConfig, signal: LoadSignal, role: Role, baseline, floor: dict[Role, int],
+) -> LoadSignal:
+    """The verdict, moved so the role ends at or above the engines the measured traffic needs.
+
+    A raise moves at most ``max_throughput_scaling_replicas`` at once, as
+    the throughput loop does, so one odd window cannot multiply the fleet.
+    """
     need = floor.get(role)
     if need is None or baseline[role] + signal.step >= need:
         return signal
     if need > baseline[role]:
-        return LoadSignal(need - baseline[role], "scale_up_to_measured_rate", signal.ttft_ms, signal.itl_ms)
+        step = max(signal.step, min(need - baseline[role], cfg.max_throughput_scaling_replicas))
+        return LoadSignal(step, "scale_up_to_measured_rate", signal.ttft_ms, signal.itl_ms)
     return LoadSignal(0, "scale_down_capped_by_measured_rate", signal.ttft_ms, signal.itl_ms)
 
 

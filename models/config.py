@@ -122,6 +122,7 @@ class PlannerConfig(BaseModel):
     load_max_scale_up_step: int = Field(1, ge=1)  # 1 is Dynamo's; docs/planner.md
     load_scale_down_stabilization_seconds: float | None = Field(0.0, ge=0, allow_inf_nan=False)  # None: one startup
     load_floor: Literal["measured", "none"] = "measured"  # without the throughput loop; docs/planner.md
+    load_floor_memory_seconds: int = Field(300, ge=0)  # how long a window's floor holds (HPA's 300 s)
     load_min_observations: int = Field(5, ge=2)
     prefill_scale_up_queue_tokens: int | None = Field(None, ge=0)
     prefill_scale_down_queue_tokens: int | None = Field(None, ge=0)
@@ -181,6 +182,14 @@ class PlannerConfig(BaseModel):
     @property
     def roles(self) -> tuple[Role, ...]:
         return ROLES_OF_MODE[self.mode]
+
+    @property
+    def floor_memory_windows(self) -> int:
+        """Closed windows the load loop's measured floor remembers: enough to cover the memory.
+
+        At least the last one, which stands in for the current window in its first minute.
+        """
+        return max(1, math.ceil(self.load_floor_memory_seconds / self.throughput_adjustment_interval_seconds))
 
     @property
     def burst_seconds(self) -> int:

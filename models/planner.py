@@ -197,7 +197,8 @@ class Planner:
             if _due(now, interval_t):
                 began = _window_began(state)
                 if _measures_floor(cfg) and began is not None:
-                    state.measured_floor = _engines_measured(state, now - began, baseline, minimums, kv_hit, accept)
+                    closed = _engines_measured(state, now - began, baseline, minimums, kv_hit, accept)
+                    state.measured_floors = [*state.measured_floors, closed][-cfg.floor_memory_windows:]
                 # a new window each interval keeps a load-only deployment's state bounded
                 # (the window counts every second)
                 _start_window(state, now)
@@ -628,26 +629,28 @@ def _hold_measured_floor(
 def _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch) -> dict[Role, int]:
     """Per role, the engines the measured traffic needs, once a tick.
 
-    That is the larger of the current window's (once it holds a minute) and
-    the last window's, so a burst is remembered for one window more. In the
-    deployment's first minute of traffic, the fleet as it is: the first
-    seconds' finished requests are the short ones, and a deployment that
-    starts on a warm fleet must not shed it on idle-looking snapshots.
-    Before any traffic, nothing: the snapshots tell the truth.
+    That is the most any remembered window needed: the current one (once it
+    holds a minute) and the closed ones within ``load_floor_memory_seconds``,
+    so a burst keeps its engines for a while after it passes, as Kubernetes'
+    HPA holds scale-downs for 300 s. In the deployment's first minute of
+    traffic, the fleet as it is: the first seconds' finished requests are
+    the short ones, and a deployment that starts on a warm fleet must not
+    shed it on idle-looking snapshots. Before any traffic, nothing: the
+    snapshots tell the truth.
     """
     if scratch.measured_floor is None:
         start = _window_began(state)
-        last = state.measured_floor
+        floors = list(state.measured_floors)
         if state.first_traffic is None:
-            scratch.measured_floor = {}
+            floors = []
         elif now - start >= MEASURED_RATE_MIN_SECONDS:
-            current = _engines_measured(state, now - start, baseline, minimums, kv_hit, accept)
-            scratch.measured_floor = {r: max(current.get(r, 0), last.get(r, 0)) for r in state.config.roles
-                                      if r in current or r in last}
+            floors.append(_engines_measured(state, now - start, baseline, minimums, kv_hit, accept))
         elif state.window_start is None:
-            scratch.measured_floor = dict(baseline)
-        else:
-            scratch.measured_floor = dict(last)
+            floors = [dict(baseline)]
+        scratch.measured_floor = {
+            role: max(f[role] for f in floors if role in f)
+            for role in state.config.roles if any(role in f for f in floors)
+        }
     return scratch.measured_floor
 
 

@@ -166,8 +166,8 @@ class DeploymentState:
     lower_bound: dict[Role, int] = field(default_factory=dict)
     # per role, when its current unbroken run of load-loop scale-down verdicts began
     down_since: dict[Role, float] = field(default_factory=dict)
-    # without the throughput loop: per role, the engines the last whole window's traffic needed
-    measured_floor: dict[Role, int] = field(default_factory=dict)
+    # without the throughput loop: per closed window, oldest first, the engines its traffic needed
+    measured_floors: list[dict[Role, int]] = field(default_factory=list)
     next_decision_id: int = 0
     pending: PendingDecision | None = None
     desired: dict[Role, int] | None = None
@@ -212,7 +212,7 @@ class DeploymentState:
             "last_accept_length": self.last_accept_length,
             "lower_bound": dict(self.lower_bound),
             "down_since": dict(self.down_since),
-            "measured_floor": dict(self.measured_floor),
+            "measured_floors": [dict(f) for f in self.measured_floors],
             "next_decision_id": self.next_decision_id,
             "pending": None if self.pending is None else {
                 "decision_id": self.pending.decision_id, "time": self.pending.time,
@@ -255,7 +255,7 @@ class DeploymentState:
             last_accept_length=data["last_accept_length"],
             lower_bound=dict(data["lower_bound"]),
             down_since=dict(data.get("down_since", {})),
-            measured_floor=dict(data.get("measured_floor", {})),
+            measured_floors=[dict(f) for f in data.get("measured_floors", [])],
             next_decision_id=data["next_decision_id"],
             pending=None if pending is None else PendingDecision(
                 pending["decision_id"], pending["time"], dict(pending["targets"])

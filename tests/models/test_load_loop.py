@@ -182,8 +182,28 @@ def test_the_measured_floor_round_trips_and_old_state_restores(make_fleet):
     fleet = _load_only(make_fleet, sizing="fleetplan")
     fleet.run(_with_traffic(2.2 * 0.8 * _prefill_rps(make_fleet), T0 + 200))
     state = fleet.state("d")
-    assert state.measured_floor["prefill"] >= 3  # the window closed at T0 + 180 was measured
+    (closed,) = state.measured_floors  # the window closed at T0 + 180 was measured
+    assert closed["prefill"] >= 3
     data = state.to_data()
     assert DeploymentState.from_data(data).to_data() == data
-    del data["measured_floor"]  # written before the floor existed
-    assert DeploymentState.from_data(data).measured_floor == {}
+    del data["measured_floors"]  # written before the floor existed
+    assert DeploymentState.from_data(data).measured_floors == []
+
+
+def test_a_busy_window_holds_its_engines_for_the_floor_memory(make_fleet):
+    # the first window's traffic needs the three prefill engines, then it falls to a trickle
+    rate = 2.2 * 0.8 * _prefill_rps(make_fleet)
+    evs = _idle_fleet(T0 + 900)
+    clock = evs.pop()
+    traffic = [*requests(rate, T0 + 1, T0 + 180), *requests(0.5, T0 + 180, T0 + 900, tag="t")]
+    evs = sorted([*evs, *traffic], key=lambda e: e.time) + [clock]
+
+    def first_release(**config) -> float:
+        (release,) = decisions(_load_only(make_fleet, sizing="fleetplan", **config).run(evs))
+        assert release.targets["prefill"] == 2
+        return release.time
+
+    # 300 s (the default) keeps the two windows closed at T0 + 180 and T0 + 360: the busy one
+    # holds until T0 + 540; the least memory, one window, holds it until the next closes
+    assert first_release() == T0 + 540
+    assert first_release(load_floor_memory_seconds=0) == first_release(load_floor_memory_seconds=180) == T0 + 360

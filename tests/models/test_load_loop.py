@@ -207,3 +207,14 @@ def test_a_busy_window_holds_its_engines_for_the_floor_memory(make_fleet):
     # holds until T0 + 540; the least memory, one window, holds it until the next closes
     assert first_release() == T0 + 540
     assert first_release(load_floor_memory_seconds=0) == first_release(load_floor_memory_seconds=180) == T0 + 360
+
+
+def test_aggregated_engines_get_the_measured_floor_too(make_fleet):
+    # one aggregated engine whose snapshots are within the SLA (an 80 ms ITL target: idle, the
+    # seeded engine takes 58 ms with a prompt chunk aboard), under traffic that needs several
+    evs = [ready("a0", "agg"), *(fpm("a0", "agg", T0 + t, counter=int(t)) for t in np.arange(1.0, 100.0, 5.0))]
+    evs = sorted([*evs, *requests(30, T0 + 1, T0 + 100)], key=lambda e: e.time)
+    evs.append(ClockEvent(deployment="d", time=T0 + 100))
+    (up,) = decisions(_load_only(make_fleet, sizing="fleetplan", mode="agg", itl=80).run(evs))
+    assert up.time == T0 + 65 and up.load_reason == "scale_up_to_measured_rate" and up.targets["agg"] >= 3
+    assert not decisions(_load_only(make_fleet, mode="agg", itl=80).run(evs))  # Dynamo's: within the SLA, hold

@@ -426,6 +426,7 @@ class Planner:
                 throughput_lower_bound=state.lower_bound.get(role),
                 rate_replicas=sizing.rate_replicas.get(role),
                 queueing_replicas=sizing.queueing_replicas.get(role),
+                measured_floor=(scratch.measured_floor or {}).get(role),
             )
         return out
 

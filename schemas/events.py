@@ -232,6 +232,8 @@ class RoleEstimate(_Model):
     loop's count: the engines the sized rate needs at the target
     utilisation, and the engines the prefill queueing floor asks for (None
     when there is no floor, or no prompt can meet the TTFT by waiting less).
+    ``measured_floor`` is the load loop's floor when it runs alone: the
+    engines the measured traffic needs (None when it has none).
     """
 
     ttft_ms: NonNegative | None = None
@@ -240,6 +242,7 @@ class RoleEstimate(_Model):
     throughput_lower_bound: Count | None = None
     rate_replicas: Count | None = None
     queueing_replicas: Count | None = None
+    measured_floor: Count | None = None
 
 
 class Decision(_Envelope):

@@ -159,6 +159,7 @@ def test_the_floor_raises_a_fleet_short_of_the_measured_traffic(make_fleet):
     # the first minute of traffic (from T0 + 1) is measured at the first tick after T0 + 61
     assert up.time == T0 + 65 and up.load_reason == "scale_up_to_measured_rate"
     assert up.targets["prefill"] >= 5 and up.targets["decode"] >= 1
+    assert up.estimates["prefill"].measured_floor == up.targets["prefill"]  # the audit sees the floor
     # a raise moves at most max_throughput_scaling_replicas at once, as the throughput loop does
     capped = _load_only(make_fleet, sizing="fleetplan", max_throughput_scaling_replicas=1)
     (up,) = decisions(capped.run(_with_traffic(rate, T0 + 100)))

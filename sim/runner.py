@@ -215,6 +215,8 @@ def tick_row(report) -> dict:
             row[f"{role}_rate_replicas"] = est.rate_replicas
         if est.queueing_replicas is not None:
             row[f"{role}_queueing_replicas"] = est.queueing_replicas
+        if est.measured_floor is not None:
+            row[f"{role}_measured_floor"] = est.measured_floor
     return row
 
 

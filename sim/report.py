@@ -90,6 +90,11 @@ def write_report(
             legendgroup=result.policy,
         ), row=6, col=1)
 
+    for role in main.timeline.roles:
+        # the load loop alone keeps each role at or above what the measured traffic needs
+        floor = [(t["t"], t[f"{role}_measured_floor"]) for t in main.ticks if f"{role}_measured_floor" in t]
+        if floor:
+            fig.add_trace(_line(floor, f"measured floor ({role})", "#9467bd", "dot", "estimates"), row=2, col=1)
     for key, row in (("est_ttft_ms", 3), ("est_itl_ms", 4)):
         for role in main.timeline.roles:
             pts = [(t["t"], t[f"{role}_{key}"]) for t in main.ticks if f"{role}_{key}" in t]

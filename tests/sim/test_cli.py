@@ -104,3 +104,14 @@ def test_rounded_arrival_times_are_spread_over_their_step(tmp_path, spread, expe
     assert summary["spread_arrivals_s"] == expected and summary["requests"] == 480
     # auto says what it did, and how to keep the recorded times
     assert ("3 s steps" in result.stderr and "--spread-arrivals off" in result.stderr) == (spread == "auto")
+
+
+def test_a_load_only_run_reports_its_measured_floor(tmp_path):
+    config = tmp_path / "load_only.yaml"
+    config.write_text("enable_load_scaling: true\nenable_throughput_scaling: false\nload_predictor: constant\n")
+    out = tmp_path / "run"
+    result = simulate("--trace", CODE, "--profile", "h200-llama3.1-8b", "--config", config, "--duration", 180,
+                      "--rate-scale", 4, "--out", out, "--no-baselines")
+    assert result.exit_code == 0, result.output
+    # a minute into the traffic the load loop sizes what it measured: the report draws it per role
+    assert b"measured floor (prefill)" in (out / "report.html").read_bytes()

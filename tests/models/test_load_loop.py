@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
 from fleetplan.models.load import EngineLoads, prefill_signal
@@ -219,3 +221,22 @@ def test_aggregated_engines_get_the_measured_floor_too(make_fleet):
     (up,) = decisions(_load_only(make_fleet, sizing="fleetplan", mode="agg", itl=80).run(evs))
     assert up.time == T0 + 65 and up.load_reason == "scale_up_to_measured_rate" and up.targets["agg"] >= 3
     assert not decisions(_load_only(make_fleet, mode="agg", itl=80).run(evs))  # Dynamo's: within the SLA, hold
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.floats(min_value=2.0, max_value=80.0), st.floats(min_value=1.0, max_value=2.0),
+       st.sampled_from([(3000, 150), (600, 400), (12_000, 60)]))
+def test_more_traffic_never_lowers_the_measured_floor(make_fleet, rate, factor, lengths):
+    isl, osl = lengths
+
+    def floor(r: float) -> dict:
+        evs = _idle_fleet(T0 + 200)
+        clock = evs.pop()
+        evs = sorted([*evs, *requests(r, T0 + 1, T0 + 180, isl=isl, osl=osl)], key=lambda e: e.time) + [clock]
+        fleet = _load_only(make_fleet, sizing="fleetplan")
+        fleet.run(evs)
+        (closed,) = fleet.state("d").measured_floors
+        return closed
+
+    low, high = floor(rate), floor(rate * factor)
+    assert all(low[role] <= high[role] for role in low)

@@ -1,4 +1,4 @@
-"""The load loop past Dynamo's ±1: a scale-up sized to the shortfall, scale-downs held for a startup."""
+"""The load loop past Dynamo's ±1: a scale-up sized to the shortfall, scale-downs held, and a floor from the measured traffic."""
 
 from __future__ import annotations
 

@@ -140,14 +140,18 @@ def _with_traffic(rate: float, until: float) -> list:
     return sorted([*evs, *requests(rate, T0 + 1, until)], key=lambda e: e.time) + [clock]
 
 
-def test_a_load_only_fleet_keeps_what_the_measured_traffic_needs(make_fleet):
+@pytest.mark.parametrize("interval", [180, 60, 30])
+def test_a_load_only_fleet_keeps_what_the_measured_traffic_needs(make_fleet, interval):
     # the traffic needs the three prefill engines (2.2 engines' worth at 80 % utilisation),
-    # though every snapshot shows an empty queue
+    # though every snapshot shows an empty queue; windows shorter than a minute are measured
+    # when they close
     rate = 2.2 * 0.8 * _prefill_rps(make_fleet)
-    out = _load_only(make_fleet, sizing="fleetplan").run(_with_traffic(rate, T0 + 400))
+    fleet = _load_only(make_fleet, sizing="fleetplan", throughput_adjustment_interval_seconds=interval)
+    out = fleet.run(_with_traffic(rate, T0 + 400))
     assert all(d.targets["prefill"] >= 3 for d in decisions(out))
     held = [o for o in out if o.load_reasons.get("prefill") == "scale_down_capped_by_measured_rate"]
     assert held and held[0].time == T0 + 5  # from the first verdict: no minute measured yet, the fleet holds
+    assert held[-1].time >= T0 + 395  # and to the end of the run
     # Dynamo's load loop releases on the first idle-looking verdict
     dynamo = decisions(_load_only(make_fleet).run(_with_traffic(rate, T0 + 400)))
     assert dynamo[0].time == T0 + 5 and dynamo[0].targets["prefill"] == 2

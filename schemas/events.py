@@ -205,7 +205,8 @@ LoadReason = Literal[
     "disabled", "not_due", "no_fpm_data", "scaling_in_progress", "worker_count_mismatch",
     "insufficient_data", "no_change", "scale_up", "scale_down",
     "scale_down_capped_by_throughput", "scale_down_refused_consolidation", "scale_down_stabilizing",
-    "scale_down_capped_by_measured_rate", "scale_up_to_measured_rate", "reconcile_clamped_to_floor", "reconcile_clamped_to_ceiling",
+    "scale_down_capped_by_measured_rate", "scale_up_to_measured_rate",
+    "reconcile_clamped_to_floor", "reconcile_clamped_to_ceiling",
     "gpu_budget_guard_hold", "gpu_budget_reconcile",
 ]
 

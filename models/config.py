@@ -98,7 +98,7 @@ class PlannerConfig(BaseModel):
     prefill_sizing: Literal["rate", "queueing"] = "queueing"
     prefill_time_model: Literal["linear", "quadratic"] = "quadratic"
     queueing_sla_share: float = Field(0.99, gt=0, lt=1, allow_inf_nan=False)
-    queueing_arrivals: Literal["poisson", "measured"] = "measured"
+    queueing_arrivals: Literal["poisson", "measured", "timescales"] = "timescales"
 
     # SLA
     ttft_ms: float = Field(500.0, gt=0, alias="ttft")

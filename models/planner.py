@@ -33,6 +33,7 @@ from fleetplan.models.mix import LengthMix, mix_factor
 from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.quantiles import QuantileForecaster
+from fleetplan.models.queueing import Dispersion
 from fleetplan.models.startup import (
     measured_startup_seconds,
     record_scale_up,
@@ -267,6 +268,7 @@ class Planner:
         dispersion = state.window.arrival_dispersion(duration)
         if dispersion is not None:
             state.arrival_dispersion = dispersion
+            state.dispersion_curve = state.window.dispersion_curve(start, duration) or []
         _start_window(state, now)
         if not state.seen_traffic:
             scratch.throughput_reason = "no_traffic_data"
@@ -296,7 +298,7 @@ class Planner:
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
-            arrival_dispersion=state.arrival_dispersion if cfg.queueing_arrivals == "measured" else 1.0,
+            arrival_dispersion=_queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
             queue_budgets=budgets,
         )
         scratch.predicted = proposal.predicted
@@ -655,6 +657,20 @@ def _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch) -> 
     return scratch.measured_floor
 
 
+def _queueing_dispersion(cfg: PlannerConfig, dispersion: float, curve: list[list[float]]) -> Dispersion:
+    """What the queueing floor takes as the arrivals' burstiness (``queueing_arrivals``).
+
+    ``poisson``: 1; ``measured``: the index of dispersion at 1 s;
+    ``timescales``: the dispersion curve from 1 s to 16 s (1 s alone until a
+    window has measured it), so bursts that last seconds count.
+    """
+    if cfg.queueing_arrivals == "poisson":
+        return 1.0
+    if cfg.queueing_arrivals == "timescales" and curve:
+        return curve
+    return dispersion
+
+
 def _window_began(state: DeploymentState) -> float | None:
     """When the traffic window began: before the first interval's tick, at the first request."""
     return state.first_traffic if state.window_start is None else state.window_start
@@ -678,10 +694,12 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
     if obs.accept_length is not None:
         accept = obs.accept_length
     budgets = _size_mix(state, state.window.length_mix, kv_hit, accept)
-    dispersion = 1.0
-    if cfg.queueing_arrivals == "measured":
-        measured = state.window.arrival_dispersion(duration)
-        dispersion = state.arrival_dispersion if measured is None else measured
+    measured = state.window.arrival_dispersion(duration)
+    if measured is None:
+        dispersion = _queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve)
+    else:
+        curve = state.window.dispersion_curve(_window_began(state) or 0.0, duration) or []
+        dispersion = _queueing_dispersion(cfg, measured, curve)
     interval = cfg.throughput_adjustment_interval_seconds
     count = obs.num_req * interval / duration
     if duration >= cfg.burst_seconds:

@@ -34,8 +34,11 @@ count (square-root staffing), small ones get the headroom they need.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 MAX_EXTRA_ENGINES = 10_000
 
@@ -53,7 +56,7 @@ def erlang_c(servers: int, offered: float) -> float:
 
 
 def wait_exceeds(
-    servers: int, demand_rps: float, engine_rps: float, budget_s: float, arrival_dispersion: float = 1.0,
+    servers: int, demand_rps: float, engine_rps: float, budget_s: float, arrival_dispersion: Dispersion = 1.0,
 ) -> float:
     """P(a prompt waits longer than ``budget_s``) with ``servers`` engines."""
     return miss_share(servers, demand_rps, engine_rps, [(1.0, budget_s)], arrival_dispersion)
@@ -61,6 +64,9 @@ def wait_exceeds(
 
 Budgets = float | Sequence[tuple[float, float]]
 """One wait budget (s) for every prompt, or ``(share, budget_s)`` per class of prompt."""
+
+Dispersion = float | Sequence[Sequence[float]]
+"""The arrivals' index of dispersion: one number, or ``(tau_s, I)`` per time scale (``wait_stretch``)."""
 
 
 def budget_classes(budget: Budgets) -> list[tuple[float, float]]:
@@ -71,7 +77,7 @@ def budget_classes(budget: Budgets) -> list[tuple[float, float]]:
 
 def miss_share(
     servers: int, demand_rps: float, engine_rps: float, classes: Sequence[tuple[float, float]],
-    arrival_dispersion: float = 1.0,
+    arrival_dispersion: Dispersion = 1.0,
 ) -> float:
     """Share of the prompts that wait past their budget, all classes in one queue.
 
@@ -82,16 +88,81 @@ def miss_share(
     if offered >= servers:
         return 1.0
     waits = erlang_c(servers, offered)
-    stretch = max(1.0, (arrival_dispersion + 1.0) / 2.0)
-    total = math.fsum(share for share, _ in classes)
-    return math.fsum(
-        share * (waits * math.exp(-(servers * engine_rps - demand_rps) * b / stretch)) for share, b in classes
-    ) / total
+    capacity = servers * engine_rps
+    shares = np.array([share for share, _ in classes], dtype=float)
+    budgets = np.array([b for _, b in classes], dtype=float)
+    stretch = wait_stretches(arrival_dispersion, capacity, demand_rps, budgets)
+    tails = waits * np.exp(-(capacity - demand_rps) * budgets / stretch)
+    return math.fsum((shares * tails).tolist()) / math.fsum(shares.tolist())
+
+
+def wait_stretch(dispersion: Dispersion, capacity_rps: float, demand_rps: float, budget_s: float) -> float:
+    """How many times longer than Poisson arrivals' the wait tail is: ``k`` in ``exp(-(C - lambda) t / k)``.
+
+    A number is the index of dispersion ``D`` of the arrivals at one time
+    scale, taken for every scale: Kingman's ``k = (1 + D) / 2`` (with
+    exponential service). A curve ``[(tau, I(tau)), ...]`` says how the
+    dispersion changes with the time scale, and the wait then depends on
+    the scale at which a backlog of ``budget`` builds up. In the Gaussian
+    approximation of a queue (the most probable way to a backlog x = C·t
+    takes the time tau that minimises ``(x + (C - lambda)·tau)² / (2·V(tau))``,
+    V(tau) = lambda·tau·(I(tau) + 1) the variance of arrivals plus service
+    over tau), the tail's exponent is that minimum, and ``k`` is what makes
+    the Erlang form match it. A flat curve gives Kingman's ``k`` exactly;
+    a curve that grows with tau (bursts that last seconds) gives a larger
+    one, the more so the closer the fleet runs to its capacity, since the
+    critical scale ``x / (C - lambda)`` then grows. ``I`` is taken flat
+    below the curve's first scale and beyond its last; never below 1.
+    """
+    return float(wait_stretches(dispersion, capacity_rps, demand_rps, np.array([budget_s], dtype=float))[0])
+
+
+def wait_stretches(dispersion: Dispersion, capacity_rps: float, demand_rps: float, budgets_s: np.ndarray) -> np.ndarray:
+    """``wait_stretch`` for several wait budgets at once (one per class of prompt)."""
+    if isinstance(dispersion, int | float):
+        return np.full(budgets_s.shape, max(1.0, (float(dispersion) + 1.0) / 2.0))
+    curve = tuple((float(t), float(i)) for t, i in dispersion)
+    if not curve:
+        return np.ones(budgets_s.shape)
+    spare = capacity_rps - demand_rps
+    kingman = max(1.0, (curve[0][1] + 1.0) / 2.0)
+    if spare <= 0 or demand_rps <= 0:
+        return np.full(budgets_s.shape, kingman)
+    grid, grid_variance, log_scales, values = _curve_grid(curve)
+    backlog = capacity_rps * np.maximum(budgets_s, 0.0)
+    # the grid, and each budget's critical scale of a flat curve (so a flat minimum is exact)
+    scan = ((backlog[:, None] + spare * grid[None, :]) ** 2 / grid_variance[None, :]).min(axis=1)
+    critical = np.maximum(backlog / spare, 1e-12)
+    at_critical = (backlog + spare * critical) ** 2 / (
+        critical * (np.interp(np.log(critical), log_scales, values) + 1.0))
+    best = np.minimum(scan, at_critical) / (2.0 * demand_rps)
+    out = np.full(budgets_s.shape, kingman)
+    live = backlog > 0
+    out[live] = np.maximum(1.0, spare * backlog[live] / (demand_rps * best[live]))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _curve_grid(curve: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The time scales the stretch is minimised over, and ``tau·(I(tau) + 1)`` at each.
+
+    Eight scales per doubling, from a 64th of the curve's first scale to
+    four times its last; ``I`` is linear in log tau between the curve's
+    points and flat outside them. Cached: a window's curve serves every
+    engine count and prompt class the floor tries.
+    """
+    log_scales = np.log(np.array([t for t, _ in curve]))
+    values = np.array([i for _, i in curve])
+    lo, hi = curve[0][0] / 64.0, curve[-1][0] * 4.0
+    steps = int(math.ceil(math.log2(hi / lo) * 8))
+    grid = lo * 2.0 ** (np.arange(steps + 1) / 8.0)
+    variance = grid * (np.interp(np.log(grid), log_scales, values) + 1.0)
+    return grid, variance, log_scales, values
 
 
 def queueing_replicas(
     demand_rps: float, engine_rps: float, budget_s: Budgets, share: float, minimum: int,
-    arrival_dispersion: float = 1.0,
+    arrival_dispersion: Dispersion = 1.0,
 ) -> int | None:
     """Fewest engines keeping the share of prompts that wait too long <= ``1 - share``.
 

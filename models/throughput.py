@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.mix import LengthMix
-from fleetplan.models.queueing import Budgets, queueing_replicas
+from fleetplan.models.queueing import Budgets, Dispersion, queueing_replicas
 from fleetplan.schemas.events import PredictedLoad, Role
 
 
@@ -96,7 +96,7 @@ def propose_throughput(
     sized_num_req: float | None = None,
     horizon_windows: int | None = None,
     mix_factor: Mapping[Role, float] | None = None,
-    arrival_dispersion: float = 1.0,
+    arrival_dispersion: Dispersion = 1.0,
     queue_budgets: Budgets | None = None,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.

@@ -202,6 +202,8 @@ def tick_row(report) -> dict:
         row["predicted_rps"] = report.predicted.rps
         row["predicted_isl"] = report.predicted.isl
         row["predicted_osl"] = report.predicted.osl
+        if report.predicted.sized_rps is not None:
+            row["sized_rps"] = report.predicted.sized_rps
     if report.observed is not None:
         row["observed_rps"] = report.observed.num_req / report.observed.duration_s
     for role, est in report.estimates.items():

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetplan.models.queueing import erlang_c, miss_share, queueing_replicas, wait_exceeds
+from fleetplan.models.queueing import (
+    erlang_c,
+    miss_share,
+    queueing_replicas,
+    wait_exceeds,
+    wait_stretch,
+)
 from tests.models.factories import T0, decisions, ready, requests
 
 
@@ -121,6 +127,102 @@ def test_the_planner_adds_prefill_for_clustered_arrivals(make_fleet):
     poisson = decisions(make_fleet(queueing_arrivals="poisson", **kw).run(sorted(clustered, key=lambda e: e.time)))
     assert bursty[-1].targets["prefill"] > poisson[-1].targets["prefill"]
     assert poisson[-1].targets["prefill"] == calm[-1].targets["prefill"]
+
+
+# --- burstiness across time scales ----------------------------------------------
+
+
+@given(st.floats(1.0, 30.0), st.floats(1.0, 200), st.floats(0.01, 0.99), st.floats(0.02, 1.0))
+def test_a_flat_dispersion_curve_is_kingmans_stretch(dispersion, demand, load, budget):
+    capacity = demand / load
+    flat = [(1.0, dispersion), (2.0, dispersion), (16.0, dispersion)]
+    assert wait_stretch(flat, capacity, demand, budget) == pytest.approx(wait_stretch(dispersion, capacity, demand, budget))
+    assert wait_stretch(dispersion, capacity, demand, budget) == pytest.approx(max(1.0, (1.0 + dispersion) / 2.0))
+
+
+@given(st.floats(1.0, 20.0), st.lists(st.floats(0.0, 40.0), min_size=4, max_size=4),
+       st.floats(1.0, 200), st.floats(1.0, 50), st.floats(0.05, 1.0))
+def test_dispersion_that_grows_with_the_scale_never_needs_fewer_engines(first, rises, demand, rate, budget):
+    curve, level = [(1.0, first)], first
+    for tau, rise in zip((2.0, 4.0, 8.0, 16.0), rises, strict=True):
+        level += rise
+        curve.append((tau, level))
+    one_second = queueing_replicas(demand, rate, budget, 0.99, 1, arrival_dispersion=first)
+    scales = queueing_replicas(demand, rate, budget, 0.99, 1, arrival_dispersion=curve)
+    assert scales >= one_second
+    assert miss_share(scales, demand, rate, [(1.0, budget)], curve) <= 0.01
+
+
+def test_bursts_that_last_seconds_stretch_waits_more_the_closer_to_capacity():
+    # Azure code's shape: dispersion 10 at 1 s, 40 at 5 s (docs/sizing.md)
+    curve = [(1.0, 10.0), (2.0, 18.0), (4.0, 32.0), (8.0, 45.0), (16.0, 55.0)]
+    kingman = wait_stretch(10.0, 300.0, 200.0, 0.4)
+    assert kingman == pytest.approx(5.5)
+    # at 2/3 of capacity a backlog of 0.4 s builds over about 1.2 s: already past the 1-s point
+    at_two_thirds = wait_stretch(curve, 300.0, 200.0, 0.4)
+    at_nine_tenths = wait_stretch(curve, 300.0, 270.0, 0.4)
+    assert kingman < at_two_thirds < at_nine_tenths
+    # a fleet far from capacity builds its backlog within a second: close to the 1-s point
+    assert kingman <= wait_stretch(curve, 3000.0, 200.0, 0.4) < at_two_thirds
+
+
+def test_window_dispersion_curve_per_time_scale():
+    from fleetplan.models.state import TrafficWindow
+
+    # steady arrivals: no variance at any scale
+    steady = TrafficWindow(second_arrivals={str(s): 5 for s in range(180)})
+    assert steady.dispersion_curve(0.0, 180.0) == [[1.0, 0.0], [2.0, 0.0], [4.0, 0.0], [8.0, 0.0], [16.0, 0.0]]
+    # 10-s bursts at 3x the rate, every 30 s: flat within a burst, so the dispersion grows with the scale
+    bursty = TrafficWindow(second_arrivals={str(s): (15 if s % 30 < 10 else 0) for s in range(180)})
+    curve = dict((t, i) for t, i in bursty.dispersion_curve(0.0, 180.0))
+    assert curve[1.0] == pytest.approx(10.0)  # (15^2 / 3 - 25) / 5
+    assert curve[1.0] < curve[4.0] < curve[8.0]
+    # the bins count from the window's start, not from the epoch
+    shifted = TrafficWindow(second_arrivals={str(int(s) + 1000): n for s, n in bursty.second_arrivals.items()})
+    assert shifted.dispersion_curve(1000.0, 180.0) == bursty.dispersion_curve(0.0, 180.0)
+    # a one-minute window measures up to 4 s (8 whole bins each); too few arrivals: nothing
+    assert [t for t, _ in steady.dispersion_curve(0.0, 60.0)] == [1.0, 2.0, 4.0]
+    assert TrafficWindow(second_arrivals={"0": 29}).dispersion_curve(0.0, 180.0) is None
+
+
+def _bursts_of_seconds(windows: int, rate: float):
+    """``rate`` rps on average of 6,000-token prompts: 20 s at half of it, then 20 s at 1.5 times it.
+
+    Evenly spaced within each block, so a second holds what its block's
+    rate says: the dispersion at 1 s is ``rate / 4``, and it grows with
+    the scale up to the blocks' length.
+    """
+    from tests.models.test_arrivals import arrivals
+
+    evs = []
+    for w in range(windows):
+        for k in range(9):
+            start = T0 + 180 * w + 20 * k + 0.5
+            evs += arrivals(rate * (1.5 if k % 2 else 0.5), start, start + 20, isl=6000, tag=f"w{w}b{k}_")
+    return evs
+
+
+def test_the_planner_adds_prefill_for_bursts_that_last_seconds(make_fleet):
+    evs = sorted([ready("p0", "prefill"), ready("d0", "decode"), *_bursts_of_seconds(3, 40),
+                  *requests(40, T0 + 1, T0 + 541, isl=6000)], key=lambda e: e.time)
+    kw = {"sizing": "fleetplan", "max_throughput_scaling_replicas": 40}
+    one_second = decisions(make_fleet(queueing_arrivals="measured", **kw).run(list(evs)))
+    scales = decisions(make_fleet(queueing_arrivals="timescales", **kw).run(list(evs)))
+    assert scales[-1].targets["prefill"] > one_second[-1].targets["prefill"]
+
+
+def test_the_dispersion_curve_round_trips_with_the_state(make_fleet):
+    import orjson
+
+    from fleetplan.models.state import DeploymentState
+
+    fleet = make_fleet(sizing="fleetplan")
+    fleet.run(sorted([ready("p0", "prefill"), ready("d0", "decode"), *_bursts_of_seconds(1, 40)],
+                     key=lambda e: e.time) + [requests(1, T0 + 181, T0 + 182)[0]])
+    state = fleet.state("d")
+    assert [t for t, _ in state.dispersion_curve] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    data = orjson.loads(orjson.dumps(state.to_data()))
+    assert DeploymentState.from_data(data).dispersion_curve == state.dispersion_curve
 
 
 # --- prompt classes: a budget per length bucket ---------------------------------

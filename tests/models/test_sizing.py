@@ -263,8 +263,9 @@ def test_state_written_before_the_newer_fields_still_restores(make_fleet):
     fleet = make_fleet(sizing="fleetplan")
     fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *_bursty(0, 2, 5, 20), _clock(T0 + 2 * INTERVAL + 0.5)])
     data = orjson.loads(orjson.dumps(_state(fleet).to_data()))
-    for key in ("arrival_dispersion", "first_traffic"):
+    for key in ("arrival_dispersion", "dispersion_curve", "first_traffic"):
         del data[key]
     del data["window"]["second_arrivals"]
     old = DeploymentState.from_data(data)
-    assert (old.arrival_dispersion, old.first_traffic, old.window.second_arrivals) == (1.0, None, {})
+    assert (old.arrival_dispersion, old.dispersion_curve, old.first_traffic, old.window.second_arrivals) == (
+        1.0, [], None, {})

@@ -10,7 +10,10 @@ tick closes a full window), for the same 100 engines with a window of
 capacity and the queueing floor's per-bucket budgets are computed per
 bucket), for those 100 engines and 3,000 requests with the load loop
 alone, ticked 90 s into a window (so its floor from the measured traffic
-sizes the window, mix and all, every 5-s tick), and for 100 deployments
+sizes the window, mix and all, every 5-s tick), the same two cases with
+the window's arrivals too (bursty, so the queueing floor computes the
+arrivals' dispersion curve from 1 s to 16 s; with ``queueing_arrivals:
+measured`` beside it for the cost of the curve), and for 100 deployments
 of 10 engines each. Apply throughput is
 FPM events folded per second, one event at a time and as FpmBatch records
 of 500.
@@ -31,6 +34,7 @@ from fleetplan.schemas import (
     FpmBatch,
     InventoryEvent,
     QueuedRequests,
+    RequestArrival,
     RequestRecord,
     ScheduledRequests,
 )
@@ -40,6 +44,7 @@ T0 = 1_800_000_000.0
 PROFILE = load_profile("h200-llama3.1-8b")
 CONFIG = config_from_dict({"enable_load_scaling": True, "max_gpu_budget": -1, "load_predictor": "constant"})
 LOAD_ALONE = config_from_dict({**CONFIG.model_dump(), "enable_throughput_scaling": False})
+ONE_SECOND = config_from_dict({**CONFIG.model_dump(), "queueing_arrivals": "measured"})
 
 
 def _fpm(dep: str, worker: str, role: str, i: int) -> ForwardPassMetrics:
@@ -59,7 +64,22 @@ def _lengths(wide: bool, rng: random.Random) -> tuple[int, int]:
     return max(int(rng.lognormvariate(8.5, 1.2)), 1), max(int(rng.lognormvariate(5.3, 0.9)), 2)
 
 
-def _deployment(planner: Planner, dep: str, engines: int, wide_mix: bool = False):
+def _bursty_arrival_times(count: int) -> list[float]:
+    """``count`` arrivals over 180 s, in 10-s blocks at half and at 1.5 times the mean rate.
+
+    Their dispersion grows with the time scale, as Azure code's does, so
+    the queueing floor computes its full dispersion curve.
+    """
+    rate = count / 180.0
+    times: list[float] = []
+    for block in range(18):
+        block_rate = rate * (1.5 if block % 2 else 0.5)
+        n = round(block_rate * 10)
+        times += [10.0 * block + 10.0 * i / n for i in range(n)]
+    return times[:count]
+
+
+def _deployment(planner: Planner, dep: str, engines: int, wide_mix: bool = False, arrivals: bool = False):
     state = planner.new_state(dep)
     half = max(engines // 2, 1)
     for k in range(engines):
@@ -73,6 +93,9 @@ def _deployment(planner: Planner, dep: str, engines: int, wide_mix: bool = False
         isl, osl = _lengths(wide_mix, rng)
         planner.apply(state, RequestRecord(deployment=dep, time=T0 + k * 100.0 / count, request_id=f"r{k}",
                                            input_tokens=isl, output_tokens=osl, request_received_ms=T0 * 1000))
+    if arrivals:
+        for k, at in enumerate(_bursty_arrival_times(count)):
+            planner.apply(state, RequestArrival(deployment=dep, time=T0 + at, request_id=f"r{k}", input_tokens=3000))
     return state
 
 
@@ -85,8 +108,11 @@ def _time_ticks(planner: Planner, states, reps: int, into_window: float = 180) -
     windows = [st.window.to_data() for st in states]
     for r in range(reps):
         now = T0 + 180 * r + into_window
+        shift = round(now - into_window - T0)
         for st, window in zip(states, windows, strict=True):
             st.window = TrafficWindow.from_data(window)  # every round sees the same window
+            # its arrivals per second moved with it (they are keyed by the second)
+            st.window.second_arrivals = {str(int(k) + shift): n for k, n in window["second_arrivals"].items()}
             st.window_start = now - into_window
         started = time.perf_counter()
         for st in states:
@@ -109,7 +135,17 @@ def main() -> None:
     st = _deployment(planner, "d", 100, wide_mix=True)
     samples = _time_ticks(planner, [st], 30)
     print(f"| 1 deployment, 100 engines, 24-bucket request mix | {statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
+    for label, cfg in (("dispersion curve, the default", CONFIG), ("1-s dispersion", ONE_SECOND)):
+        bursty = Planner(cfg, profile=PROFILE)
+        st = _deployment(bursty, "d", 100, wide_mix=True, arrivals=True)
+        samples = _time_ticks(bursty, [st], 30)
+        print(f"| 1 deployment, 100 engines, 24-bucket request mix, bursty arrivals ({label}) | "
+              f"{statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
     alone = Planner(LOAD_ALONE, profile=PROFILE)
+    st = _deployment(alone, "d", 100, wide_mix=True, arrivals=True)
+    samples = _time_ticks(alone, [st], 30, into_window=90)
+    print(f"| 1 deployment, 100 engines, load loop alone (measured floor), 24-bucket request mix, bursty arrivals | "
+          f"{statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
     st = _deployment(alone, "d", 100, wide_mix=True)
     samples = _time_ticks(alone, [st], 30, into_window=90)
     print(f"| 1 deployment, 100 engines, load loop alone (measured floor), 24-bucket request mix | "

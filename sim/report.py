@@ -54,10 +54,15 @@ def write_report(
     main = results[0]
     observed = [(t["t"], t["observed_rps"]) for t in main.ticks if "observed_rps" in t]
     predicted = [(t["t"], t["predicted_rps"]) for t in main.ticks if "predicted_rps" in t]
+    # what the throughput loop sized the fleet for: the upper quantile of the busiest burst
+    # window over the startup horizon (throughput_sizing: startup_quantile), above the point
+    sized = [(t["t"], t["sized_rps"]) for t in main.ticks if "sized_rps" in t]
     if observed:
         fig.add_trace(_line(observed, "observed rps (planner)", "#444444", "dot", "load"), row=1, col=1)
     if predicted:
         fig.add_trace(_line(predicted, "predicted rps (planner)", "#1f77b4", "dash", "load"), row=1, col=1)
+    if sized:
+        fig.add_trace(_line(sized, "sized-for rps (planner)", "#d62728", "dash", "load"), row=1, col=1)
 
     for i, result in enumerate(results):
         color = _COLORS[i % len(_COLORS)]

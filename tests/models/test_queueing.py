@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetplan.models.queueing import (
@@ -287,3 +287,28 @@ def test_the_worker_exports_what_set_the_count(make_fleet):
 
     assert value("prefill", "queueing") == est.queueing_replicas and value("prefill", "rate") == est.rate_replicas
     assert value("decode", "queueing") is None and value("decode", "rate") >= 1
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.floats(0.01, 0.99))
+def test_a_snapshot_mid_stream_decides_the_same_with_the_dispersion_curve(make_fleet, where):
+    """The curve lives in the state a changelog table stores: a worker restored from it decides the same."""
+    import orjson
+
+    from fleetplan.models.fleet import Fleet
+
+    events = sorted([ready("p0", "prefill"), ready("d0", "decode"), *_bursts_of_seconds(2, 10),
+                     *requests(10, T0 + 1, T0 + 361, isl=6000)], key=lambda e: e.time)
+    kw = {"sizing": "fleetplan", "max_throughput_scaling_replicas": 40}
+    expected = [o.to_dict() for o in make_fleet(**kw).run(list(events))]
+    cut = int(where * len(events))
+    first = make_fleet(**kw)
+    got = [o.to_dict() for e in events[:cut] for o in first.feed(e)]
+    blob = orjson.dumps(first.to_data())
+    restored = Fleet(first.planner)
+    restored.load_data(orjson.loads(blob))
+    assert orjson.dumps(restored.to_data()) == blob
+    got += [o.to_dict() for e in events[cut:] for o in restored.feed(e)]
+    got += [o.to_dict() for o in restored.finish()]
+    assert got == expected
+    assert any(o["decision_id"] is not None for o in expected)

@@ -37,7 +37,10 @@ def test_simulate_writes_log_summary_and_report(tmp_path):
     assert summary["late_events"] == 0
     for name in ("events.jsonl", "summary.json", "report.html"):
         assert (out / name).stat().st_size > 0
-    assert b"plotly" in (out / "report.html").read_bytes()[:4_000_000]
+    html = (out / "report.html").read_bytes()
+    assert b"plotly" in html[:4_000_000]
+    # the load panel draws the rate the throughput loop sized for, beside its point forecast
+    assert b"predicted rps (planner)" in html and b"sized-for rps (planner)" in html
     assert orjson.loads((out / "summary.json").read_bytes())["results"].keys() == summary["results"].keys()
 
 

@@ -42,6 +42,7 @@ VARIANTS: dict[str, dict] = {
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},
     "fleetplan -queueing": {"prefill_sizing": "rate"},
     "fleetplan -dispersion": {"queueing_arrivals": "poisson"},
+    "fleetplan -timescales": {"queueing_arrivals": "measured"},  # the 1-s dispersion alone (until 2026-12-01)
     "fleetplan -burst": {"burst_window_seconds": 0},
     "fleetplan -mix": {"capacity_mix": "mean"},
     "fleetplan -quantile": {"throughput_sizing": "point"},

@@ -96,6 +96,13 @@ def miss_share(
     return math.fsum((shares * tails).tolist()) / math.fsum(shares.tolist())
 
 
+def dispersion_points(dispersion: Dispersion) -> list[tuple[float, float]]:
+    """``[(tau_s, I), ...]`` of a dispersion: a single number is the 1-s point, as it is measured."""
+    if isinstance(dispersion, int | float):
+        return [(1.0, float(dispersion))]
+    return [(float(t), float(i)) for t, i in dispersion]
+
+
 def wait_stretch(dispersion: Dispersion, capacity_rps: float, demand_rps: float, budget_s: float) -> float:
     """How many times longer than Poisson arrivals' the wait tail is: ``k`` in ``exp(-(C - lambda) t / k)``.
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.mix import LengthMix
-from fleetplan.models.queueing import Budgets, Dispersion, queueing_replicas
+from fleetplan.models.queueing import Budgets, Dispersion, dispersion_points, queueing_replicas
 from fleetplan.schemas.events import PredictedLoad, Role
 
 
@@ -112,11 +112,13 @@ def propose_throughput(
     interval = config.throughput_adjustment_interval_seconds
     sized = num_req if sized_num_req is None else sized_num_req
     demand_rps = sized / interval
+    floored = config.prefill_sizing == "queueing" and "prefill" in config.roles
     predicted = PredictedLoad(
         num_req=num_req, isl=isl, osl=osl, rps=num_req / interval,
         kv_hit_rate=kv_hit_rate, accept_length=accept_length,
         sized_rps=None if sized_num_req is None else demand_rps,
         horizon_windows=horizon_windows,
+        arrival_dispersion=dispersion_points(arrival_dispersion) if floored else None,
     )
     factors = mix_factor or {}
     capacity: dict[Role, float] = {}

@@ -224,6 +224,11 @@ class PredictedLoad(_Model):
     horizon_windows: Annotated[int, Field(ge=1)] | None = Field(
         None, description="throughput windows the sized rate covers (startup horizon)"
     )
+    arrival_dispersion: list[tuple[NonNegative, NonNegative]] | None = Field(
+        None, description="[[tau_s, I]]: the arrivals' index of dispersion per time scale that the "
+        "prefill queueing floor stretched its waits by (one point at 1 s with the 1-s dispersion; "
+        "1 for Poisson); null without a queueing floor",
+    )
 
 
 class RoleEstimate(_Model):

@@ -209,6 +209,12 @@ def test_the_planner_adds_prefill_for_bursts_that_last_seconds(make_fleet):
     one_second = decisions(make_fleet(queueing_arrivals="measured", **kw).run(list(evs)))
     scales = decisions(make_fleet(queueing_arrivals="timescales", **kw).run(list(evs)))
     assert scales[-1].targets["prefill"] > one_second[-1].targets["prefill"]
+    # the decision says what the floor took: the curve, or the 1-s point alone
+    curve = scales[-1].predicted.arrival_dispersion
+    assert [t for t, _ in curve] == [1.0, 2.0, 4.0, 8.0, 16.0] and curve[0][1] < curve[-1][1]
+    assert one_second[-1].predicted.arrival_dispersion == [curve[0]]
+    # Dynamo's sizing has no queueing floor, so nothing to say
+    assert decisions(make_fleet(**kw | {"sizing": "reference"}).run(list(evs)))[-1].predicted.arrival_dispersion is None
 
 
 def test_the_dispersion_curve_round_trips_with_the_state(make_fleet):

@@ -27,6 +27,13 @@ tight targets on long-prompt traffic, where the *mean* prompt cannot meet
 the TTFT at all and a mean-based floor would have nothing to say, while
 the short prompts still make it if an engine is free when they arrive.
 
+Arrivals are not Poisson: their burstiness stretches the wait tail by a
+factor ``k`` (``wait_stretch``): Kingman's ``(1 + D) / 2`` for an index of
+dispersion ``D`` measured at one time scale, or, from the dispersion at
+1 to 16 s, the stretch the Gaussian approximation of the queue gives at
+the scale where a backlog builds (bursts that last seconds count more the
+closer the fleet runs to its capacity).
+
 Exponential service is pessimistic for prefill (pass times vary little),
 which is the safe side; large fleets come out close to the rate-based
 count (square-root staffing), small ones get the headroom they need.
@@ -128,7 +135,7 @@ def wait_stretches(dispersion: Dispersion, capacity_rps: float, demand_rps: floa
     """``wait_stretch`` for several wait budgets at once (one per class of prompt)."""
     if isinstance(dispersion, int | float):
         return np.full(budgets_s.shape, max(1.0, (float(dispersion) + 1.0) / 2.0))
-    curve = tuple((float(t), float(i)) for t, i in dispersion)
+    curve = tuple(dispersion_points(dispersion))
     if not curve:
         return np.ones(budgets_s.shape)
     spare = capacity_rps - demand_rps

@@ -185,6 +185,23 @@ def test_window_dispersion_curve_per_time_scale():
     assert TrafficWindow(second_arrivals={"0": 29}).dispersion_curve(0.0, 180.0) is None
 
 
+@pytest.mark.parametrize(("rate", "engine_rps", "budget"), [(2.0, 8.0, 0.3), (20.0, 8.0, 0.3), (170.0, 24.0, 0.4)])
+def test_poisson_windows_get_the_same_floor_from_the_curve(rate, engine_rps, budget):
+    """Measured on Poisson arrivals, the curve's noise at the long scales does not move the floor."""
+    import numpy as np
+
+    from fleetplan.models.state import TrafficWindow
+
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        counts = rng.poisson(rate, 180)
+        window = TrafficWindow(second_arrivals={str(s): int(c) for s, c in enumerate(counts) if c})
+        one_second = window.arrival_dispersion(180)
+        curve = window.dispersion_curve(0.0, 180.0)
+        assert queueing_replicas(rate, engine_rps, budget, 0.99, 1, arrival_dispersion=curve) == \
+            queueing_replicas(rate, engine_rps, budget, 0.99, 1, arrival_dispersion=one_second)
+
+
 def _bursts_of_seconds(windows: int, rate: float):
     """``rate`` rps on average of 6,000-token prompts: 20 s at half of it, then 20 s at 1.5 times it.
 

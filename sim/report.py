@@ -16,6 +16,7 @@ The plotly.js bundle is embedded, so the file opens offline.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -106,7 +107,11 @@ def write_report(
             if pts:
                 fig.add_trace(_line(pts, f"planner estimate ({role})", "#17becf", "dashdot", "estimates"), row=row, col=1)
     for value, row, label in ((ttft_ms, 3, "TTFT SLA"), (itl_ms, 4, "ITL SLA")):
-        fig.add_hline(y=value, line={"color": "black", "dash": "dash"}, annotation_text=label, row=row, col=1)
+        fig.add_hline(y=value, line={"color": "black", "dash": "dash"}, row=row, col=1)
+        # on a log axis an annotation's y is the log of its position (a line's is not): given
+        # as the value, add_hline's own label put the ITL axis's top at 10^50
+        fig.add_annotation(text=label, x=1, xref="x domain", y=math.log10(value), row=row, col=1,
+                           showarrow=False, xanchor="right", yanchor="bottom")
     fig.update_yaxes(type="log", row=3, col=1)
     fig.update_yaxes(type="log", row=4, col=1)
     fig.update_yaxes(range=[0, 1.02], row=5, col=1)

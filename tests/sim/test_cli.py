@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import orjson
 import pytest
 from typer.testing import CliRunner
@@ -41,6 +44,10 @@ def test_simulate_writes_log_summary_and_report(tmp_path):
     assert b"plotly" in html[:4_000_000]
     # the load panel draws the rate the throughput loop sized for, beside its point forecast
     assert b"predicted rps (planner)" in html and b"sized-for rps (planner)" in html
+    # the SLA labels sit on log axes, where an annotation's y is the log of its position
+    labels = {m.group(1): float(m.group(2)) for m in re.finditer(
+        rb'"text":"(TTFT SLA|ITL SLA)"[^{}]*?"y":([0-9.e+-]+)', html)}
+    assert labels == {b"TTFT SLA": pytest.approx(math.log10(500)), b"ITL SLA": pytest.approx(math.log10(50))}
     assert orjson.loads((out / "summary.json").read_bytes())["results"].keys() == summary["results"].keys()
 
 

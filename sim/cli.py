@@ -420,11 +420,36 @@ def _summary_json(run, sizing, results, out) -> dict:
         },
         "wall_s_total": wall,
         "late_events": main.late_events,
+        "gpu_budget_held_ticks": budget_held_ticks(main),
         "files": None if out is None else {
             "events": str(out / "events.jsonl"), "summary": str(out / "summary.json"),
             "report": str(out / "report.html"),
         },
     }
+
+
+def budget_held_ticks(result) -> int:
+    """The planner's ticks whose targets the GPU budget cut or held (reasons ``gpu_budget_*``).
+
+    The baselines are not held to ``max_gpu_budget``, so a run where the
+    budget binds compares a capped planner with uncapped fleets.
+    """
+    return sum(
+        1 for t in result.ticks
+        if str(t.get("throughput_reason", "")).startswith("gpu_budget")
+        or str(t.get("load_reason", "")).startswith("gpu_budget")
+    )
+
+
+def _budget_note(result, cfg) -> str | None:
+    held = budget_held_ticks(result)
+    if not held or cfg.max_gpu_budget < 0:
+        return None
+    return (
+        f"note: the GPU budget held the planner at max_gpu_budget = {cfg.max_gpu_budget} GPUs on {held} "
+        f"tick(s) (8 is Dynamo's default); the baselines are not held to it. "
+        f"Set max_gpu_budget in --config (-1: none) to size the planner freely."
+    )
 
 
 def _oracle_ratios(results) -> dict:
@@ -469,5 +494,8 @@ def _print_table(results, setup, workload, run, out) -> None:
         f"{main.policy}: {main.end_s / main.wall_s:,.0f}x real time "
         f"({main.summary.requests / main.wall_s:,.0f} requests/s, {main.events:,} events)"
     )
+    note = _budget_note(main, cfg)
+    if note:
+        console.print(f"[yellow]{note}[/yellow]")
     if out is not None:
         console.print(f"wrote {out / 'events.jsonl'}, {out / 'summary.json'}, {out / 'report.html'}")

@@ -51,6 +51,18 @@ def test_simulate_writes_log_summary_and_report(tmp_path):
     assert orjson.loads((out / "summary.json").read_bytes())["results"].keys() == summary["results"].keys()
 
 
+def test_a_planner_held_by_the_gpu_budget_is_flagged():
+    # Dynamo's default budget (8 GPUs) binds on Azure code at 50x: the baselines are not held to it
+    held = simulate("--trace", CODE, "--duration", 400, "--rate-scale", 50, "--no-baselines", "--json")
+    assert held.exit_code == 0, held.output
+    assert orjson.loads(held.stdout)["gpu_budget_held_ticks"] > 0
+    table = simulate("--trace", CODE, "--duration", 400, "--rate-scale", 50, "--no-baselines")
+    assert "the GPU budget held the planner at max_gpu_budget = 8 GPUs" in " ".join(table.stdout.split())
+    free = simulate("--trace", CODE, "--duration", 400, "--rate-scale", 4, "--config", QUICKSTART,
+                    "--no-baselines", "--json")
+    assert orjson.loads(free.stdout)["gpu_budget_held_ticks"] == 0
+
+
 def test_table_output_and_baseline_policy(tmp_path):
     result = simulate("--trace", CODE, "--duration", 120, "--policy", "static-mean", "--no-baselines")
     assert result.exit_code == 0, result.output

@@ -268,7 +268,8 @@ class Planner:
         dispersion = state.window.arrival_dispersion(duration)
         if dispersion is not None:
             state.arrival_dispersion = dispersion
-            state.dispersion_curve = state.window.dispersion_curve(start, duration) or []
+            if cfg.queueing_arrivals == "timescales":
+                state.dispersion_curve = state.window.dispersion_curve(start, duration) or []
         _start_window(state, now)
         if not state.seen_traffic:
             scratch.throughput_reason = "no_traffic_data"
@@ -698,7 +699,9 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
     if measured is None:
         dispersion = _queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve)
     else:
-        curve = state.window.dispersion_curve(_window_began(state) or 0.0, duration) or []
+        curve = []
+        if cfg.queueing_arrivals == "timescales":  # the only mode that reads it; it rebins the window
+            curve = state.window.dispersion_curve(_window_began(state) or 0.0, duration) or []
         dispersion = _queueing_dispersion(cfg, measured, curve)
     interval = cfg.throughput_adjustment_interval_seconds
     count = obs.num_req * interval / duration

@@ -134,12 +134,12 @@ def wait_stretch(dispersion: Dispersion, capacity_rps: float, demand_rps: float,
 def wait_stretches(dispersion: Dispersion, capacity_rps: float, demand_rps: float, budgets_s: np.ndarray) -> np.ndarray:
     """``wait_stretch`` for several wait budgets at once (one per class of prompt)."""
     if isinstance(dispersion, int | float):
-        return np.full(budgets_s.shape, max(1.0, (float(dispersion) + 1.0) / 2.0))
+        return np.full(budgets_s.shape, _kingman(float(dispersion)))
     curve = tuple(dispersion_points(dispersion))
     if not curve:
         return np.ones(budgets_s.shape)
     spare = capacity_rps - demand_rps
-    kingman = max(1.0, (curve[0][1] + 1.0) / 2.0)
+    kingman = _kingman(curve[0][1])
     if spare <= 0 or demand_rps <= 0:
         return np.full(budgets_s.shape, kingman)
     grid, grid_variance, log_scales, values = _curve_grid(curve)
@@ -154,6 +154,11 @@ def wait_stretches(dispersion: Dispersion, capacity_rps: float, demand_rps: floa
     live = backlog > 0
     out[live] = np.maximum(1.0, spare * backlog[live] / (demand_rps * best[live]))
     return out
+
+
+def _kingman(dispersion: float) -> float:
+    """Kingman's heavy-traffic stretch ``(c_a² + c_s²) / 2`` with ``c_s² = 1``; never below Poisson's."""
+    return max(1.0, (dispersion + 1.0) / 2.0)
 
 
 @functools.lru_cache(maxsize=64)

@@ -48,6 +48,12 @@ CURVE_SCALES = (1, 2, 4, 8, 16)  # seconds: the time scales of the arrivals' dis
 CURVE_MIN_BINS = 8  # whole bins a scale needs in the window to be measured
 
 
+def _index_of_dispersion(total: float, square_sum: float, bins: int) -> float:
+    """Variance over mean of ``bins`` counts, from their sum and their sum of squares."""
+    mean = total / bins
+    return max(square_sum / bins - mean * mean, 0.0) / mean
+
+
 @dataclass
 class TrafficWindow:
     """Finished requests since the last throughput tick (sums, so merging is exact)."""
@@ -96,9 +102,7 @@ class TrafficWindow:
         total = sum(self.second_arrivals.values())
         if seconds < 2 or total < 30:
             return None
-        mean = total / seconds
-        square = sum(c * c for c in self.second_arrivals.values()) / seconds
-        return max(square - mean * mean, 0.0) / mean
+        return _index_of_dispersion(total, sum(c * c for c in self.second_arrivals.values()), seconds)
 
     def dispersion_curve(self, start_s: float, duration_s: float) -> list[list[float]] | None:
         """The index of dispersion of arrivals at several time scales: ``[[tau, I(tau)], ...]``.
@@ -117,21 +121,21 @@ class TrafficWindow:
         total_seconds = math.floor(duration_s)
         if total_seconds < 2 or sum(self.second_arrivals.values()) < 30:
             return None
+        per_second = [0] * total_seconds  # the window's seconds from its start, empty ones too
+        for key, n in self.second_arrivals.items():
+            j = int(key) - first
+            if 0 <= j < total_seconds:
+                per_second[j] += n
         curve = []
         for tau in CURVE_SCALES:
-            bins = total_seconds // tau if tau > 1 else total_seconds
+            bins = total_seconds // tau
             if tau > 1 and bins < CURVE_MIN_BINS:
                 break
-            counts = [0] * bins
-            for key, n in self.second_arrivals.items():
-                j = (int(key) - first) // tau
-                if 0 <= j < bins:
-                    counts[j] += n
-            mean = sum(counts) / bins
-            if mean <= 0:
+            counts = [sum(per_second[j * tau:(j + 1) * tau]) for j in range(bins)]
+            total = sum(counts)
+            if total <= 0:
                 break
-            square = sum(c * c for c in counts) / bins
-            curve.append([float(tau), max(square - mean * mean, 0.0) / mean])
+            curve.append([float(tau), _index_of_dispersion(total, sum(c * c for c in counts), bins)])
         return curve or None
 
     def to_data(self) -> dict:

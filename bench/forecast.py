@@ -119,6 +119,7 @@ def servegen_windows(data: Path, model: str) -> list[TrafficObservation]:
                     num_req=n,
                     isl=isl if n > 0 else 0.0,
                     osl=osl if n > 0 else 0.0,
+                    start_s=t,  # the curve's clock is the time of day (t = 0 at midnight)
                 )
             )
     return windows

@@ -70,7 +70,7 @@ VARIANTS.update(FRONTIER)
 # equal GPU-hours (`--variants forecast-frontier`).
 FORECAST_FRONTIER: dict[str, dict] = {
     f"reference forecast ({p}) util{u:g}": {**REFERENCE_FORECAST, "load_predictor": p, "target_utilization": u}
-    for p in predictors("reference-forecast") for u in (0.8, 0.7, 0.6, 0.5)
+    for p in predictors("reference-forecast") for u in (0.9, 0.8, 0.7, 0.6, 0.5)
 }  # constant, arima_frozen, kalman, and prophet where the extra is installed
 VARIANTS.update(FORECAST_FRONTIER)
 GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER}

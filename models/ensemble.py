@@ -94,7 +94,10 @@ class EnsemblePredictor(Predictor):
 
     def __init__(self, params: PredictorParams | None = None) -> None:
         super().__init__(params)
-        self._clock = 0  # windows fed, idle ones included: the daily phase
+        # the daily phase: the window's start over the window length once the
+        # caller gives it (note_window_start), else the windows fed, idle included
+        self._clock = 0
+        self._timed = False
         self._busy = 0  # busy (non-zero) windows the members learned from
         self._recent: list[float] = []  # last MEDIAN_SPAN busy z values
         self._last_z = 0.0
@@ -114,6 +117,23 @@ class EnsemblePredictor(Predictor):
         self._last_idle = False
 
     # --- feeding -------------------------------------------------------------
+
+    def note_window_start(self, start_s: float) -> None:
+        """Set the clock from the window's start: the daily cycle follows the time of day.
+
+        Windows fed before without a time (a warm-up trace, or a state from
+        before the clock) are taken to have run up to this one: the cycle
+        learned on their count is moved onto the time of day.
+        """
+        if not math.isfinite(start_s):
+            return
+        t = math.floor(start_s / self._profile.interval_s + 0.5)
+        if not self._timed:
+            jump = t - self._clock
+            self._profile.shift(jump)
+            self._daily_prev_t += jump
+            self._timed = True
+        self._clock = t
 
     def add_data_point(self, value: float) -> None:
         skipping = self.is_skipping_idle
@@ -249,6 +269,7 @@ class EnsemblePredictor(Predictor):
     def _model_state(self) -> dict[str, Any]:
         return {
             "clock": self._clock,
+            "timed": self._timed,
             "busy": self._busy,
             "recent": list(self._recent),
             "last_z": self._last_z,
@@ -267,6 +288,7 @@ class EnsemblePredictor(Predictor):
 
     def _restore_model(self, model: dict[str, Any]) -> None:
         self._clock = int(model["clock"])
+        self._timed = bool(model.get("timed", False))  # states from before the time of day: counted
         self._busy = int(model["busy"])
         self._recent = [float(v) for v in model["recent"]]
         self._last_z = float(model["last_z"])

@@ -32,7 +32,10 @@ class TrafficObservation:
     ``num_req`` is a count per window, not a rate: every window is one
     throughput interval long, so counts are comparable across windows.
     KV hit rate and speculative accept length are carried as last values,
-    not forecast (as in the reference).
+    not forecast (as in the reference). ``start_s`` is the event time the
+    window began, when known: the time of day a daily cycle is learned
+    against, so a warm-up trace, a restart or a gap in the windows keeps
+    the cycle's phase.
     """
 
     duration_s: float
@@ -41,6 +44,7 @@ class TrafficObservation:
     osl: float
     kv_hit_rate: float | None = None
     accept_length: float | None = None
+    start_s: float | None = None
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -87,6 +91,10 @@ class TrafficForecaster:
         if accept is not None:
             self._accept_length = accept
 
+        start = _finite_or_none(obs.start_s)
+        if start is not None:
+            for predictor in self.predictors:
+                predictor.note_window_start(start)
         num_req = _count(obs.num_req)
         if num_req > 0.0:
             isl, osl = _count(obs.isl), _count(obs.osl)
@@ -175,7 +183,9 @@ def bucket_traffic(
     between busy ones is kept as ``num_req=0`` (isl/osl 0; the forecaster
     carries lengths over it), because a lull is part of the load pattern.
     Empty windows before the first or after the last arrival are not
-    emitted. Means are exact sums (``math.fsum``), so the arrival order
+    emitted. The windows carry no ``start_s``: a trace's clock starts at its
+    first row, not at a time of day, so a warm-up from it is taken to end
+    where the live windows begin. Means are exact sums (``math.fsum``), so the arrival order
     does not change the result.
     """
     interval = float(interval_s)

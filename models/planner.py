@@ -278,6 +278,7 @@ class Planner:
         full = TrafficObservation(
             duration_s=interval, num_req=obs.num_req * interval / duration, isl=obs.isl,
             osl=obs.osl, kv_hit_rate=obs.kv_hit_rate, accept_length=obs.accept_length,
+            start_s=start,
         )
         scratch.observed = full
         if obs.kv_hit_rate is not None:

@@ -163,6 +163,15 @@ class Predictor(ABC):
         self._last = v
         self._observe(v)
 
+    def note_window_start(self, start_s: float) -> None:  # noqa: B027 - optional hook
+        """The event time (s) at which the window about to be fed began.
+
+        Only a model of the time of day reads it (the ensemble's daily
+        cycle): fed without it, a series' clock is its own window count,
+        which a warm-up trace from another hour or a gap in the windows
+        (a planner down for an hour) puts out of phase with the day.
+        """
+
     def reset_idle_skip(self) -> None:
         """Skip leading zeros again (called after warming from a trace).
 

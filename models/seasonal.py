@@ -21,9 +21,11 @@ Why this form:
   before the update, so an outage (a run of zero windows) or a one-off
   burst bends the profile by a bounded amount instead of wrecking it.
 
-Time is the window index counted by the caller (the predictor counts every
-window it is fed, idle ones included): the profile knows the phase of the
-day only relative to the first window it saw. All arithmetic is plain
+Time is a window index from the caller: the window's start time over the
+window length when the planner gives it (so the phase is the time of day,
+whatever the first window, a restart or a gap in the windows), else the
+windows fed so far, idle ones included (the phase is then relative to the
+first window seen). All arithmetic is plain
 Python floats in a fixed order, so a restored profile continues bit for bit.
 """
 
@@ -97,6 +99,31 @@ class DailyProfile:
             out.append(math.cos(angle))
             out.append(math.sin(angle))
         return out
+
+    def shift(self, windows: int) -> None:
+        """Move the learned cycle ``windows`` later: ``shape(t + windows)`` becomes the old ``shape(t)``.
+
+        For a series whose clock was a window count and is now the time of
+        day: each harmonic's coefficient pair, and the covariance with them,
+        is rotated by the phase the clock jumped.
+        """
+        per_day = self.windows_per_day
+        n = 1 + 2 * self.harmonics
+        rotation = [[1.0 if i == j else 0.0 for j in range(n)] for i in range(n)]
+        delta = math.fmod(float(windows), per_day) / per_day
+        for k in range(1, self.harmonics + 1):
+            angle = 2.0 * math.pi * k * delta
+            c, s = math.cos(angle), math.sin(angle)
+            i = 2 * k - 1  # cos at i, sin at i + 1
+            rotation[i][i], rotation[i][i + 1] = c, -s
+            rotation[i + 1][i], rotation[i + 1][i + 1] = s, c
+        self._theta = [math.fsum(rotation[i][j] * self._theta[j] for j in range(n)) for i in range(n)]
+        rp = [[math.fsum(rotation[i][m] * self._cov[m][j] for m in range(n)) for j in range(n)] for i in range(n)]
+        cov = [[math.fsum(rp[i][m] * rotation[j][m] for m in range(n)) for j in range(n)] for i in range(n)]
+        for i in range(n):  # exactly symmetric, as update keeps it
+            for j in range(i + 1, n):
+                cov[j][i] = cov[i][j]
+        self._cov = cov
 
     # --- use -----------------------------------------------------------------
 

@@ -116,6 +116,17 @@ def test_warm_from_a_real_trace_slice():
     assert num_req >= 0.0 and isl > 0.0 and osl > 0.0
 
 
+def test_window_starts_reach_every_predictor_before_its_value():
+    seen = []
+    f = TrafficForecaster("constant")
+    for name, predictor in zip(("num_req", "isl", "osl"), f.predictors, strict=True):
+        predictor.note_window_start = lambda start_s, name=name: seen.append((name, start_s))
+    f.observe(TrafficObservation(duration_s=60.0, num_req=3.0, isl=10.0, osl=2.0, start_s=120.0))
+    f.observe(TrafficObservation(duration_s=60.0, num_req=3.0, isl=10.0, osl=2.0))  # no time: nothing
+    f.observe(TrafficObservation(duration_s=60.0, num_req=0.0, isl=0.0, osl=0.0, start_s=float("nan")))
+    assert seen == [("num_req", 120.0), ("isl", 120.0), ("osl", 120.0)]
+
+
 # --- bucketing ---------------------------------------------------------------
 
 
@@ -130,6 +141,7 @@ def test_bucketing_by_hand():
         (1.0, 400.0, 40.0),
     ]
     assert all(w.duration_s == 60.0 for w in got)
+    assert all(w.start_s is None for w in got)  # a trace's clock is not a time of day
     # nothing before the first arrival or after the last
     assert got[0].num_req > 0 and got[-1].num_req > 0
 

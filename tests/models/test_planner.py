@@ -284,3 +284,14 @@ def test_hold_scale_down_until_the_first_floor(make_fleet):
     held = make_fleet(enable_load_scaling=True, hold_scale_down_until_floor=True).run(list(evs))
     assert decisions(held) == []
     assert [o for o in held if o.time == T0 + 5][0].load_reasons["prefill"] == "scale_down_capped_by_throughput"
+
+
+def test_windows_carry_their_start_to_the_daily_cycle(make_fleet):
+    """The ensemble's daily phase is the window's event time, not a count of windows."""
+    fleet = make_fleet(load_predictor="ensemble")
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 545)])
+    ticks = [o for o in out if getattr(o, "observed", None) is not None]
+    assert [o.observed.start_s for o in ticks] == [T0, T0 + 180, T0 + 360]
+    count = fleet.state("d").forecaster.forecaster.predictors[0]
+    model = count.to_state()["model"]
+    assert model["timed"] and model["clock"] == (T0 + 540) // 180  # the next window's start

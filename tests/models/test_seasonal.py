@@ -109,6 +109,24 @@ def test_profile_state_round_trips_and_continues_bit_for_bit():
         assert bits(a.shape(t + 1)) == bits(b.shape(t + 1))
 
 
+@pytest.mark.parametrize("windows", [0, 1, 37, -5, PER_DAY + 10, 10_000_003])
+def test_profile_shift_moves_the_cycle_and_keeps_learning(windows):
+    a = DailyProfile(TEN_MIN)
+    series = [math.log(y) for y in daily_series(days=2, noise=0.1)]
+    for t, z in enumerate(series[:200]):
+        a.update(t, z)
+    b = DailyProfile.from_state(a.to_state())
+    b.shift(windows)
+    for t in range(0, PER_DAY, 7):
+        assert b.shape(t + windows) == pytest.approx(a.shape(t), abs=1e-9)
+    for t, z in enumerate(series[200:], start=200):  # the same fit, on the moved clock
+        a.update(t, z)
+        b.update(t + windows, z)
+    assert b.shape(250 + windows) == pytest.approx(a.shape(250), abs=1e-9)
+    cov = b.to_state()["cov"]
+    assert all(cov[i][j] == cov[j][i] for i in range(len(cov)) for j in range(len(cov)))
+
+
 # --- ensemble: learning ------------------------------------------------------
 
 
@@ -147,6 +165,81 @@ def test_ensemble_follows_a_ramp():
     series = [100.0 * 1.05**i for i in range(60)]
     forecasts, actual = one_step(ensemble(interval_s=60.0), series, 20)
     assert mean_log_error(forecasts, actual) < constant_errors(series, 20)
+
+
+def timed_one_step(predictor, values, starts, warm: int) -> tuple[list[float], list[float]]:
+    """``one_step`` with each window's start time given first."""
+    forecasts = []
+    for i, (v, start) in enumerate(zip(values, starts, strict=True)):
+        predictor.note_window_start(start)
+        if i >= warm:
+            forecasts.append(predictor.predict_next())
+        predictor.add_data_point(v)
+    return forecasts, values[warm:]
+
+
+def test_window_starts_keep_the_daily_phase_across_a_gap():
+    # five days of a daily cycle; the planner is down for six hours of day 3, so
+    # those 36 windows are never fed: counted windows then lag the day by 6 hours
+    series = daily_series(days=5, noise=0.02, amplitude=0.8)
+    kept = [t for t in range(len(series)) if not 3 * PER_DAY <= t < 3 * PER_DAY + 36]
+    values = [series[t] for t in kept]
+    warm = kept.index(4 * PER_DAY)  # score day 4
+    timed, actual = timed_one_step(ensemble(), values, [t * TEN_MIN for t in kept], warm)
+    counted, _ = one_step(ensemble(), values, warm)
+    whole, whole_actual = one_step(ensemble(), series, 4 * PER_DAY)
+    # with the time of day the gap costs nothing against no gap at all; counted,
+    # the cycle is out of phase and the ensemble falls back to its level members
+    assert mean_log_error(timed, actual) < 1.01 * mean_log_error(whole, whole_actual)
+    assert mean_log_error(counted, actual) > 1.3 * mean_log_error(timed, actual)
+
+
+def test_a_warm_up_from_another_hour_is_in_phase_with_the_day():
+    # the warm-up trace began at 13:00 (window 78); the live series at midnight
+    series = daily_series(days=4, noise=0.05, amplitude=0.8)
+    p = ensemble()
+    for t in range(78, 3 * PER_DAY):
+        p.note_window_start(t * TEN_MIN)
+        p.add_data_point(series[t])
+    reference = ensemble(series[: 3 * PER_DAY])  # the same cycle, fed from midnight
+    weights = p.member_weights()
+    assert weights["daily_last"] + weights["daily_smooth"] > 0.5
+    p.note_window_start(3 * PER_DAY * TEN_MIN)
+    assert p.predict_next() == pytest.approx(reference.predict_next(), rel=0.05)
+
+
+def test_an_untimed_warm_up_is_taken_to_end_where_the_timed_windows_begin():
+    # a warm-up trace (its clock starts at its first row) of 2.5 days, then live
+    # windows with epoch start times: the cycle learned on the count carries on
+    series = daily_series(days=4, noise=0.05, amplitude=0.8)
+    warm = PER_DAY * 5 // 2
+    epoch = 1_800_000_000.0 - 1_800_000_000.0 % TEN_MIN + 17 * TEN_MIN
+    live = [epoch + i * TEN_MIN for i in range(len(series) - warm)]
+    timed = ensemble(series[:warm])
+    forecasts, actual = timed_one_step(timed, series[warm:], live, 0)
+    counted, _ = one_step(ensemble(series[:warm]), series[warm:], 0)
+    assert mean_log_error(forecasts, actual) == pytest.approx(mean_log_error(counted, actual), rel=1e-6)
+    assert timed.to_state()["model"]["timed"] is True
+
+
+def test_contiguous_windows_from_midnight_forecast_as_counted_ones():
+    # the clock from the window starts equals the window count: the same bits
+    series = daily_series(days=2, noise=0.1)
+    timed, _ = timed_one_step(ensemble(), series, [t * TEN_MIN for t in range(len(series))], 10)
+    counted, _ = one_step(ensemble(), series, 10)
+    assert [bits(x) for x in timed] == [bits(x) for x in counted]
+
+
+def test_a_timed_ensemble_round_trips_and_continues_bit_for_bit():
+    series = daily_series(days=2, noise=0.1)
+    starts = [86_400.0 * 30 + 7_200.0 + t * TEN_MIN for t in range(len(series))]
+    a = ensemble()
+    timed_one_step(a, series[:200], starts[:200], 200)
+    b = EnsemblePredictor.from_state(json_round_trip(a.to_state()))
+    fa, _ = timed_one_step(a, series[200:], starts[200:], 0)
+    fb, _ = timed_one_step(b, series[200:], starts[200:], 0)
+    assert [bits(x) for x in fa] == [bits(x) for x in fb]
+    assert a.to_state() == b.to_state()
 
 
 # --- ensemble: idle rules ------------------------------------------------------

@@ -5,8 +5,10 @@ Usage:
     .venv/bin/python bench/per_minute.py --data /work/shared/data --workload azure-code-30min \\
         [--sla 500,50] [--warm replayed|capacity] [--set key=value ...]
 
-Runs fleetplan's default config (throughput loop, ARIMA, ``--set`` to
-override fields, YAML values) on one quality workload of ``bench/quality.py``
+Runs fleetplan's default config with the throughput loop and ARIMA (the
+default predictor until 2026-12-01, which the docs' per-minute figures were
+measured with; ``--set load_predictor=ensemble`` for today's default;
+``--set`` overrides any field, YAML values) on one quality workload of ``bench/quality.py``
 at its ``bench/sizing.py`` scale, from the replayed warm fleet, and prints
 per arrival minute the requests, the share meeting both targets and each
 target alone, the share meeting the TTFT per size of the prompt an engine

@@ -63,8 +63,10 @@ REFERENCE_SIZING: dict[str, object] = {
 }
 """The values that size the fleet exactly as Dynamo's planner does (docs/sizing.md).
 
-fleetplan's defaults differ on these fields only, because the simulator
-measured Dynamo's sizing missing the SLA on every rate-scaled real trace.
+fleetplan's defaults differ on these fields, because the simulator
+measured Dynamo's sizing missing the SLA on every rate-scaled real trace,
+and in the predictor, which is chosen apart (``load_predictor``: fleetplan's
+``ensemble``; Dynamo's ARIMA, its order fitted once, is ``arima_frozen``).
 """
 
 
@@ -105,7 +107,9 @@ class PlannerConfig(BaseModel):
     itl_ms: float = Field(50.0, gt=0, alias="itl")
 
     # predictors
-    load_predictor: Literal["constant", "arima", "arima_frozen", "kalman", "prophet", "ensemble"] = "arima"
+    # fleetplan's default; Dynamo's is its ARIMA (`arima_frozen` here, `arima` re-selects the order),
+    # which costs up to a second a forecast where this costs 0.1 ms (docs/forecasting.md)
+    load_predictor: Literal["constant", "arima", "arima_frozen", "kalman", "prophet", "ensemble"] = "ensemble"
     load_predictor_log1p: bool = False
     load_predictor_warmup_trace: str | None = None
     prophet_window_size: int = Field(50, ge=5)

@@ -130,7 +130,8 @@ class EnsemblePredictor(Predictor):
         t = math.floor(start_s / self._profile.interval_s + 0.5)
         if not self._timed:
             jump = t - self._clock
-            self._profile.shift(jump)
+            if self._profile.updates:  # a cycle learned on counted windows: move it
+                self._profile.shift(jump)
             self._daily_prev_t += jump
             self._timed = True
         self._clock = t

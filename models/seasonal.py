@@ -84,6 +84,11 @@ class DailyProfile:
         """
         return self.windows_per_day >= 4.0
 
+    @property
+    def updates(self) -> int:
+        """Windows fitted so far."""
+        return self._updates
+
     def covers_a_day(self) -> bool:
         """True once a full day of windows has been fitted."""
         return self._updates >= self.windows_per_day

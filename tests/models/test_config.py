@@ -14,7 +14,8 @@ def test_defaults_match_dynamo():
     assert c.load_adjustment_interval_seconds == 5
     assert (c.enable_throughput_scaling, c.enable_load_scaling) == (True, False)
     assert (c.ttft_ms, c.itl_ms) == (500.0, 50.0)
-    assert c.load_predictor == "arima"
+    # fleetplan's one departure outside the sizing fields: Dynamo's default is its ARIMA
+    assert c.load_predictor == "ensemble"
     assert c.max_throughput_scaling_replicas == 8
     assert (c.max_num_fpm_samples, c.fpm_sample_bucket_size) == (64, 16)
     assert c.load_scaling_down_sensitivity == 80

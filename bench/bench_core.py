@@ -42,7 +42,7 @@ from fleetplan.sim.profiles import load_profile
 
 T0 = 1_800_000_000.0
 PROFILE = load_profile("h200-llama3.1-8b")
-CONFIG = config_from_dict({"enable_load_scaling": True, "max_gpu_budget": -1, "load_predictor": "constant"})
+CONFIG = config_from_dict({"enable_load_scaling": True, "max_gpu_budget": -1})  # the default predictor, the ensemble
 LOAD_ALONE = config_from_dict({**CONFIG.model_dump(), "enable_throughput_scaling": False})
 ONE_SECOND = config_from_dict({**CONFIG.model_dump(), "queueing_arrivals": "measured"})
 

@@ -17,7 +17,17 @@ much room the series leave, with two predictors no real forecaster can be:
   one more window of data would average out.
 
 Both are scored with the reference's ``window_loss`` on the same windows
-as ``bench/forecast.py``. With ``--scores`` (its ``--json`` output) each
+as ``bench/forecast.py``. A third figure is a bound on every linear
+one-step predictor of the count, fitted with hindsight on the whole
+series: by the Kolmogorov-Szego formula the best such predictor's error
+variance is ``exp(mean log f)`` of the spectrum ``f`` of the series'
+changes, estimated from their periodogram (Davis and Jones's estimator:
+the mean log periodogram plus Euler's constant); its ratio to the
+variance of the changes (the last value's error) says how much any
+model, daily cycle and all, can gain on the count over the last value.
+Only on the long ServeGen series (over 1,000 windows; the trace series
+have 10-30): its standard error is ``pi / sqrt(6 m)`` in log variance for
+``m`` periodogram ordinates, about 3 % on the RMS ratio there. With ``--scores`` (its ``--json`` output) each
 loss is also given as a ratio to the frozen-order ARIMA's and to the best
 reference kind's on that series, the two ratios the goal bounds. Not a test:
 nothing asserts.
@@ -87,6 +97,46 @@ def sees_next(series: Series) -> float:
     return _loss(pred, series, rows)
 
 
+def last_value_with(series: Series, lengths: str) -> float:
+    """Loss of the last value's count with each window's lengths ``"known"`` or from a day before.
+
+    ``"known"`` splits the last value's loss into the count's share and the
+    lengths'; ``"day_ago"`` asks whether a daily pattern in the lengths
+    would help (ServeGen's are 6-hour means). Needs a day of windows before
+    the scored ones.
+    """
+    z = _logs(series)
+    per_day = round(86_400 / series.interval_s)
+    rows = range(series.warm, len(series.windows))
+    pred = z.copy()
+    pred[1:, 0] = z[:-1, 0]
+    if lengths == "day_ago":
+        pred[per_day:, 1:] = z[:-per_day, 1:]
+    return _loss(pred, series, rows)
+
+
+EULER = 0.5772156649015329
+SPECTRAL_MIN_WINDOWS = 200
+
+
+def spectral_bound(series: Series) -> tuple[float, float] | None:
+    """RMS one-step error of the best linear predictor of log1p(count) over the last value's, and its s.e.
+
+    None for a series too short to estimate a spectrum from.
+    """
+    z = np.log1p(np.array([w.num_req for w in series.windows], dtype=float))
+    changes = np.diff(z)
+    if len(changes) < SPECTRAL_MIN_WINDOWS:
+        return None
+    changes = changes - changes.mean()
+    m = (len(changes) - 1) // 2  # Fourier frequencies strictly between 0 and Nyquist
+    periodogram = np.abs(np.fft.rfft(changes)) ** 2 / len(changes)
+    innovation = math.exp(float(np.mean(np.log(periodogram[1 : m + 1]))) + EULER)
+    ratio = math.sqrt(innovation / float(np.mean(changes**2)))
+    se_log_var = math.pi / math.sqrt(6.0 * m)
+    return ratio, ratio * (math.exp(se_log_var / 2.0) - 1.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -106,13 +156,18 @@ def main() -> None:
         return f"{loss / frozen[name]:.2f} / {loss / best_ref[name]:.2f}" if name in frozen else ""
 
     print("| series | scored | hindsight EWMA loss | alphas (count, lengths) | vs arima_frozen / best ref "
-          "| sees the next window | vs arima_frozen / best ref |")
-    print("|---|---:|---:|---|---:|---:|---:|")
+          "| sees the next window | vs arima_frozen / best ref | best linear count RMS / last value's |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|")
     for series in test_series(args.data):
         loss, a_n, a_l = hindsight_ewma(series)
         nxt = sees_next(series)
+        bound = spectral_bound(series)
+        spectral = "–" if bound is None else f"{bound[0]:.3f} ± {bound[1]:.3f}"
+        if bound is not None:
+            known, day_ago = last_value_with(series, "known"), last_value_with(series, "day_ago")
+            spectral += f" (last value's count: {known:.4f} with the lengths known, {day_ago:.4f} a day ago)"
         print(f"| {series.name} | {len(series.windows) - series.warm} | {loss:.4f} | {a_n:g}, {a_l:g} | "
-              f"{versus(loss, series.name)} | {nxt:.4f} | {versus(nxt, series.name)} |")
+              f"{versus(loss, series.name)} | {nxt:.4f} | {versus(nxt, series.name)} | {spectral} |")
 
 
 if __name__ == "__main__":

@@ -295,3 +295,22 @@ def test_windows_carry_their_start_to_the_daily_cycle(make_fleet):
     count = fleet.state("d").forecaster.forecaster.predictors[0]
     model = count.to_state()["model"]
     assert model["timed"] and model["clock"] == (T0 + 540) // 180  # the next window's start
+
+
+def test_an_ensemble_warmed_from_a_trace_moves_onto_the_window_clock(tmp_path):
+    """The warm-up's windows are counted; the first live window sets the time of day."""
+    from fleetplan.bootstrap import build_planner
+    from fleetplan.models.fleet import Fleet
+
+    trace = tmp_path / "warm.jsonl"
+    trace.write_text("".join(
+        f'{{"timestamp": {i * 500}, "input_length": 1000, "output_length": 100, "hash_ids": [1]}}\n'
+        for i in range(1200)))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"load_predictor: ensemble\nload_predictor_warmup_trace: {trace}\n")
+    fleet = Fleet(build_planner(cfg, "h200-llama3.1-8b"))
+    count = fleet.planner.new_state("d").forecaster.forecaster.predictors[0].to_state()["model"]
+    assert (count["timed"], count["clock"]) == (False, 4)  # four warm-up windows, counted
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 185)])
+    count = fleet.state("d").forecaster.forecaster.predictors[0].to_state()["model"]
+    assert count["timed"] and count["clock"] == (T0 + 180) // 180

@@ -228,18 +228,22 @@ def test_fpm_batch_equals_one_by_one(make_fleet):
     assert a.to_data() == b.to_data()
 
 
-def test_warm_start_from_a_trace(tmp_path):
-    """`load_predictor_warmup_trace` warms the forecaster before the first window."""
+def _warmed_planner(tmp_path, predictor: str):
+    """A planner warmed from 10 minutes of Mooncake rows at 2 req/s, ISL 1000 / OSL 100."""
     from fleetplan.bootstrap import build_planner
 
     trace = tmp_path / "warm.jsonl"
-    # 10 minutes of Mooncake rows at 2 req/s, ISL 1000 / OSL 100
     trace.write_text("".join(
         f'{{"timestamp": {i * 500}, "input_length": 1000, "output_length": 100, "hash_ids": [1]}}\n'
         for i in range(1200)))
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"load_predictor: constant\nload_predictor_warmup_trace: {trace}\n")
-    planner = build_planner(cfg, "h200-llama3.1-8b")
+    cfg.write_text(f"load_predictor: {predictor}\nload_predictor_warmup_trace: {trace}\n")
+    return build_planner(cfg, "h200-llama3.1-8b")
+
+
+def test_warm_start_from_a_trace(tmp_path):
+    """`load_predictor_warmup_trace` warms the forecaster before the first window."""
+    planner = _warmed_planner(tmp_path, "constant")
     # three full 180 s windows of 360 requests and the trailing 60 s (120), as Dynamo buckets
     assert [o.num_req for o in planner.warmup] == [360.0, 360.0, 360.0, 120.0]
     assert planner.new_state("d").forecaster.forecast() == (120.0, 1000.0, 100.0)
@@ -299,16 +303,9 @@ def test_windows_carry_their_start_to_the_daily_cycle(make_fleet):
 
 def test_an_ensemble_warmed_from_a_trace_moves_onto_the_window_clock(tmp_path):
     """The warm-up's windows are counted; the first live window sets the time of day."""
-    from fleetplan.bootstrap import build_planner
     from fleetplan.models.fleet import Fleet
 
-    trace = tmp_path / "warm.jsonl"
-    trace.write_text("".join(
-        f'{{"timestamp": {i * 500}, "input_length": 1000, "output_length": 100, "hash_ids": [1]}}\n'
-        for i in range(1200)))
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"load_predictor: ensemble\nload_predictor_warmup_trace: {trace}\n")
-    fleet = Fleet(build_planner(cfg, "h200-llama3.1-8b"))
+    fleet = Fleet(_warmed_planner(tmp_path, "ensemble"))
     count = fleet.planner.new_state("d").forecaster.forecaster.predictors[0].to_state()["model"]
     assert (count["timed"], count["clock"]) == (False, 4)  # four warm-up windows, counted
     fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 185)])

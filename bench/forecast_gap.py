@@ -17,28 +17,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forecast import DEFAULT_DATA, SERVEGEN_WINDOW_S, servegen_windows  # noqa: E402
-
-from fleetplan.models import ensemble  # noqa: E402,F401  (registers the "ensemble" kind)
-from fleetplan.models.forecast import TrafficForecaster, window_loss  # noqa: E402
+from forecast import DEFAULT_DATA, SERVEGEN_WINDOW_S, Series, score, servegen_windows  # noqa: E402
 
 PER_DAY = int(86_400 // SERVEGEN_WINDOW_S)
 
 
 def scored_loss(windows, warm: int, kind: str) -> float:
-    """Mean one-step window loss of ``kind`` on ``windows[warm:]``."""
-    forecaster = TrafficForecaster(kind, prophet_interval_s=float(SERVEGEN_WINDOW_S))
-    forecaster.warm(windows[:warm])
-    losses = []
-    for actual in windows[warm:]:
-        losses.append(window_loss(forecaster.forecast(), (actual.num_req, actual.isl, actual.osl)))
-        forecaster.observe(actual)
-    return math.fsum(losses) / len(losses)
+    """Mean one-step window loss of ``kind`` on ``windows[warm:]`` (bench/forecast.py's ``score``)."""
+    return score(kind, Series("gap", SERVEGEN_WINDOW_S, tuple(windows), warm)).loss
 
 
 def main() -> None:

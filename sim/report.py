@@ -53,17 +53,16 @@ def write_report(
         marker_color="#bbbbbb", legendgroup="load", offset=0, width=window_s / 60.0,
     ), row=1, col=1)
     main = results[0]
-    observed = [(t["t"], t["observed_rps"]) for t in main.ticks if "observed_rps" in t]
-    predicted = [(t["t"], t["predicted_rps"]) for t in main.ticks if "predicted_rps" in t]
-    # what the throughput loop sized the fleet for: the upper quantile of the busiest burst
-    # window over the startup horizon (throughput_sizing: startup_quantile), above the point
-    sized = [(t["t"], t["sized_rps"]) for t in main.ticks if "sized_rps" in t]
-    if observed:
-        fig.add_trace(_line(observed, "observed rps (planner)", "#444444", "dot", "load"), row=1, col=1)
-    if predicted:
-        fig.add_trace(_line(predicted, "predicted rps (planner)", "#1f77b4", "dash", "load"), row=1, col=1)
-    if sized:
-        fig.add_trace(_line(sized, "sized-for rps (planner)", "#d62728", "dash", "load"), row=1, col=1)
+    # the planner's view of the load; "sized-for" is what the throughput loop sized the fleet
+    # for: the upper quantile of the busiest burst window over the startup horizon, above the point
+    for key, name, color, dash in (
+        ("observed_rps", "observed rps (planner)", "#444444", "dot"),
+        ("predicted_rps", "predicted rps (planner)", "#1f77b4", "dash"),
+        ("sized_rps", "sized-for rps (planner)", "#d62728", "dash"),
+    ):
+        pts = [(t["t"], t[key]) for t in main.ticks if key in t]
+        if pts:
+            fig.add_trace(_line(pts, name, color, dash, "load"), row=1, col=1)
 
     for i, result in enumerate(results):
         color = _COLORS[i % len(_COLORS)]

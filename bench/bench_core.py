@@ -1,6 +1,6 @@
 """Benchmark the planning core: tick time and apply throughput.
 
-    .venv/bin/python bench/bench_core.py
+    .venv/bin/python bench/bench_core.py [--predictor constant]
 
 Tick time is measured for one deployment of 1, 100 and 1,000 engines (both
 loops due: a 180 s boundary, load loop on, every engine reporting, the
@@ -21,6 +21,7 @@ of 500.
 
 from __future__ import annotations
 
+import argparse
 import platform
 import random
 import statistics
@@ -42,9 +43,16 @@ from fleetplan.sim.profiles import load_profile
 
 T0 = 1_800_000_000.0
 PROFILE = load_profile("h200-llama3.1-8b")
-CONFIG = config_from_dict({"enable_load_scaling": True, "max_gpu_budget": -1})  # the default predictor, the ensemble
-LOAD_ALONE = config_from_dict({**CONFIG.model_dump(), "enable_throughput_scaling": False})
-ONE_SECOND = config_from_dict({**CONFIG.model_dump(), "queueing_arrivals": "measured"})
+def configs(predictor: str | None) -> tuple:
+    """The default config (both loops, no GPU budget), the load loop alone, and the 1-s dispersion.
+
+    ``predictor`` None keeps the default predictor (the ensemble).
+    """
+    base = {"enable_load_scaling": True, "max_gpu_budget": -1}
+    if predictor is not None:
+        base["load_predictor"] = predictor
+    return (config_from_dict(base), config_from_dict({**base, "enable_throughput_scaling": False}),
+            config_from_dict({**base, "queueing_arrivals": "measured"}))
 
 
 def _fpm(dep: str, worker: str, role: str, i: int) -> ForwardPassMetrics:
@@ -124,7 +132,10 @@ def _time_ticks(planner: Planner, states, reps: int, into_window: float = 180) -
 
 
 def main() -> None:
-    planner = Planner(CONFIG, profile=PROFILE)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--predictor", default=None, help="load_predictor (default: the config's default)")
+    config, load_alone, one_second = configs(parser.parse_args().predictor)
+    planner = Planner(config, profile=PROFILE)
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
     print("| case | p50 ms per tick round | p90 ms |")
     print("|---|---:|---:|")
@@ -135,13 +146,13 @@ def main() -> None:
     st = _deployment(planner, "d", 100, wide_mix=True)
     samples = _time_ticks(planner, [st], 30)
     print(f"| 1 deployment, 100 engines, 24-bucket request mix | {statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
-    for label, cfg in (("dispersion curve, the default", CONFIG), ("1-s dispersion", ONE_SECOND)):
+    for label, cfg in (("dispersion curve, the default", config), ("1-s dispersion", one_second)):
         bursty = Planner(cfg, profile=PROFILE)
         st = _deployment(bursty, "d", 100, wide_mix=True, arrivals=True)
         samples = _time_ticks(bursty, [st], 30)
         print(f"| 1 deployment, 100 engines, 24-bucket request mix, bursty arrivals ({label}) | "
               f"{statistics.median(samples):.3f} | {statistics.quantiles(samples, n=10)[-1]:.3f} |")
-    alone = Planner(LOAD_ALONE, profile=PROFILE)
+    alone = Planner(load_alone, profile=PROFILE)
     st = _deployment(alone, "d", 100, wide_mix=True, arrivals=True)
     samples = _time_ticks(alone, [st], 30, into_window=90)
     print(f"| 1 deployment, 100 engines, load loop alone (measured floor), 24-bucket request mix, bursty arrivals | "

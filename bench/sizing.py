@@ -40,6 +40,7 @@ VARIANTS: dict[str, dict] = {
     # fleetplan's defaults, then each departure taken away
     "fleetplan (arima)": {},
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},  # the defaults
+    "fleetplan (ensemble) -slots": {"load_predictor": "ensemble", "decode_sizing": "rate"},  # until 2026-12-01
     "fleetplan -queueing": {"prefill_sizing": "rate"},
     "fleetplan -dispersion": {"queueing_arrivals": "poisson"},
     "fleetplan -timescales": {"queueing_arrivals": "measured"},  # the 1-s dispersion alone (until 2026-12-01)

@@ -55,6 +55,7 @@ REFERENCE_SIZING: dict[str, object] = {
     "throughput_sizing": "point",
     "capacity_mix": "mean",
     "prefill_sizing": "rate",
+    "decode_sizing": "rate",
     "prefill_time_model": "linear",
     "decode_scale_down": "absolute",
     "load_max_scale_up_step": 1,
@@ -101,6 +102,7 @@ class PlannerConfig(BaseModel):
     prefill_time_model: Literal["linear", "quadratic"] = "quadratic"
     queueing_sla_share: float = Field(0.99, gt=0, lt=1, allow_inf_nan=False)
     queueing_arrivals: Literal["poisson", "measured", "timescales"] = "timescales"
+    decode_sizing: Literal["rate", "queueing"] = "queueing"
 
     # SLA
     ttft_ms: float = Field(500.0, gt=0, alias="ttft")

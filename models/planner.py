@@ -301,7 +301,7 @@ class Planner:
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
             arrival_dispersion=_queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
-            queue_budgets=budgets,
+            queue_budgets=budgets, osl_classes=_osl_classes(cfg, mix),
         )
         scratch.predicted = proposal.predicted
         scratch.proposal = proposal
@@ -714,12 +714,18 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
         cfg, baseline, minimums, (count, obs.isl, obs.osl), kv_hit, accept, state.perf,
         mix_factor=state.mix_factor if cfg.capacity_mix == "buckets" else None,
         arrival_dispersion=dispersion, queue_budgets=budgets,
+        osl_classes=_osl_classes(cfg, state.window.length_mix),
     )
     if proposal.targets is None:
         return {}
-    return {
-        role: max(n, proposal.queueing_replicas.get(role) or 0) for role, n in proposal.rate_replicas.items()
-    }
+    return dict(proposal.needed)
+
+
+def _osl_classes(cfg: PlannerConfig, mix: LengthMix) -> list[tuple[float, float]] | None:
+    """``(share, mean OSL)`` per bucket of the window's mix for decode's slot budgets (None: the mean)."""
+    if cfg.capacity_mix != "buckets" or not mix.count:
+        return None
+    return [(share, osl) for share, _, osl in mix.groups()]
 
 
 def _size_mix(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float):

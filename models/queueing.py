@@ -46,8 +46,11 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.special import pdtr
 
 MAX_EXTRA_ENGINES = 10_000
+RECURSION_SERVERS = 1024
+"""Up to this many servers Erlang B comes from its recursion; past it, from the Poisson law."""
 
 
 def erlang_c(servers: int, offered: float) -> float:
@@ -56,9 +59,15 @@ def erlang_c(servers: int, offered: float) -> float:
         return 0.0
     if offered >= servers:
         return 1.0
-    blocking = 1.0  # Erlang B, by the stable recursion
-    for k in range(1, servers + 1):
-        blocking = offered * blocking / (k + offered * blocking)
+    if servers <= RECURSION_SERVERS:
+        blocking = 1.0  # Erlang B, by the stable recursion
+        for k in range(1, servers + 1):
+            blocking = offered * blocking / (k + offered * blocking)
+    else:
+        # decode slots number in the thousands: Erlang B is P(X = n) / P(X <= n) for X ~ Poisson(a),
+        # in O(1) where the recursion takes O(n)
+        log_pmf = servers * math.log(offered) - offered - math.lgamma(servers + 1)
+        blocking = min(1.0, math.exp(log_pmf) / float(pdtr(servers, offered)))
     return servers * blocking / (servers - offered * (1.0 - blocking))
 
 
@@ -198,9 +207,49 @@ def queueing_replicas(
     classes = budget_classes(budget_s)
     if not classes:
         return None
-    n = max(math.floor(demand_rps / engine_rps) + 1, 1)
+    return _fewest(
+        demand_rps / engine_rps, share, minimum,
+        lambda n: miss_share(n, demand_rps, engine_rps, classes, arrival_dispersion),
+    )
+
+
+def slot_replicas(
+    demand_rps: float, engine_rps: float, slots: int, budget_s: Budgets, share: float, minimum: int,
+    arrival_dispersion: Dispersion = 1.0,
+) -> int | None:
+    """Fewest decode engines keeping the share of requests that wait too long for a slot <= ``1 - share``.
+
+    Where the decode rate is set by the engine's sequence or KV limit, not
+    by the ITL target, a request that finds every one of the ``slots``
+    batch places taken waits for one to free, and that wait is spread over
+    its answer: the ITL it is measured by is ``(end - first token) / (osl -
+    1)``. The ITL target then leaves ``(itl - itl at the limit) · (osl - 1)``
+    seconds of waiting (``budget_s``, one per OSL class). The fleet is
+    M/M/c over its slots (``c = engines · slots``, each freeing at
+    ``engine_rps / slots``); with thousands of slots the wait probability
+    falls steeply past the mean load, so the fleet can run closer to its
+    limit than a fixed utilisation allows, and no closer than the budget
+    says. None if no class has a budget.
+    """
+    if demand_rps <= 0:
+        return minimum
+    if engine_rps <= 0 or slots <= 0:
+        raise ValueError("engine capacity and slots must be positive")
+    classes = budget_classes(budget_s)
+    if not classes:
+        return None
+    slot_rps = engine_rps / slots
+    return _fewest(
+        demand_rps / engine_rps, share, minimum,
+        lambda n: miss_share(n * slots, demand_rps, slot_rps, classes, arrival_dispersion),
+    )
+
+
+def _fewest(offered_engines: float, share: float, minimum: int, miss) -> int:
+    """The fewest engines past ``offered_engines`` whose ``miss(n)`` is at most ``1 - share``."""
+    n = max(math.floor(offered_engines) + 1, 1)
     for _ in range(MAX_EXTRA_ENGINES):
-        if miss_share(n, demand_rps, engine_rps, classes, arrival_dispersion) <= 1.0 - share:
+        if miss(n) <= 1.0 - share:
             return max(n, minimum)
         n += 1
     return max(n, minimum)

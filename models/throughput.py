@@ -7,12 +7,15 @@ to ``ceil(demand / capacity)``, never below the role's minimum and moving at
 most ``max_throughput_scaling_replicas`` per decision (reference notes §2b).
 
 fleetplan's sizing (the defaults; ``REFERENCE_SIZING`` restores Dynamo's,
-docs/sizing.md) departs in four places here: ``sized_num_req`` replaces
+docs/sizing.md) departs in five places here: ``sized_num_req`` replaces
 the point forecast with an upper quantile over the startup horizon,
 ``mix_factor`` corrects each role's capacity for the window's ISL/OSL mix
-(``fleetplan.models.mix``), ``target_utilization`` keeps headroom, and
+(``fleetplan.models.mix``), ``target_utilization`` keeps headroom,
 prefill gets a queueing floor (``fleetplan.models.queueing``) whose wait
-budgets come from the same mix, one per length bucket.
+budgets come from the same mix, one per length bucket, and decode, where
+its rate is set by the batch limit rather than the ITL target, is sized
+by the wait for a batch slot that the ITL target leaves room for
+(``decode_sizing: queueing``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from dataclasses import dataclass, field
 
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.mix import LengthMix
-from fleetplan.models.queueing import Budgets, Dispersion, dispersion_points, queueing_replicas
+from fleetplan.models.queueing import (
+    Budgets,
+    Dispersion,
+    dispersion_points,
+    queueing_replicas,
+    slot_replicas,
+)
 from fleetplan.schemas.events import PredictedLoad, Role
 
 
@@ -35,9 +44,12 @@ class ThroughputProposal:
     targets: dict[Role, int] | None = None
     predicted: PredictedLoad | None = None
     capacity_rps: dict[Role, float] = field(default_factory=dict)
-    # what set each count: engines by rate, and the prefill queueing floor's (None: no floor)
+    # what set each count: engines by rate, and the queueing model's (None: none applied); prefill
+    # takes the larger (a floor), decode the queueing count where there is one (it replaces the headroom)
     rate_replicas: dict[Role, int] = field(default_factory=dict)
     queueing_replicas: dict[Role, int | None] = field(default_factory=dict)
+    # each role's count before the step cap: what the window needs
+    needed: dict[Role, int] = field(default_factory=dict)
 
 
 def replicas_for(demand_rps: float, engine_rps: float, minimum: int) -> int:
@@ -78,6 +90,22 @@ def bucket_budgets(config: PlannerConfig, mix: LengthMix, capacity_of) -> list[t
     return budgets
 
 
+def slot_budgets(config: PlannerConfig, cap, osl_classes) -> list[tuple[float, float]]:
+    """The wait for a decode slot each OSL class can afford: ``(share, seconds)``; [] if the ITL binds.
+
+    A request's ITL is its decode time over ``osl - 1`` tokens, so a wait
+    before its first decode step costs ``wait / (osl - 1)`` of ITL: the
+    target leaves ``(itl - itl at the operating point) · (osl - 1)``. Only
+    where the operating point is the engine's batch limit (``at_limit``);
+    where the ITL target sets it, a request over the batch does not wait,
+    it joins and slows every stream, and the headroom stays.
+    """
+    if cap.itl_ms is None or not cap.at_limit or not cap.meets_sla:
+        return []
+    spare_s = (config.itl_ms - cap.itl_ms) / 1000.0
+    return [(share, spare_s * (osl - 1.0)) for share, osl in osl_classes]
+
+
 def cap_change(desired: int, current: int, max_step: int, minimum: int) -> int:
     """Move at most ``max_step`` from ``current``; recovering the floor may exceed it."""
     capped = min(max(desired, current - max_step), current + max_step)
@@ -98,6 +126,7 @@ def propose_throughput(
     mix_factor: Mapping[Role, float] | None = None,
     arrival_dispersion: Dispersion = 1.0,
     queue_budgets: Budgets | None = None,
+    osl_classes: list[tuple[float, float]] | None = None,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -106,7 +135,9 @@ def propose_throughput(
     is still reported. ``mix_factor`` scales each role's capacity.
     ``arrival_dispersion`` (1 for Poisson) stretches the queueing floor's waits.
     ``queue_budgets`` (``bucket_budgets`` of the last window's mix) replaces
-    the queueing floor's one budget, the mean prompt's.
+    the queueing floor's one budget, the mean prompt's. ``osl_classes``
+    (``(share, mean OSL)`` per bucket of the mix; the forecast's mean OSL
+    without one) gives decode's slot-wait budgets.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -125,6 +156,7 @@ def propose_throughput(
     targets: dict[Role, int] = {}
     by_rate: dict[Role, int] = {}
     by_queueing: dict[Role, int | None] = {}
+    needed: dict[Role, int] = {}
     for role in config.roles:
         model = perf[role]
         if demand_rps > 0:
@@ -147,9 +179,18 @@ def propose_throughput(
                 )
                 by_queueing[role] = waiting
                 desired = max(desired, waiting or 0)
+            elif role == "decode" and config.decode_sizing == "queueing":
+                budgets = slot_budgets(config, cap, osl_classes or [(1.0, osl)])
+                slots = slot_replicas(
+                    demand_rps, capacity[role], cap.batch, budgets, config.queueing_sla_share,
+                    minimums[role], arrival_dispersion=arrival_dispersion,
+                ) if budgets else None
+                by_queueing[role] = slots
+                desired = desired if slots is None else slots
         else:
             desired = minimums[role]
+        needed[role] = desired
         targets[role] = cap_change(
             desired, current[role], config.max_throughput_scaling_replicas, minimums[role]
         )
-    return ThroughputProposal("scale", targets, predicted, capacity, by_rate, by_queueing)
+    return ThroughputProposal("scale", targets, predicted, capacity, by_rate, by_queueing, needed)

@@ -236,8 +236,11 @@ class RoleEstimate(_Model):
 
     ``rate_replicas`` and ``queueing_replicas`` say what set the throughput
     loop's count: the engines the sized rate needs at the target
-    utilisation, and the engines the prefill queueing floor asks for (None
-    when there is no floor, or no prompt can meet the TTFT by waiting less).
+    utilisation, and the engines the queueing model asks for (None where
+    none applies). Prefill's is a floor (None when there is no floor, or no
+    prompt can meet the TTFT by waiting less); decode's is the wait for a
+    batch slot, which replaces the rate count where decode runs at its
+    batch limit with ITL to spare (``decode_sizing: queueing``).
     ``measured_floor`` is the load loop's floor when it runs alone: the
     engines the measured traffic needs (None when it has none).
     """

@@ -34,7 +34,9 @@ class Capacity:
 
     ``rps`` requests per second at batch size ``batch``; the modelled TTFT and
     ITL there (None where the role has no such latency); whether it meets
-    every SLA that was given.
+    every SLA that was given; whether ``batch`` is the largest the engine's
+    limits allow (decode: ``max_num_seqs`` or the KV cache), so that the
+    rate is set by the limit and not by the latency target.
     """
 
     rps: float
@@ -42,6 +44,7 @@ class Capacity:
     ttft_ms: float | None
     itl_ms: float | None
     meets_sla: bool
+    at_limit: bool = False
 
 
 def batch_candidates(max_batch: int) -> np.ndarray:
@@ -111,7 +114,9 @@ def decode_capacity(
     rps = bsf / (osl * itl_s)
     ok = _within(itl_s, itl_ms)
     i = _best(rps, ok)
-    return Capacity(float(rps[i]), int(bs[i]), None, float(itl_s[i] * 1000.0), bool(ok[i]))
+    return Capacity(
+        float(rps[i]), int(bs[i]), None, float(itl_s[i] * 1000.0), bool(ok[i]), at_limit=bool(i == bs.size - 1)
+    )
 
 
 def agg_capacity(

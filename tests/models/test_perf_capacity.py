@@ -81,13 +81,14 @@ def test_decode_little_law_itl_sla_and_kv_cap():
     assert cap.itl_ms == pytest.approx(9.995)
     assert cap.rps == pytest.approx(45 / (200 * 0.009995))
     assert cap.ttft_ms is None
+    assert not cap.at_limit  # the ITL target set the batch, not the cache
 
 
 def test_decode_accept_length_divides_itl():
     limits = EngineLimits(max_kv_tokens=110_000)
     # itl/2 <= 10 ms holds up to bs 135, capped by KV at 100: itl = 0.0161/2
     cap = decode_capacity(DECODE, limits, 1000, 200, 10.0, 2.0)
-    assert cap.batch == 100
+    assert cap.batch == 100 and cap.at_limit  # the cache set it, with ITL to spare
     assert cap.itl_ms == pytest.approx(8.05)
     assert cap.rps == pytest.approx(100 / (200 * 0.00805))
 

@@ -8,13 +8,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleetplan.models.config import PlannerConfig
+from fleetplan.models.perf import Capacity
 from fleetplan.models.queueing import (
+    RECURSION_SERVERS,
     erlang_c,
     miss_share,
     queueing_replicas,
+    slot_replicas,
     wait_exceeds,
     wait_stretch,
 )
+from fleetplan.models.throughput import slot_budgets
 from tests.models.factories import T0, decisions, ready, requests
 
 
@@ -335,3 +340,70 @@ def test_a_snapshot_mid_stream_decides_the_same_with_the_dispersion_curve(make_f
     got += [o.to_dict() for o in restored.finish()]
     assert got == expected
     assert any(o["decision_id"] is not None for o in expected)
+
+
+# --- decode: the wait for a batch slot ------------------------------------------
+
+
+@given(st.integers(RECURSION_SERVERS + 1, 300_000), st.floats(0.5, 0.999))
+def test_erlang_c_past_the_recursion_is_continuous_with_it(servers, load):
+    """Above ``RECURSION_SERVERS`` Erlang B comes from the Poisson law; it is the same function."""
+    offered = servers * load
+    exact = _erlang_c_by_recursion(servers, offered)
+    assert erlang_c(servers, offered) == pytest.approx(exact, rel=1e-6, abs=1e-300)
+
+
+def _erlang_c_by_recursion(servers: int, offered: float) -> float:
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    return servers * blocking / (servers - offered * (1.0 - blocking))
+
+
+@settings(max_examples=40)
+@given(st.floats(1.0, 400), st.floats(10.0, 80.0), st.sampled_from([8, 64, 256]), st.floats(0.01, 8.0))
+def test_the_fewest_decode_engines_whose_slots_rarely_make_a_request_wait(demand, rate, slots, budget):
+    n = slot_replicas(demand, rate, slots, budget, 0.99, 1)
+    assert n > demand / rate  # never at or past the batch limit
+    assert miss_share(n * slots, demand, rate / slots, [(1.0, budget)]) <= 0.01
+    if n - 1 > demand / rate:
+        assert miss_share((n - 1) * slots, demand, rate / slots, [(1.0, budget)]) > 0.01
+
+
+def test_many_slots_run_decode_near_its_limit_where_a_fixed_utilisation_would_not():
+    # 3.9 engines of load, 256 slots each, seconds of ITL to spare: 4 engines (96 %), where
+    # sizing at 80 % of the rate asks for 5
+    assert slot_replicas(218.0, 57.0, 256, 6.0, 0.99, 1) == 4
+    # with almost no ITL to spare the wait must be rare: the count goes up
+    assert slot_replicas(218.0, 57.0, 256, 0.005, 0.99, 1) == 5
+    # one slot an engine is M/M/n over the engines: the prefill floor's model
+    assert slot_replicas(20.0, 4.0, 1, 0.5, 0.99, 1) == queueing_replicas(20.0, 4.0, 0.5, 0.99, 1)
+    assert slot_replicas(211.0, 57.0, 256, [], 0.99, 1) is None
+    assert slot_replicas(0.0, 57.0, 256, 6.0, 0.99, 2) == 2
+
+
+def test_slot_budgets_are_the_itl_to_spare_over_each_answer():
+    cfg = PlannerConfig(itl_ms=50.0)
+    at_limit = Capacity(55.0, 256, None, 20.0, True, at_limit=True)
+    # 30 ms of ITL over 99 and 399 further tokens
+    assert slot_budgets(cfg, at_limit, [(0.75, 100.0), (0.25, 400.0)]) == [
+        (0.75, pytest.approx(2.97)), (0.25, pytest.approx(11.97))]
+    # where the ITL target set the batch, a request over it joins and slows the batch: no wait model
+    itl_bound = Capacity(55.0, 120, None, 49.9, True, at_limit=False)
+    assert slot_budgets(cfg, itl_bound, [(1.0, 100.0)]) == []
+    missed = Capacity(55.0, 256, None, 60.0, False, at_limit=True)
+    assert slot_budgets(cfg, missed, [(1.0, 100.0)]) == []
+
+
+def test_the_planner_sizes_decode_by_its_slots_where_the_itl_has_room(make_fleet):
+    # 20 rps of 3,000/150 requests at 500/50 on the H200 8B: decode runs at its sequence
+    # limit with ITL to spare, so the slot queue sets the count, at or below the headroom's
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(60, T0 + 1, T0 + 182, osl=300)]
+    kw = {"sizing": "fleetplan", "max_throughput_scaling_replicas": 20}
+    slots = decisions(make_fleet(**kw).run(list(evs)))[0]
+    rate = decisions(make_fleet(decode_sizing="rate", **kw).run(list(evs)))[0]
+    est = slots.estimates["decode"]
+    assert est.queueing_replicas == slots.targets["decode"] <= est.rate_replicas
+    assert rate.targets["decode"] == rate.estimates["decode"].rate_replicas
+    assert rate.estimates["decode"].queueing_replicas is None
+    assert slots.targets["prefill"] == rate.targets["prefill"]  # prefill is untouched

@@ -1,6 +1,6 @@
 """Benchmark the planning core: tick time and apply throughput.
 
-    .venv/bin/python bench/bench_core.py [--predictor constant]
+    .venv/bin/python bench/bench_core.py [--predictor constant] [--set decode_sizing=rate ...]
 
 Tick time is measured for one deployment of 1, 100 and 1,000 engines (both
 loops due: a 180 s boundary, load loop on, every engine reporting, the
@@ -27,6 +27,8 @@ import random
 import statistics
 import time
 
+import yaml
+
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.planner import Planner
 from fleetplan.models.state import TrafficWindow
@@ -43,12 +45,13 @@ from fleetplan.sim.profiles import load_profile
 
 T0 = 1_800_000_000.0
 PROFILE = load_profile("h200-llama3.1-8b")
-def configs(predictor: str | None) -> tuple:
+def configs(predictor: str | None, overrides: dict | None = None) -> tuple:
     """The default config (both loops, no GPU budget), the load loop alone, and the 1-s dispersion.
 
-    ``predictor`` None keeps the default predictor (the ensemble).
+    ``predictor`` None keeps the default predictor (the ensemble); ``overrides``
+    sets any other field in all three, to price one part of the tick.
     """
-    base = {"enable_load_scaling": True, "max_gpu_budget": -1}
+    base = {"enable_load_scaling": True, "max_gpu_budget": -1, **(overrides or {})}
     if predictor is not None:
         base["load_predictor"] = predictor
     return (config_from_dict(base), config_from_dict({**base, "enable_throughput_scaling": False}),
@@ -134,7 +137,11 @@ def _time_ticks(planner: Planner, states, reps: int, into_window: float = 180) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--predictor", default=None, help="load_predictor (default: the config's default)")
-    config, load_alone, one_second = configs(parser.parse_args().predictor)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other config field, a YAML value")
+    args = parser.parse_args()
+    overrides = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.overrides)}
+    config, load_alone, one_second = configs(args.predictor, overrides)
     planner = Planner(config, profile=PROFILE)
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
     print("| case | p50 ms per tick round | p90 ms |")

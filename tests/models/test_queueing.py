@@ -350,7 +350,7 @@ def test_erlang_c_past_the_recursion_is_continuous_with_it(servers, load):
     """Above ``RECURSION_SERVERS`` Erlang B comes from the Poisson law; it is the same function."""
     offered = servers * load
     exact = _erlang_c_by_recursion(servers, offered)
-    assert erlang_c(servers, offered) == pytest.approx(exact, rel=1e-6, abs=1e-300)
+    assert erlang_c(servers, offered) == pytest.approx(exact, rel=1e-8, abs=1e-300)
 
 
 def _erlang_c_by_recursion(servers: int, offered: float) -> float:

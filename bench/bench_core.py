@@ -27,7 +27,7 @@ import random
 import statistics
 import time
 
-import yaml
+from overrides import add_set_option, parse_sets
 
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.planner import Planner
@@ -137,11 +137,9 @@ def _time_ticks(planner: Planner, states, reps: int, into_window: float = 180) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--predictor", default=None, help="load_predictor (default: the config's default)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other config field, a YAML value")
+    add_set_option(parser)
     args = parser.parse_args()
-    overrides = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.overrides)}
-    config, load_alone, one_second = configs(args.predictor, overrides)
+    config, load_alone, one_second = configs(args.predictor, parse_sets(parser, args.overrides))
     planner = Planner(config, profile=PROFILE)
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
     print("| case | p50 ms per tick round | p90 ms |")

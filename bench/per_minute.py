@@ -27,7 +27,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-import yaml
+from overrides import add_set_option, parse_sets
 from quality import LOOPS, Spec, build_workload, make_setup, specs
 from sizing import SCALES
 
@@ -43,10 +43,10 @@ def main() -> None:
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--warm", choices=("replayed", "capacity"), default="replayed",
                         help="initial fleet: replayed until the first span meets the SLA, or the capacity search alone")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(parser)
     args = parser.parse_args()
     sla = tuple(float(v) for v in args.sla.split(","))
-    overrides = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.overrides)}
+    overrides = parse_sets(parser, args.overrides)
     found = [s for s in specs(args.data, {"conv", "code", "mooncake", "mooncake-spread"}, 10, 24, 24.0, choose=False)
              if s.name == args.workload]
     if not found:

@@ -287,7 +287,7 @@ class Planner:
         if obs.accept_length is not None:
             state.last_accept_length = obs.accept_length
             accept = obs.accept_length
-        budgets = _size_mix(state, mix, kv_hit, accept)
+        budgets, osl_classes = _size_mix(state, mix, kv_hit, accept)
         # a partial first window has partial sub-windows too: its peak is not a peak
         state.forecaster.observe(full, peak=peak if duration >= interval else None)
         forecast = state.forecaster.forecast()
@@ -301,7 +301,7 @@ class Planner:
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
             arrival_dispersion=_queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
-            queue_budgets=budgets, osl_classes=_osl_classes(cfg, mix),
+            queue_budgets=budgets, osl_classes=osl_classes,
         )
         scratch.predicted = proposal.predicted
         scratch.proposal = proposal
@@ -695,7 +695,7 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
         kv_hit = obs.kv_hit_rate
     if obs.accept_length is not None:
         accept = obs.accept_length
-    budgets = _size_mix(state, state.window.length_mix, kv_hit, accept)
+    budgets, osl_classes = _size_mix(state, state.window.length_mix, kv_hit, accept)
     measured = state.window.arrival_dispersion(duration)
     if measured is None:
         dispersion = _queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve)
@@ -713,35 +713,30 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
     proposal = propose_throughput(
         cfg, baseline, minimums, (count, obs.isl, obs.osl), kv_hit, accept, state.perf,
         mix_factor=state.mix_factor if cfg.capacity_mix == "buckets" else None,
-        arrival_dispersion=dispersion, queue_budgets=budgets,
-        osl_classes=_osl_classes(cfg, state.window.length_mix),
+        arrival_dispersion=dispersion, queue_budgets=budgets, osl_classes=osl_classes,
     )
     if proposal.targets is None:
         return {}
     return dict(proposal.needed)
 
 
-def _osl_classes(cfg: PlannerConfig, mix: LengthMix) -> list[tuple[float, float]] | None:
-    """``(share, mean OSL)`` per bucket of the window's mix for decode's slot budgets (None: the mean)."""
-    if cfg.capacity_mix != "buckets" or not mix.count:
-        return None
-    return [(share, osl) for share, _, osl in mix.groups()]
-
-
 def _size_mix(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float):
-    """Set the window's per-role mix correction; return the prefill queue's budgets per length bucket.
+    """Set the window's per-role mix correction; return what the queueing models take from the mix.
 
-    ``None`` (the mean prompt's one budget) with ``capacity_mix: mean`` or
-    an empty window.
+    The prefill queue's budgets per length bucket and decode's ``(share,
+    mean OSL)`` per bucket (its slot budgets); each ``None`` (the mean
+    request's) with ``capacity_mix: mean`` or an empty window, and the
+    budgets also while the prefill model is not ready.
     """
     cfg = state.config
     if cfg.capacity_mix != "buckets" or not mix.count:
-        return None
+        return None, None
     capacities = {role: _capacity_memo(state, role, kv_hit, accept) for role in cfg.roles if state.perf[role].ready}
     state.mix_factor = _mix_factors(state, mix, capacities)
+    osl_classes = [(share, osl) for share, _, osl in mix.groups()]
     if "prefill" in capacities:
-        return bucket_budgets(cfg, mix, capacities["prefill"])
-    return None
+        return bucket_budgets(cfg, mix, capacities["prefill"]), osl_classes
+    return None, osl_classes
 
 
 def _due(now: float, interval: int) -> bool:

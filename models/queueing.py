@@ -51,8 +51,8 @@ from scipy.special import pdtr
 MAX_EXTRA_ENGINES = 10_000
 RECURSION_SERVERS = 256
 """Up to this many servers (engines) Erlang B comes from its recursion; past it (decode slots), from
-the Poisson law, which agrees with it to 3e-10 (257 to 300,000 servers) and costs 4 µs where the
-recursion costs 0.1 ms at 1,024."""
+the Poisson law, which agrees with it to 3e-10 (257 to 300,000 servers) and costs 5 µs where the
+recursion costs 0.13 ms at 1,024 (bench/bench_queueing.py)."""
 
 
 def erlang_c(servers: int, offered: float) -> float:

@@ -181,10 +181,10 @@ def propose_throughput(
                 desired = max(desired, waiting or 0)
             elif role == "decode" and config.decode_sizing == "queueing":
                 budgets = slot_budgets(config, cap, osl_classes or [(1.0, osl)])
-                slots = slot_replicas(
+                slots = slot_replicas(  # None without a budget: the ITL sets the batch
                     demand_rps, capacity[role], cap.batch, budgets, config.queueing_sla_share,
                     minimums[role], arrival_dispersion=arrival_dispersion,
-                ) if budgets else None
+                )
                 by_queueing[role] = slots
                 desired = desired if slots is None else slots
         else:

@@ -3,7 +3,7 @@
 Usage:
 
     .venv/bin/python bench/per_minute.py --data /work/shared/data --workload azure-code-30min \\
-        [--sla 500,50] [--warm replayed|capacity] [--set key=value ...]
+        [--sla 500,50] [--warm replayed|capacity] [--load-factor 1] [--set key=value ...]
 
 Runs fleetplan's default config with the throughput loop and ARIMA (the
 default predictor until 2026-12-01, which the docs' per-minute figures were
@@ -43,8 +43,12 @@ def main() -> None:
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--warm", choices=("replayed", "capacity"), default="replayed",
                         help="initial fleet: replayed until the first span meets the SLA, or the capacity search alone")
+    parser.add_argument("--load-factor", type=float, default=1.0,
+                        help="multiple of the workload's recorded rate scale (bench/sizing.py --load-factors)")
     add_set_option(parser)
     args = parser.parse_args()
+    if not args.load_factor > 0:
+        parser.error(f"--load-factor: a positive number, got {args.load_factor!r}")
     sla = tuple(float(v) for v in args.sla.split(","))
     overrides = parse_sets(parser, args.overrides)
     found = [s for s in specs(args.data, {"conv", "code", "mooncake", "mooncake-spread"}, 10, 24, 24.0, choose=False)
@@ -52,7 +56,7 @@ def main() -> None:
     if not found:
         parser.error(f"--workload: one of {', '.join(SCALES)} (the 30-minute traces), got {args.workload!r}")
     s = found[0]
-    spec = Spec(**{**s.__dict__, "scale": SCALES[s.name]})
+    spec = Spec(**{**s.__dict__, "scale": SCALES[s.name] * args.load_factor})
     cfg, setup = make_setup(spec, sla, {**LOOPS["throughput"], "load_predictor": "arima", **overrides})
     workload = build_workload(spec)
     replay = workload if args.warm == "replayed" else None

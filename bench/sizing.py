@@ -4,7 +4,7 @@ Usage:
 
     .venv/bin/python bench/sizing.py --data /work/shared/data \
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
-        [--jobs 1] [--no-oracle] [--json out.json]
+        [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--json out.json]
         # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept
 
 Runs the oracle and each variant of ``VARIANTS`` (config overrides on top
@@ -116,12 +116,21 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--no-oracle", dest="oracle", action="store_false",
                         help="skip the oracle (slow on a day: six replays); ratios need it")
+    parser.add_argument("--load-factors", default="1",
+                        help="multiples of each workload's recorded rate scale to run it at, comma-separated "
+                             "(e.g. 0.9,1,1.1: is a verdict a property of the policy or of one load level?)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    try:
+        factors = [float(f) for f in args.load_factors.split(",") if f.strip()]
+    except ValueError:
+        factors = []
+    if not factors or not all(f > 0 for f in factors):
+        parser.error(f"--load-factors: positive numbers, comma-separated, got {args.load_factors!r}")
     sla = tuple(float(x) for x in args.sla.split(","))
     chosen = []
     for s in specs(args.data, set(args.only.split(",")), 10, 24, 24.0, choose=False):
-        chosen.append(Spec(**{**s.__dict__, "scale": SCALES.get(s.name, s.scale)}))
+        chosen += [Spec(**{**s.__dict__, "scale": SCALES.get(s.name, s.scale) * f}) for f in factors]
     asked = [v.strip() for v in args.variants.split(",") if v.strip()]
     asked = [name for v in asked for name in GROUPS.get(v, [v])]
     unknown = [v for v in asked if v not in VARIANTS]
@@ -138,7 +147,8 @@ def main() -> None:
                   f"{row['attainment']:.2%} {row['gpu_hours']:.2f} GPU-h", flush=True)
     print("\n| workload | policy | attainment | GPU-h | x oracle |\n|---|---|---:|---:|---:|")
     for row in rows:
-        oracle = next((r for r in rows if r["workload"] == row["workload"] and r["policy"] == "oracle"), None)
+        oracle = next((r for r in rows if r["workload"] == row["workload"] and r["scale"] == row["scale"]
+                       and r["policy"] == "oracle"), None)
         ratio = f"{row['gpu_hours'] / oracle['gpu_hours']:.2f}" if oracle else ""
         print(f"| {row['workload']} x{row['scale']:g} | {row['policy']} | {row['attainment']:.2%} | "
               f"{row['gpu_hours']:.2f} | {ratio} |")

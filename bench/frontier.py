@@ -1,0 +1,144 @@
+"""Verdicts of the default against the reference's forecasting, read off the reference's sweep.
+
+Usage:
+
+    .venv/bin/python bench/frontier.py RUN.json [RUN.json ...] [--default "fleetplan (ensemble)"] \\
+        [--tie-points 0.15] [--tie-cost 0.03]
+
+Reads the ``--json`` files of ``bench/sizing.py`` runs that hold the
+default and ``reference forecast (P) utilU`` variants (``--variants
+forecast-frontier``, or a subset of its settings), and prints, per
+workload, rate scale and SLA, what docs/forecasting.md's verdict tables
+state:
+
+- each reference predictor's attainment at the default's GPU-hours, read
+  linearly between the two nearest settings of its Pareto frontier over
+  headroom (its best attainment for what it spends); past its most
+  expensive setting, that setting's attainment if the sweep went down to
+  utilisation ``FULL_SWEEP`` (0.5, the most headroom ``--variants
+  forecast-frontier`` gives: more buys it nothing it was shown), and no
+  reading otherwise, nor below its cheapest;
+- the fewest GPU-hours at which its frontier reaches the default's
+  attainment (to 0.01 points), likewise interpolated (none if it never
+  does).
+
+The verdict is **lost** where some predictor reaches the default's
+attainment at ``--tie-cost`` (3 %) fewer GPU-hours or more, or beats its
+attainment at the same GPU-hours by more than ``--tie-points`` (0.15
+points); **won** where every predictor with a reading is more than
+``--tie-points`` below it and none reaches its attainment for less;
+otherwise a **tie** (**unread** where no predictor's sweep gives either
+reading: run more of its settings). The reference's frontier is taken per workload and
+load level with hindsight, so it is the stricter comparison: an operator
+of the reference picks one headroom for all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+REFERENCE = re.compile(r"reference forecast \((?P<predictor>[^)]+)\) util(?P<util>[0-9.]+)$")
+FULL_SWEEP = 0.5
+MATCH = 1e-4
+"""An attainment within this share (0.01 points, the tables' precision) of another reaches it."""
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (GPU-hours, attainment) points no other point beats on both, cheapest first."""
+    best: list[tuple[float, float]] = []
+    for gpu, att in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not best or att > best[-1][1]:
+            best.append((gpu, att))
+    return best
+
+
+def attainment_at(front: list[tuple[float, float]], gpu: float, swept: bool) -> float | None:
+    """The frontier's attainment at ``gpu`` GPU-hours.
+
+    None below its cheapest point, and past its dearest unless ``swept``
+    (the sweep reached its most headroom, so spending more is not an option).
+    """
+    if not front or gpu < front[0][0]:
+        return None
+    for (g0, a0), (g1, a1) in zip(front, front[1:], strict=False):
+        if g0 <= gpu <= g1:
+            return a0 + (a1 - a0) * (gpu - g0) / (g1 - g0) if g1 > g0 else a1
+    return front[-1][1] if swept else None
+
+
+def cost_of(front: list[tuple[float, float]], att: float) -> float | None:
+    """The fewest GPU-hours at which the frontier reaches ``att`` (None if it never does)."""
+    att -= MATCH
+    if front and front[0][1] >= att:
+        return front[0][0]
+    for (g0, a0), (g1, a1) in zip(front, front[1:], strict=False):
+        if a0 < att <= a1:
+            return g0 + (g1 - g0) * (att - a0) / (a1 - a0)
+    return None
+
+
+def verdict(default: tuple[float, float], sweeps: dict[str, list[tuple[float, float, float]]],
+            tie_points: float, tie_cost: float) -> tuple[str, dict[str, tuple[float | None, float | None]]]:
+    """('won' | 'tie' | 'lost' | 'unread', per predictor (attainment at the default's GPU-hours, cost of its attainment)).
+
+    ``sweeps``: per reference predictor, its runs as (GPU-hours, attainment, utilisation).
+    """
+    gpu, att = default
+    readings = {}
+    for p, runs in sorted(sweeps.items()):
+        front = pareto([(g, a) for g, a, _ in runs])
+        swept = min(u for _, _, u in runs) <= FULL_SWEEP
+        readings[p] = (attainment_at(front, gpu, swept), cost_of(front, att))
+    if all(a is None and c is None for a, c in readings.values()):
+        return "unread", readings  # the sweep neither spans the default's spend nor reaches its attainment
+    cheaper = [c for _, c in readings.values() if c is not None and c <= gpu * (1.0 - tie_cost)]
+    diffs = [att - a for a, _ in readings.values() if a is not None]
+    if cheaper or any(d < -tie_points / 100 for d in diffs):
+        return "lost", readings
+    if diffs and all(d > tie_points / 100 for d in diffs) and not any(
+            c is not None and c < gpu for _, c in readings.values()):
+        return "won", readings
+    return "tie", readings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="bench/sizing.py --json files")
+    parser.add_argument("--default", default="fleetplan (ensemble)", help="the policy judged")
+    parser.add_argument("--tie-points", type=float, default=0.15,
+                        help="attainment points within which the two are even")
+    parser.add_argument("--tie-cost", type=float, default=0.03,
+                        help="share of GPU-hours within which the two are even")
+    args = parser.parse_args()
+    groups: dict[tuple, dict] = {}
+    for path in args.runs:
+        try:
+            rows = json.loads(path.read_text())["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"{path}: expected a bench/sizing.py --json file with 'rows' ({exc})")
+        for row in rows:
+            key = (row["workload"], round(row["scale"], 4), tuple(row["sla"]))
+            group = groups.setdefault(key, {"default": None, "refs": {}})
+            if row["policy"] == args.default:
+                group["default"] = (row["gpu_hours"], row["attainment"])
+            elif match := REFERENCE.match(row["policy"]):
+                run = (row["gpu_hours"], row["attainment"], float(match["util"]))
+                group["refs"].setdefault(match["predictor"], []).append(run)
+    print("| workload | SLA | default | reference at the default's GPU-hours | "
+          "its GPU-hours for the default's attainment | verdict |\n|---|---|---|---|---|---|")
+    for (workload, scale, sla), group in sorted(groups.items()):
+        if group["default"] is None or not group["refs"]:
+            continue
+        result, readings = verdict(group["default"], group["refs"], args.tie_points, args.tie_cost)
+        gpu, att = group["default"]
+        at = " / ".join(f"{p} {'–' if a is None else f'{a:.2%}'}" for p, (a, _) in readings.items())
+        cost = " / ".join(f"{p} {'never' if c is None else f'{c:.2f}'}" for p, (_, c) in readings.items())
+        print(f"| {workload} ×{scale:g} | {sla[0]:g}/{sla[1]:g} | {att:.2%} · {gpu:.2f} | {at} | {cost} | "
+              f"**{result}** |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The verdict reading of bench/frontier.py: the rules docs/forecasting.md's tables follow."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.frontier import attainment_at, cost_of, pareto, verdict
+
+# (GPU-hours, attainment, utilisation): a sweep from 0.9 down to 0.5
+SWEEP = [(5.0, 0.95, 0.9), (5.5, 0.98, 0.8), (5.4, 0.97, 0.7), (6.0, 0.99, 0.6), (6.5, 0.99, 0.5)]
+
+
+def test_pareto_drops_the_settings_another_beats_on_both():
+    front = pareto([(g, a) for g, a, _ in SWEEP])
+    assert front == [(5.0, 0.95), (5.4, 0.97), (5.5, 0.98), (6.0, 0.99)]
+
+
+def test_attainment_is_read_between_settings_and_not_below_the_cheapest():
+    front = pareto([(g, a) for g, a, _ in SWEEP])
+    assert attainment_at(front, 5.75, swept=True) == pytest.approx(0.985)
+    assert attainment_at(front, 4.9, swept=True) is None
+    # past the dearest setting: its attainment only when the sweep reached its most headroom
+    assert attainment_at(front, 7.0, swept=True) == 0.99
+    assert attainment_at(front, 7.0, swept=False) is None
+
+
+def test_the_cost_of_an_attainment_is_interpolated_and_none_out_of_reach():
+    front = pareto([(g, a) for g, a, _ in SWEEP])
+    assert cost_of(front, 0.985) == pytest.approx(5.75, abs=0.01)  # reached to 0.01 points
+    assert cost_of(front, 0.90) == 5.0
+    assert cost_of(front, 0.995) is None
+
+
+@pytest.mark.parametrize(("default", "expected"), [
+    ((5.75, 0.995), "won"),    # 1 point above the frontier at its spend, out of its reach
+    ((5.75, 0.985), "tie"),    # on the frontier
+    ((5.75, 0.9855), "tie"),   # within the 0.15-point band
+    ((5.75, 0.980), "lost"),   # the reference reaches 98 % at 5.5, 4 % less
+    ((6.5, 0.99), "lost"),     # the same attainment costs the reference 6.0
+])
+def test_verdicts(default, expected):
+    result, readings = verdict(default, {"constant": SWEEP}, tie_points=0.15, tie_cost=0.03)
+    assert result == expected
+    assert set(readings) == {"constant"}
+
+
+def test_one_predictor_that_beats_the_default_loses_the_row():
+    better = [(g, min(1.0, a + 0.01), u) for g, a, u in SWEEP]
+    result, _ = verdict((5.75, 0.988), {"constant": SWEEP, "kalman": better}, 0.15, 0.03)
+    assert result == "lost"
+
+
+def test_a_sweep_that_neither_spans_nor_reaches_the_default_is_unread():
+    short = [(5.0, 0.95, 0.9), (5.5, 0.96, 0.8)]
+    result, readings = verdict((6.5, 0.99), {"constant": short}, 0.15, 0.03)
+    assert result == "unread"
+    assert readings == {"constant": (None, None)}

@@ -119,14 +119,19 @@ def main() -> None:
             rows = json.loads(path.read_text())["rows"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             parser.error(f"{path}: expected a bench/sizing.py --json file with 'rows' ({exc})")
-        for row in rows:
-            key = (row["workload"], round(row["scale"], 4), tuple(row["sla"]))
+        for i, row in enumerate(rows):
+            try:
+                key = (row["workload"], round(row["scale"], 4), tuple(row["sla"]))
+                point = (float(row["gpu_hours"]), float(row["attainment"]))
+                policy = row["policy"]
+            except (KeyError, TypeError, ValueError) as exc:
+                parser.error(f"{path}: row {i}: expected workload, scale, sla, policy, gpu_hours and "
+                             f"attainment ({exc!r})")
             group = groups.setdefault(key, {"default": None, "refs": {}})
-            if row["policy"] == args.default:
-                group["default"] = (row["gpu_hours"], row["attainment"])
-            elif match := REFERENCE.match(row["policy"]):
-                run = (row["gpu_hours"], row["attainment"], float(match["util"]))
-                group["refs"].setdefault(match["predictor"], []).append(run)
+            if policy == args.default:
+                group["default"] = point
+            elif match := REFERENCE.match(policy):
+                group["refs"].setdefault(match["predictor"], []).append((*point, float(match["util"])))
     print("| workload | SLA | default | reference at the default's GPU-hours | "
           "its GPU-hours for the default's attainment | verdict |\n|---|---|---|---|---|---|")
     for (workload, scale, sla), group in sorted(groups.items()):

@@ -41,6 +41,7 @@ VARIANTS: dict[str, dict] = {
     "fleetplan (arima)": {},
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},  # the defaults
     "fleetplan (ensemble) -slots": {"load_predictor": "ensemble", "decode_sizing": "rate"},  # until 2026-12-01
+    "fleetplan (ensemble) util0.9": {"load_predictor": "ensemble", "target_utilization": 0.9},
     "fleetplan -queueing": {"prefill_sizing": "rate"},
     "fleetplan -dispersion": {"queueing_arrivals": "poisson"},
     "fleetplan -timescales": {"queueing_arrivals": "measured"},  # the 1-s dispersion alone (until 2026-12-01)

@@ -5,6 +5,9 @@ Usage:
     .venv/bin/python bench/frontier.py RUN.json [RUN.json ...] [--default "fleetplan (ensemble)"] \\
         [--tie-points 0.15] [--tie-cost 0.03]
 
+The runs behind docs/forecasting.md's tables are committed:
+``bench/frontier.py bench/results/verdicts/*.json`` prints their verdicts.
+
 Reads the ``--json`` files of ``bench/sizing.py`` runs that hold the
 default and ``reference forecast (P) utilU`` variants (``--variants
 forecast-frontier``, or a subset of its settings), and prints, per
@@ -104,6 +107,34 @@ def verdict(default: tuple[float, float], sweeps: dict[str, list[tuple[float, fl
     return "tie", readings
 
 
+def read_runs(paths: list[Path], default: str) -> dict[tuple, dict]:
+    """Per (workload, rate scale, SLA): the default's (GPU-hours, attainment) and the reference sweeps.
+
+    ``{"default": point or None, "refs": {predictor: [(GPU-hours, attainment, utilisation), ...]}}``.
+    A file or row it cannot read is a ValueError naming the file, the row and what was expected.
+    """
+    groups: dict[tuple, dict] = {}
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text())["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: expected a bench/sizing.py --json file with 'rows' ({exc})") from exc
+        for i, row in enumerate(rows):
+            try:
+                key = (row["workload"], round(row["scale"], 4), tuple(row["sla"]))
+                point = (float(row["gpu_hours"]), float(row["attainment"]))
+                policy = row["policy"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: row {i}: expected workload, scale, sla, policy, gpu_hours and "
+                                 f"attainment ({exc!r})") from exc
+            group = groups.setdefault(key, {"default": None, "refs": {}})
+            if policy == default:
+                group["default"] = point
+            elif match := REFERENCE.match(policy):
+                group["refs"].setdefault(match["predictor"], []).append((*point, float(match["util"])))
+    return groups
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="bench/sizing.py --json files")
@@ -113,25 +144,10 @@ def main() -> None:
     parser.add_argument("--tie-cost", type=float, default=0.03,
                         help="share of GPU-hours within which the two are even")
     args = parser.parse_args()
-    groups: dict[tuple, dict] = {}
-    for path in args.runs:
-        try:
-            rows = json.loads(path.read_text())["rows"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            parser.error(f"{path}: expected a bench/sizing.py --json file with 'rows' ({exc})")
-        for i, row in enumerate(rows):
-            try:
-                key = (row["workload"], round(row["scale"], 4), tuple(row["sla"]))
-                point = (float(row["gpu_hours"]), float(row["attainment"]))
-                policy = row["policy"]
-            except (KeyError, TypeError, ValueError) as exc:
-                parser.error(f"{path}: row {i}: expected workload, scale, sla, policy, gpu_hours and "
-                             f"attainment ({exc!r})")
-            group = groups.setdefault(key, {"default": None, "refs": {}})
-            if policy == args.default:
-                group["default"] = point
-            elif match := REFERENCE.match(policy):
-                group["refs"].setdefault(match["predictor"], []).append((*point, float(match["util"])))
+    try:
+        groups = read_runs(args.runs, args.default)
+    except ValueError as exc:
+        parser.error(str(exc))
     print("| workload | SLA | default | reference at the default's GPU-hours | "
           "its GPU-hours for the default's attainment | verdict |\n|---|---|---|---|---|---|")
     for (workload, scale, sla), group in sorted(groups.items()):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from bench.frontier import attainment_at, cost_of, pareto, verdict
+from bench.frontier import attainment_at, cost_of, pareto, read_runs, verdict
+
+RECORDED = sorted((Path(__file__).parents[2] / "bench" / "results" / "verdicts").glob("*.json"))
 
 # (GPU-hours, attainment, utilisation): a sweep from 0.9 down to 0.5
 SWEEP = [(5.0, 0.95, 0.9), (5.5, 0.98, 0.8), (5.4, 0.97, 0.7), (6.0, 0.99, 0.6), (6.5, 0.99, 0.5)]
@@ -55,3 +60,51 @@ def test_a_sweep_that_neither_spans_nor_reaches_the_default_is_unread():
     result, readings = verdict((6.5, 0.99), {"constant": short}, 0.15, 0.03)
     assert result == "unread"
     assert readings == {"constant": (None, None)}
+
+
+def test_a_file_or_row_it_cannot_read_names_the_file_and_the_row(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(ValueError, match="broken.json: expected a bench/sizing.py --json file"):
+        read_runs([broken], "fleetplan (ensemble)")
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"rows": [{"workload": "w", "scale": 1.0, "sla": [500, 50],
+                                           "policy": "fleetplan (ensemble)", "gpu_hours": 5.0}]}))
+    with pytest.raises(ValueError, match="short.json: row 0: expected .*attainment"):
+        read_runs([short], "fleetplan (ensemble)")
+
+
+# The verdicts docs/forecasting.md states, read off the committed runs (bench/results/verdicts):
+# (workload, rate scale, SLA) -> verdict, for the default and for the default at utilisation 0.9.
+DOCUMENTED = {
+    "fleetplan (ensemble)": {
+        ("azure-conv-30min", 34.0, (500.0, 50.0)): "lost",
+        ("azure-code-30min", 50.0, (500.0, 50.0)): "tie",
+        ("mooncake-conv-30min", 6.0, (500.0, 50.0)): "won",
+        ("mooncake-conv-30min-spread", 6.0, (500.0, 50.0)): "tie",
+        ("azure-conv-30min", 34.0, (200.0, 20.0)): "won",
+        ("azure-code-30min", 50.0, (200.0, 20.0)): "won",
+        ("mooncake-conv-30min", 6.0, (200.0, 20.0)): "tie",
+        ("mooncake-conv-30min-spread", 6.0, (200.0, 20.0)): "won",
+        ("azure-conv-30min", 30.6, (500.0, 50.0)): "lost",
+        ("azure-conv-30min", 37.4, (500.0, 50.0)): "tie",
+        ("azure-code-30min", 45.0, (500.0, 50.0)): "lost",
+        ("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won",
+        ("servegen-m-mid-24h", 0.0667, (500.0, 50.0)): "won",
+    },
+    "fleetplan (ensemble) util0.9": {
+        ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie",
+        ("azure-conv-30min", 32.3, (500.0, 50.0)): "lost",
+        ("mooncake-conv-30min", 6.0, (200.0, 20.0)): "lost",
+        ("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won",
+        ("servegen-m-mid-24h", 0.0667, (500.0, 50.0)): "won",
+    },
+}
+
+
+@pytest.mark.parametrize("default", sorted(DOCUMENTED))
+def test_the_committed_runs_give_the_documented_verdicts(default):
+    groups = read_runs(RECORDED, default)
+    found = {key: verdict(groups[key]["default"], groups[key]["refs"], 0.15, 0.03)[0]
+             for key in DOCUMENTED[default]}
+    assert found == DOCUMENTED[default]

@@ -47,6 +47,10 @@ REFERENCE = re.compile(r"reference forecast \((?P<predictor>[^)]+)\) util(?P<uti
 FULL_SWEEP = 0.5
 MATCH = 1e-4
 """An attainment within this share (0.01 points, the tables' precision) of another reaches it."""
+TIE_POINTS = 0.15
+"""Attainment points within which the default and the reference are even (``--tie-points``)."""
+TIE_COST = 0.03
+"""Share of GPU-hours within which they are even (``--tie-cost``)."""
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -139,9 +143,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="bench/sizing.py --json files")
     parser.add_argument("--default", default="fleetplan (ensemble)", help="the policy judged")
-    parser.add_argument("--tie-points", type=float, default=0.15,
+    parser.add_argument("--tie-points", type=float, default=TIE_POINTS,
                         help="attainment points within which the two are even")
-    parser.add_argument("--tie-cost", type=float, default=0.03,
+    parser.add_argument("--tie-cost", type=float, default=TIE_COST,
                         help="share of GPU-hours within which the two are even")
     args = parser.parse_args()
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.frontier import attainment_at, cost_of, pareto, read_runs, verdict
+from bench.frontier import TIE_COST, TIE_POINTS, attainment_at, cost_of, pareto, read_runs, verdict
 
 RECORDED = sorted((Path(__file__).parents[2] / "bench" / "results" / "verdicts").glob("*.json"))
 
@@ -105,6 +105,6 @@ DOCUMENTED = {
 @pytest.mark.parametrize("default", sorted(DOCUMENTED))
 def test_the_committed_runs_give_the_documented_verdicts(default):
     groups = read_runs(RECORDED, default)
-    found = {key: verdict(groups[key]["default"], groups[key]["refs"], 0.15, 0.03)[0]
+    found = {key: verdict(groups[key]["default"], groups[key]["refs"], TIE_POINTS, TIE_COST)[0]
              for key in DOCUMENTED[default]}
     assert found == DOCUMENTED[default]

@@ -3,7 +3,7 @@
 Usage:
 
     .venv/bin/python bench/frontier.py RUN.json [RUN.json ...] [--default "fleetplan (ensemble)"] \\
-        [--tie-points 0.15] [--tie-cost 0.03]
+        [--tie-points 0.15] [--tie-cost 0.03] [--pool]
 
 The runs behind docs/forecasting.md's tables are committed:
 ``bench/frontier.py bench/results/verdicts/*.json`` prints their verdicts.
@@ -33,7 +33,10 @@ points); **won** where every predictor with a reading is more than
 otherwise a **tie** (**unread** where no predictor's sweep gives either
 reading: run more of its settings). The reference's frontier is taken per workload and
 load level with hindsight, so it is the stricter comparison: an operator
-of the reference picks one headroom for all of them.
+of the reference picks one headroom for all of them. ``--pool`` prints that
+view instead: per workload and SLA, each policy's GPU-hours summed and
+attainment averaged over the load levels the default ran at (policies that
+ran at all of them), and its worst level.
 """
 
 from __future__ import annotations
@@ -118,6 +121,39 @@ def read_runs(paths: list[Path], default: str) -> dict[tuple, dict]:
     A file or row it cannot read is a ValueError naming the file, the row and what was expected.
     """
     groups: dict[tuple, dict] = {}
+    for key, policy, point in _points(paths):
+        group = groups.setdefault(key, {"default": None, "refs": {}})
+        if policy == default:
+            group["default"] = point
+        elif match := REFERENCE.match(policy):
+            group["refs"].setdefault(match["predictor"], []).append((*point, float(match["util"])))
+    return groups
+
+
+def pooled(paths: list[Path], default: str) -> dict[tuple, dict[str, tuple[float, float, float]]]:
+    """Per (workload, SLA): each policy's (GPU-hours summed, mean attainment, worst attainment).
+
+    Over the load levels the default ran at, for the policies that ran at every one of them:
+    one setting held across load levels, as an operator of either would run it.
+    """
+    runs: dict[tuple, dict[str, dict[float, tuple[float, float]]]] = {}
+    for (workload, scale, sla), policy, point in _points(paths):
+        runs.setdefault((workload, sla), {}).setdefault(policy, {})[scale] = point
+    out = {}
+    for key, policies in sorted(runs.items()):
+        levels = set(policies.get(default, {}))
+        if not levels:
+            continue
+        out[key] = {
+            policy: (sum(by[s][0] for s in levels), sum(by[s][1] for s in levels) / len(levels),
+                     min(by[s][1] for s in levels))
+            for policy, by in sorted(policies.items()) if levels <= set(by)
+        }
+    return out
+
+
+def _points(paths: list[Path]):
+    """``((workload, rate scale, SLA), policy, (GPU-hours, attainment))`` per row of the runs."""
     for path in paths:
         try:
             rows = json.loads(path.read_text())["rows"]
@@ -131,12 +167,7 @@ def read_runs(paths: list[Path], default: str) -> dict[tuple, dict]:
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}: row {i}: expected workload, scale, sla, policy, gpu_hours and "
                                  f"attainment ({exc!r})") from exc
-            group = groups.setdefault(key, {"default": None, "refs": {}})
-            if policy == default:
-                group["default"] = point
-            elif match := REFERENCE.match(policy):
-                group["refs"].setdefault(match["predictor"], []).append((*point, float(match["util"])))
-    return groups
+            yield key, policy, point
 
 
 def main() -> None:
@@ -147,8 +178,13 @@ def main() -> None:
                         help="attainment points within which the two are even")
     parser.add_argument("--tie-cost", type=float, default=TIE_COST,
                         help="share of GPU-hours within which the two are even")
+    parser.add_argument("--pool", action="store_true",
+                        help="one setting for every load level: totals over the levels instead of verdicts")
     args = parser.parse_args()
     try:
+        if args.pool:
+            print_pooled(pooled(args.runs, args.default))
+            return
         groups = read_runs(args.runs, args.default)
     except ValueError as exc:
         parser.error(str(exc))
@@ -163,6 +199,14 @@ def main() -> None:
         cost = " / ".join(f"{p} {'never' if c is None else f'{c:.2f}'}" for p, (_, c) in readings.items())
         print(f"| {workload} ×{scale:g} | {sla[0]:g}/{sla[1]:g} | {att:.2%} · {gpu:.2f} | {at} | {cost} | "
               f"**{result}** |")
+
+
+
+def print_pooled(pools: dict[tuple, dict[str, tuple[float, float, float]]]) -> None:
+    print("| workload | SLA | policy | GPU-hours, summed | attainment, mean | worst level |\n|---|---|---|---:|---:|---:|")
+    for (workload, sla), policies in pools.items():
+        for policy, (gpu, att, worst) in policies.items():
+            print(f"| {workload} | {sla[0]:g}/{sla[1]:g} | {policy} | {gpu:.2f} | {att:.2%} | {worst:.2%} |")
 
 
 if __name__ == "__main__":

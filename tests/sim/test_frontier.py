@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.frontier import TIE_COST, TIE_POINTS, attainment_at, cost_of, pareto, read_runs, verdict
+from bench.frontier import (
+    TIE_COST,
+    TIE_POINTS,
+    attainment_at,
+    cost_of,
+    pareto,
+    pooled,
+    read_runs,
+    verdict,
+)
 
 RECORDED = sorted((Path(__file__).parents[2] / "bench" / "results" / "verdicts").glob("*.json"))
 
@@ -108,3 +117,23 @@ def test_the_committed_runs_give_the_documented_verdicts(default):
     found = {key: verdict(groups[key]["default"], groups[key]["refs"], TIE_POINTS, TIE_COST)[0]
              for key in DOCUMENTED[default]}
     assert found == DOCUMENTED[default]
+
+
+def test_pooling_sums_over_the_defaults_levels_and_drops_a_policy_missing_one(tmp_path):
+    def row(scale, policy, gpu, att):
+        return {"workload": "w", "scale": scale, "sla": [500, 50], "policy": policy,
+                "gpu_hours": gpu, "attainment": att}
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"rows": [
+        row(1.0, "fleetplan (ensemble)", 5.0, 0.99), row(1.1, "fleetplan (ensemble)", 6.0, 0.97),
+        row(1.0, "reference forecast (constant) util0.8", 4.5, 0.98),
+        row(1.1, "reference forecast (constant) util0.8", 5.5, 0.96),
+        row(1.0, "reference forecast (constant) util0.9", 4.0, 0.95),  # not run at 1.1x
+        row(1.2, "reference forecast (constant) util0.8", 7.0, 0.50),  # a level the default skipped
+    ]}))
+    pools = pooled([runs], "fleetplan (ensemble)")
+    assert set(pools) == {("w", (500, 50))}
+    found = pools[("w", (500, 50))]
+    assert set(found) == {"fleetplan (ensemble)", "reference forecast (constant) util0.8"}
+    assert found["fleetplan (ensemble)"] == pytest.approx((11.0, 0.98, 0.97))
+    assert found["reference forecast (constant) util0.8"] == pytest.approx((10.0, 0.97, 0.96))

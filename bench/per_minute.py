@@ -14,7 +14,9 @@ per arrival minute the requests, the share meeting both targets and each
 target alone, the share meeting the TTFT per size of the prompt an engine
 computes (ISL less cached prefix), then per tick the targets, ready
 engines, forecast (the point, and the rate sized for: the quantile of the
-busiest burst window), the perf model's per-engine capacity and what set
+busiest burst window), the share of each role's per-engine rate it was
+sized at (``target_utilization``, or ``calibrated_utilization`` once the
+quantile is conformal), the perf model's per-engine capacity and what set
 each count (prefill: engines by rate, engines the queueing floor asks for;
 decode: engines by rate, engines the slot-wait model asks for where decode
 runs at its batch limit; with the load loop alone, the floor the measured
@@ -85,13 +87,14 @@ def main() -> None:
             span = f"{lo:,}–{hi - 1:,}" if hi is not None else f"{lo:,}+"
             print(f"| {span} | {int(sel.sum())} | {sel.mean():.1%} | {ttft_ok[sel].mean():.1%} | "
                   f"{np.median(a['ttft'][sel]) * 1000.0:.0f} |")
-    print("\n| tick s | targets | ready | predicted rps | sized rps | prefill rps/engine | decode rps/engine "
+    print("\n| tick s | targets | ready | predicted rps | sized rps | utilisation prefill / decode | prefill rps/engine | decode rps/engine "
           "| prefill by rate / queueing floor | decode by rate / slots | measured floor |")
-    print("|---:|---|---|---:|---:|---:|---:|---|---|---|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---|---|---|")
     for t in result.ticks:
         floor = {r: t[f"{r}_measured_floor"] for r in t["targets"] if f"{r}_measured_floor" in t}
         print(f"| {t['t']:g} | {t['targets']} | {t['ready']} | {t.get('predicted_rps', float('nan')):.1f} | "
-              f"{t.get('sized_rps', float('nan')):.1f} | "
+              f"{t.get('sized_rps', float('nan')):.1f} | {t.get('prefill_utilization', float('nan')):.2f} / "
+              f"{t.get('decode_utilization', float('nan')):.2f} | "
               f"{t.get('prefill_capacity_rps', float('nan')):.1f} | {t.get('decode_capacity_rps', float('nan')):.1f} | "
               f"{t.get('prefill_rate_replicas', '–')} / {t.get('prefill_queueing_replicas', '–')} | "
               f"{t.get('decode_rate_replicas', '–')} / {t.get('decode_queueing_replicas', '–')} | {floor or '–'} |")

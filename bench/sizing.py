@@ -31,30 +31,35 @@ from fleetplan.models.config import REFERENCE_SIZING
 Q = {"throughput_sizing": "startup_quantile"}
 B = {"capacity_mix": "buckets"}
 U = {"target_utilization": 0.8}
+C = {"calibrated_utilization": None}  # target_utilization throughout, calibrated or not
 VARIANTS: dict[str, dict] = {
     # Dynamo's sizing, then fleetplan's departures added one at a time
     "dynamo": dict(REFERENCE_SIZING),
     "dynamo+util0.8": {**REFERENCE_SIZING, **U},
     "dynamo+util0.8+quantile": {**REFERENCE_SIZING, **U, **Q},
     "dynamo+util0.8+quantile+buckets": {**REFERENCE_SIZING, **U, **Q, **B},
-    # fleetplan's defaults, then each departure taken away
-    "fleetplan (arima)": {},
+    # fleetplan's defaults, then each departure taken away; all but the first pin the headroom
+    # as it was when docs/sizing.md measured them (before calibrated_utilization, 2026-12-02)
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},  # the defaults
-    "fleetplan (ensemble) -slots": {"load_predictor": "ensemble", "decode_sizing": "rate"},  # until 2026-12-01
-    "fleetplan (ensemble) util0.9": {"load_predictor": "ensemble", "target_utilization": 0.9},
-    "fleetplan -queueing": {"prefill_sizing": "rate"},
-    "fleetplan -dispersion": {"queueing_arrivals": "poisson"},
-    "fleetplan -timescales": {"queueing_arrivals": "measured"},  # the 1-s dispersion alone (until 2026-12-01)
-    "fleetplan -burst": {"burst_window_seconds": 0},
-    "fleetplan -mix": {"capacity_mix": "mean"},
-    "fleetplan -quantile": {"throughput_sizing": "point"},
-    "fleetplan -headroom": {"target_utilization": 1.0},
-    "fleetplan util0.8": {"target_utilization": 0.8},  # the default until 2026-11-30
-    "fleetplan -quadratic": {"prefill_time_model": "linear"},
-    "fleetplan burst 20s": {"burst_window_seconds": 20},
-    "fleetplan burst 10s": {"burst_window_seconds": 10},
+    "fleetplan (ensemble) -calibrated": {"load_predictor": "ensemble", **C},  # until 2026-12-02
+    **{f"fleetplan (ensemble) calibrated{u:g}": {"load_predictor": "ensemble", "calibrated_utilization": u}
+       for u in (0.85, 0.95, 1.0)},
+    "fleetplan (arima)": {**C},
+    "fleetplan (ensemble) -slots": {"load_predictor": "ensemble", "decode_sizing": "rate", **C},  # until 2026-12-01
+    "fleetplan (ensemble) util0.9": {"load_predictor": "ensemble", "target_utilization": 0.9, **C},
+    "fleetplan -queueing": {"prefill_sizing": "rate", **C},
+    "fleetplan -dispersion": {"queueing_arrivals": "poisson", **C},
+    "fleetplan -timescales": {"queueing_arrivals": "measured", **C},  # the 1-s dispersion alone (until 2026-12-01)
+    "fleetplan -burst": {"burst_window_seconds": 0, **C},
+    "fleetplan -mix": {"capacity_mix": "mean", **C},
+    "fleetplan -quantile": {"throughput_sizing": "point", **C},
+    "fleetplan -headroom": {"target_utilization": 1.0, **C},
+    "fleetplan util0.8": {"target_utilization": 0.8, **C},  # the default until 2026-11-30
+    "fleetplan -quadratic": {"prefill_time_model": "linear", **C},
+    "fleetplan burst 20s": {"burst_window_seconds": 20, **C},
+    "fleetplan burst 10s": {"burst_window_seconds": 10, **C},
     # with the load loop too
-    "fleetplan both (arima)": {"enable_load_scaling": True},
+    "fleetplan both (arima)": {"enable_load_scaling": True, **C},
     "dynamo both (arima)": {**REFERENCE_SIZING, "enable_load_scaling": True},
 }
 

@@ -51,6 +51,7 @@ DYNAMO_RUNTIME_FIELDS = frozenset({
 
 REFERENCE_SIZING: dict[str, object] = {
     "target_utilization": 1.0,
+    "calibrated_utilization": None,
     "hold_scale_down_until_floor": False,
     "throughput_sizing": "point",
     "capacity_mix": "mean",
@@ -91,6 +92,9 @@ class PlannerConfig(BaseModel):
     max_throughput_scaling_replicas: int = Field(8, ge=1)
     # sizing past the reference (fleetplan's own defaults; REFERENCE_SIZING and docs/sizing.md)
     target_utilization: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
+    # once the sizing quantile is conformal it carries the forecast's error, so less headroom
+    # is kept for it; None keeps target_utilization throughout (docs/sizing.md)
+    calibrated_utilization: float | None = Field(0.9, gt=0, le=1, allow_inf_nan=False)
     hold_scale_down_until_floor: bool = True
     throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)

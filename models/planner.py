@@ -291,17 +291,18 @@ class Planner:
         # a partial first window has partial sub-windows too: its peak is not a peak
         state.forecaster.observe(full, peak=peak if duration >= interval else None)
         forecast = state.forecaster.forecast()
-        sized = horizon = None
+        sized = horizon = utilization = None
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
             sized = max(forecast[0], state.forecaster.quantile(cfg.sizing_quantile, horizon))
+            utilization = _sizing_utilization(cfg, state.forecaster, horizon)
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
             arrival_dispersion=_queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
-            queue_budgets=budgets, osl_classes=osl_classes,
+            queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization,
         )
         scratch.predicted = proposal.predicted
         scratch.proposal = proposal
@@ -431,6 +432,7 @@ class Planner:
                 rate_replicas=sizing.rate_replicas.get(role),
                 queueing_replicas=sizing.queueing_replicas.get(role),
                 measured_floor=(scratch.measured_floor or {}).get(role),
+                utilization=sizing.utilization.get(role),
             )
         return out
 
@@ -718,6 +720,21 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
     if proposal.targets is None:
         return {}
     return dict(proposal.needed)
+
+
+def _sizing_utilization(cfg: PlannerConfig, forecaster: QuantileForecaster, horizon: int) -> float:
+    """The share of each engine's rate the throughput loop sizes for.
+
+    ``target_utilization`` is headroom for everything the sized load does
+    not cover: the engine's queueing near its peak rate, and the forecast's
+    own error. Once the sizing quantile is conformal, it covers the error
+    (its misses are held at 1 - q), so only the queueing share is left and
+    ``calibrated_utilization`` applies. Before that the quantile is the
+    largest value seen, which promises nothing, and the full headroom stays.
+    """
+    if cfg.calibrated_utilization is None or not forecaster.calibrated(cfg.sizing_quantile, horizon):
+        return cfg.target_utilization
+    return cfg.calibrated_utilization
 
 
 def _size_mix(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float):

@@ -10,7 +10,8 @@ fleetplan's sizing (the defaults; ``REFERENCE_SIZING`` restores Dynamo's,
 docs/sizing.md) departs in five places here: ``sized_num_req`` replaces
 the point forecast with an upper quantile over the startup horizon,
 ``mix_factor`` corrects each role's capacity for the window's ISL/OSL mix
-(``fleetplan.models.mix``), ``target_utilization`` keeps headroom,
+(``fleetplan.models.mix``), ``target_utilization`` keeps headroom (less
+once the sizing quantile is calibrated: ``rate_share``),
 prefill gets a queueing floor (``fleetplan.models.queueing``) whose wait
 budgets come from the same mix, one per length bucket, and decode, where
 its rate is set by the batch limit rather than the ITL target, is sized
@@ -23,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.mix import LengthMix
@@ -50,6 +52,40 @@ class ThroughputProposal:
     queueing_replicas: dict[Role, int | None] = field(default_factory=dict)
     # each role's count before the step cap: what the window needs
     needed: dict[Role, int] = field(default_factory=dict)
+    # the share of each role's per-engine rate that its rate count sized for
+    utilization: dict[Role, float] = field(default_factory=dict)
+
+
+def concurrency_share(batch: int, q: float) -> float:
+    """The largest share of a decode engine's batch at which its concurrent
+    sequences stay within the batch in a q-share of moments.
+
+    Sequences in flight on an engine are Poisson with mean ``m = share ·
+    batch`` whatever their lengths (M/G/∞ occupancy), so their q-quantile is
+    about ``m + z_q·√m``. Setting it to ``batch`` gives ``√m = (√(z² + 4·batch)
+    − z) / 2``. A batch of a few sequences (a tight ITL target on a large
+    model) needs a small share, a batch of hundreds nearly all of it.
+    """
+    if batch <= 0:
+        return 1.0
+    z = NormalDist().inv_cdf(q)
+    root = (math.sqrt(z * z + 4.0 * batch) - z) / 2.0
+    return min(1.0, root * root / batch)
+
+
+def rate_share(config: PlannerConfig, role: Role, share: float, batch: int) -> float:
+    """The share of ``role``'s per-engine rate to size for, given the loop's ``share``.
+
+    Below ``target_utilization`` nothing changes. Above it (a calibrated
+    quantile, which covers the forecast's error), prefill takes the share
+    as it is, because its queueing floor models its waits; decode sized by
+    rate runs at the batch its ITL target allows, so it takes no more than
+    :func:`concurrency_share` of that batch leaves, and never less than
+    ``target_utilization``.
+    """
+    if share <= config.target_utilization or role == "prefill":
+        return share
+    return max(config.target_utilization, min(share, concurrency_share(batch, config.sizing_quantile)))
 
 
 def replicas_for(demand_rps: float, engine_rps: float, minimum: int) -> int:
@@ -127,6 +163,7 @@ def propose_throughput(
     arrival_dispersion: Dispersion = 1.0,
     queue_budgets: Budgets | None = None,
     osl_classes: list[tuple[float, float]] | None = None,
+    utilization: float | None = None,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -137,11 +174,14 @@ def propose_throughput(
     ``queue_budgets`` (``bucket_budgets`` of the last window's mix) replaces
     the queueing floor's one budget, the mean prompt's. ``osl_classes``
     (``(share, mean OSL)`` per bucket of the mix; the forecast's mean OSL
-    without one) gives decode's slot-wait budgets.
+    without one) gives decode's slot-wait budgets. ``utilization`` is the
+    share of each engine's rate sized for (``config.target_utilization``
+    when not given).
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
     sized = num_req if sized_num_req is None else sized_num_req
+    share = config.target_utilization if utilization is None else utilization
     demand_rps = sized / interval
     floored = config.prefill_sizing == "queueing" and "prefill" in config.roles
     predicted = PredictedLoad(
@@ -157,6 +197,7 @@ def propose_throughput(
     by_rate: dict[Role, int] = {}
     by_queueing: dict[Role, int | None] = {}
     needed: dict[Role, int] = {}
+    shares: dict[Role, float] = {}
     for role in config.roles:
         model = perf[role]
         if demand_rps > 0:
@@ -168,7 +209,8 @@ def propose_throughput(
             capacity[role] = cap.rps * factors.get(role, 1.0)
             # Sizing at 100% of the SLA-bound rate leaves no room for bursts
             # within the window; target_utilization < 1 keeps headroom.
-            desired = by_rate[role] = replicas_for(demand_rps, capacity[role] * config.target_utilization, minimums[role])
+            shares[role] = rate_share(config, role, share, cap.batch)
+            desired = by_rate[role] = replicas_for(demand_rps, capacity[role] * shares[role], minimums[role])
             if role == "prefill" and config.prefill_sizing == "queueing" and cap.ttft_ms is not None:
                 # a floor: where one prompt's pass is a large part of the TTFT,
                 # random arrivals need more engines than any fixed utilisation gives
@@ -193,4 +235,4 @@ def propose_throughput(
         targets[role] = cap_change(
             desired, current[role], config.max_throughput_scaling_replicas, minimums[role]
         )
-    return ThroughputProposal("scale", targets, predicted, capacity, by_rate, by_queueing, needed)
+    return ThroughputProposal("scale", targets, predicted, capacity, by_rate, by_queueing, needed, shares)

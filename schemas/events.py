@@ -235,8 +235,8 @@ class RoleEstimate(_Model):
     """What the perf model believes about one role at the tick.
 
     ``rate_replicas`` and ``queueing_replicas`` say what set the throughput
-    loop's count: the engines the sized rate needs at the target
-    utilisation, and the engines the queueing model asks for (None where
+    loop's count: the engines the sized rate needs at ``utilization``, and
+    the engines the queueing model asks for (None where
     none applies). Prefill's is a floor (None when there is no floor, or no
     prompt can meet the TTFT by waiting less); decode's is the wait for a
     batch slot, which replaces the rate count where decode runs at its
@@ -252,6 +252,11 @@ class RoleEstimate(_Model):
     rate_replicas: Count | None = None
     queueing_replicas: Count | None = None
     measured_floor: Count | None = None
+    utilization: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="the share of one engine's SLA-bound rate that rate_replicas sized for: "
+        "target_utilization, or once the sizing quantile is conformal calibrated_utilization "
+        "(decode: no more than its concurrent sequences' quantile leaves room for)",
+    )
 
 
 class Decision(_Envelope):

@@ -219,6 +219,8 @@ def tick_row(report) -> dict:
             row[f"{role}_queueing_replicas"] = est.queueing_replicas
         if est.measured_floor is not None:
             row[f"{role}_measured_floor"] = est.measured_floor
+        if est.utilization is not None:
+            row[f"{role}_utilization"] = est.utilization
     return row
 
 

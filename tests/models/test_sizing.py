@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetplan.models.mix import LengthMix, bucket_of, mix_capacity, mix_factor
 from fleetplan.models.state import DeploymentState
@@ -127,6 +131,80 @@ def test_quantile_sizing_never_asks_for_less_than_the_point_forecast(make_fleet)
     upper = _targets_over_time(make_fleet(throughput_sizing="startup_quantile", **kw), list(evs))
     assert max(upper) >= max(point)
     assert sum(upper) / len(upper) > sum(point) / len(point)
+
+
+def _steady_ticks(fleet, rate: float, windows: int):
+    """Run ``rate`` steady for ``windows`` windows, acking each decision as it comes."""
+    ticks, pending = [], [ready("p0", "prefill"), ready("d0", "decode")]
+    for w in range(windows + 1):
+        t0 = T0 + INTERVAL * w
+        out = fleet.run([*pending, *requests(rate, t0 + 1, t0 + INTERVAL + 1, tag=f"w{w}_")])
+        ticks += [o for o in out if getattr(o, "predicted", None) is not None]
+        pending = [ack(d.decision_id, d.time + 0.5) for d in decisions(out)]
+    return ticks
+
+
+def test_headroom_drops_to_calibrated_utilization_once_the_quantile_is_conformal(make_fleet):
+    # 26 rps of 3000/150 over 15.44 rps per prefill engine: 3 engines at 0.8, 2 at 0.9
+    kw = {"throughput_sizing": "startup_quantile", "target_utilization": 0.8,
+          "max_throughput_scaling_replicas": 20}
+    fleet = make_fleet(calibrated_utilization=0.9, **kw)
+    ticks = _steady_ticks(fleet, 26, 16)
+    shares = [t.estimates["prefill"].utilization for t in ticks]
+    assert len(ticks) == 17  # ticks at 180 .. 3060 s
+    # the P90 over a 2-window horizon is conformal after 9 origins that span it: 10 windows
+    assert shares == [0.8] * 10 + [0.9] * (len(ticks) - 10), shares
+    assert [t.estimates["prefill"].rate_replicas for t in ticks[9:11]] == [3, 2]
+    assert _state(fleet).forecaster.calibrated(0.9, 2)
+    for t in ticks:  # the count is the sized rate at the share the tick reports
+        cap = t.estimates["prefill"].engine_capacity_rps
+        share = t.estimates["prefill"].utilization
+        assert t.estimates["prefill"].rate_replicas == math.ceil(t.predicted.sized_rps / (cap * share))
+    # None keeps the configured headroom throughout, as before the field existed
+    held = _steady_ticks(make_fleet(calibrated_utilization=None, **kw), 26, 16)
+    assert {t.estimates["prefill"].utilization for t in held} == {0.8}
+    assert {t.estimates["prefill"].rate_replicas for t in held[2:]} == {3}
+
+
+def test_point_sizing_keeps_target_utilization(make_fleet):
+    """Without a quantile nothing is calibrated: the reference's sizing is untouched."""
+    ticks = _steady_ticks(make_fleet(target_utilization=0.8, calibrated_utilization=0.9), 26, 12)
+    assert {t.estimates[r].utilization for t in ticks for r in ("prefill", "decode")} == {0.8}
+
+
+@given(st.integers(1, 100_000), st.sampled_from([0.5, 0.8, 0.9, 0.95, 0.99]))
+def test_concurrency_share_puts_the_quantile_of_sequences_at_the_batch(batch, q):
+    from statistics import NormalDist
+
+    from fleetplan.models.throughput import concurrency_share
+
+    share = concurrency_share(batch, q)
+    m, z = share * batch, NormalDist().inv_cdf(q)
+    assert 0.0 < share <= 1.0
+    assert m + z * math.sqrt(m) == pytest.approx(batch, rel=1e-9) or share == 1.0
+    assert concurrency_share(batch + 1, q) >= share - 1e-12  # a larger batch spreads relatively less
+
+
+def test_decode_takes_the_calibrated_share_only_where_its_batch_leaves_room():
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.throughput import concurrency_share, rate_share
+
+    cfg = config_from_dict({})  # target 0.8, calibrated 0.9, P90
+    assert rate_share(cfg, "prefill", 0.9, 4) == 0.9  # the queueing floor models prefill's waits
+    assert rate_share(cfg, "decode", 0.8, 4) == 0.8  # not calibrated: as configured
+    assert rate_share(cfg, "decode", 0.9, 4) == 0.8  # 4 sequences: the P90 needs far more room
+    assert concurrency_share(4, 0.9) < 0.6
+    assert rate_share(cfg, "decode", 0.9, 100) == pytest.approx(concurrency_share(100, 0.9))
+    assert 0.87 < rate_share(cfg, "decode", 0.9, 100) < 0.9
+    assert rate_share(cfg, "decode", 0.9, 256) == 0.9
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 1.5, float("nan")])
+def test_calibrated_utilization_is_checked_at_start(value):
+    from fleetplan.models.config import config_from_dict
+
+    with pytest.raises(ValueError, match="calibrated_utilization"):
+        config_from_dict({"calibrated_utilization": value})
 
 
 def test_sizing_state_round_trips_exactly(make_fleet):

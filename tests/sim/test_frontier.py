@@ -102,6 +102,8 @@ DOCUMENTED = {
         ("azure-code-30min", 45.0, (500.0, 50.0)): "lost",
         ("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won",
         ("servegen-m-mid-24h", 0.0667, (500.0, 50.0)): "won",
+        ("servegen-m-large-24h", 0.1543, (500.0, 50.0)): "won",
+        ("servegen-m-large-24h", 0.1885, (500.0, 50.0)): "won",
     },
 }
 DOCUMENTED["fleetplan (ensemble) -calibrated"] = DOCUMENTED["fleetplan (ensemble)"]
@@ -126,14 +128,14 @@ def test_the_committed_runs_give_the_documented_verdicts(default):
 
 def test_calibrated_headroom_moves_only_the_runs_long_enough_to_calibrate():
     """A 30-minute trace never has the 9 origins the P90 needs, so the default's rows there are
-    the ones before calibrated_utilization; the ServeGen days spend less (docs/sizing.md)."""
+    the ones before calibrated_utilization; the ServeGen days spend 3-5 % less for under 0.4 points (docs/sizing.md)."""
     now = read_runs(RECORDED, "fleetplan (ensemble)")
     before = read_runs(RECORDED, "fleetplan (ensemble) -calibrated")
-    assert set(now) == set(before) and len(now) == 22
+    assert set(now) == set(before) and len(now) == 24
     for key in now:
         (gpu, att), (gpu0, att0) = now[key]["default"], before[key]["default"]
         if key[0].startswith("servegen"):
-            assert gpu < 0.97 * gpu0 and att0 - 0.0025 < att < att0
+            assert gpu < 0.97 * gpu0 and att0 - 0.004 < att < att0
         else:  # the same run, some rows of it kept at the printed tables' 2 decimals
             assert (round(gpu, 2), round(att, 4)) == (round(gpu0, 2), round(att0, 4)), key
 

@@ -201,7 +201,6 @@ def main() -> None:
               f"**{result}** |")
 
 
-
 def print_pooled(pools: dict[tuple, dict[str, tuple[float, float, float]]]) -> None:
     print("| workload | SLA | policy | GPU-hours, summed | attainment, mean | worst level |\n|---|---|---|---:|---:|---:|")
     for (workload, sla), policies in pools.items():

@@ -80,6 +80,17 @@ FORECAST_FRONTIER: dict[str, dict] = {
     for p in predictors("reference-forecast") for u in (0.9, 0.8, 0.7, 0.6, 0.55, 0.5)
 }  # constant, arima_frozen, kalman, and prophet where the extra is installed
 VARIANTS.update(FORECAST_FRONTIER)
+# The defaults with replay-based retune (sim/retune.py, docs/retune.md): every window, the
+# headroom that served the last one best is chosen by replaying it, not read with hindsight.
+# A 30-minute trace never calibrates its P90, so target_utilization is its headroom; a day
+# runs on calibrated_utilization from its eleventh tick on.
+RETUNE: dict[str, dict] = {
+    "fleetplan (ensemble) +retune": {
+        "interval_seconds": 540, "grace_seconds": 60, "planner": {"target_utilization": [0.7, 0.8, 0.9]}},
+    "fleetplan (ensemble) +retune1h": {
+        "interval_seconds": 3600, "grace_seconds": 60, "planner": {"calibrated_utilization": [0.8, 0.9, 0.95]}},
+}
+VARIANTS.update({name: {"load_predictor": "ensemble"} for name in RETUNE})
 GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER}
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
 
@@ -91,6 +102,7 @@ SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30m
 def run_variant(spec: Spec, sla, name: str) -> dict:
     from fleetplan.models.planner import Planner
     from fleetplan.sim.experiment import initial_fleet, run_oracle, run_planner, size_workload
+    from fleetplan.sim.retune import Retuner, load_retune
 
     # ARIMA unless the variant says otherwise: the ablations in docs/sizing.md were measured
     # with it, the default predictor until 2026-12-01 ("fleetplan (ensemble)" is today's)
@@ -102,9 +114,17 @@ def run_variant(spec: Spec, sla, name: str) -> dict:
     if name == "oracle":
         result = run_oracle(workload, setup, sizing, goal=0.99, rounds=5)
     else:
+        retune = Retuner(load_retune(RETUNE[name]), setup, setup.profile) if name in RETUNE else None
         result = run_planner(workload, setup, Planner(cfg, profile=setup.profile),
-                             initial_fleet("warm", setup, sizing, workload))
-    return _row(spec, sla, name, result, time.perf_counter() - t0, setup=setup)
+                             initial_fleet("warm", setup, sizing, workload), retune=retune)
+    row = _row(spec, sla, name, result, time.perf_counter() - t0, setup=setup)
+    if result.retune is not None:
+        row["retune"] = [
+            {**{k: d[k] for k in ("window", "decided_at", "outcome", "changes")},
+             "candidates": [{k: c[k] for k in ("changes", "attainment", "gpu_hours", "score")} for c in d["candidates"]]}
+            for d in result.retune
+        ]
+    return row
 
 
 def _task(args):

@@ -272,17 +272,24 @@ def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
         raise ConfigError(f"{source}: {field}: {first['msg']}") from None
 
 
-def load_config(path: str | Path | None) -> PlannerConfig:
-    """Read a YAML or JSON config file; ``None`` gives the defaults."""
-    if path is None:
-        return PlannerConfig()
+def read_settings_file(path: str | Path, what: str = "config") -> object:
+    """The parsed contents of a YAML file, or JSON when it ends in ``.json``.
+
+    A file that cannot be read or parsed is a ConfigError naming it and ``what`` it holds.
+    """
     p = Path(path)
     try:
         text = p.read_bytes()
     except OSError as err:
-        raise ConfigError(f"{p}: cannot read config ({err.strerror})") from None
+        raise ConfigError(f"{p}: cannot read {what} ({err.strerror})") from None
     try:
-        data = orjson.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        return orjson.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (orjson.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
-    return config_from_dict(data or {}, source=str(p))
+
+
+def load_config(path: str | Path | None) -> PlannerConfig:
+    """Read a YAML or JSON config file; ``None`` gives the defaults."""
+    if path is None:
+        return PlannerConfig()
+    return config_from_dict(read_settings_file(path) or {}, source=str(Path(path)))

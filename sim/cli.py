@@ -74,6 +74,7 @@ def simulate(
     deployment: Annotated[str, typer.Option("--deployment", help="deployment name on every event (the Kafka key when published)")] = "sim",
     publish: Annotated[str | None, typer.Option("--publish", help="send the fleet's FPMs and request events to a fleetplan bridge over ZMQ: tcp://HOST:PORT (PUSH, the bridge's --pull), pub:tcp://HOST:PORT (PUB, its --sub bind:...)")] = None,
     realtime: Annotated[float | None, typer.Option("--realtime", help="hold the virtual clock to the wall clock; --realtime alone is speed 1, --realtime 10 runs 10x faster than real time")] = None,
+    retune: Annotated[Path | None, typer.Option("--retune", help="retune spec, YAML or JSON: replay each past window against a grid of planner settings and apply the best (docs/retune.md)")] = None,
 ) -> None:
     """Replay a trace against a simulated fleet driven by the planner (or another policy)."""
     from fleetplan.cli import fail
@@ -85,6 +86,7 @@ def simulate(
             prefix_block_tokens, deployment, spread,
         )
         run["live"] = _live(publish, realtime)
+        run["retune"] = _retune(retune, run)
     except _UserError as err:
         fail(str(err))
     if run["spread_s"] is not None and spread == "auto":
@@ -196,6 +198,28 @@ def _prepare(
         "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed, "spread_s": spread_s,
         "converted_profile": prof if converted else None,
     }
+
+
+def _retune(path: Path | None, run: dict):
+    """``--retune FILE``: the run's retune loop, validated before anything runs (None: off)."""
+    if path is None:
+        return None
+    from fleetplan.models.config import ConfigError, read_settings_file
+    from fleetplan.sim.retune import RetuneError, Retuner, load_retune
+
+    if run["policy"] != "planner":
+        raise _UserError(f"--retune: retunes the planner, not --policy {run['policy']}")
+    if run["live"] is not None:
+        # a sweep replays candidates while virtual time stands still, which a live run cannot do
+        raise _UserError("--retune: replay only (as in Dynamo), not with --publish or --realtime")
+    try:
+        spec = load_retune(read_settings_file(path, "retune spec"), source=str(path))
+    except (ConfigError, RetuneError) as err:  # unreadable, not YAML/JSON, or a bad field: each names the file
+        raise _UserError(f"--retune: {err}") from None
+    try:
+        return Retuner(spec, run["setup"], run["planner"].profile)
+    except RetuneError as err:
+        raise _UserError(f"--retune: {path}: {err}") from None
 
 
 def _live(publish: str | None, realtime: float | None):
@@ -380,7 +404,7 @@ def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, roun
 
     if name == "planner":
         return experiment.run_planner(workload, setup, run["planner"], initial, log=log_fh, progress=progress,
-                                      live=live)
+                                      live=live, retune=run.get("retune"))
     if name == "oracle":
         return experiment.run_oracle(workload, setup, sizing, goal, rounds, progress=note, log=log_fh, live=live)
     if name == "static-peak":
@@ -421,6 +445,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         "wall_s_total": wall,
         "late_events": main.late_events,
         "gpu_budget_held_ticks": budget_held_ticks(main),
+        "retune": main.retune,
         "files": None if out is None else {
             "events": str(out / "events.jsonl"), "summary": str(out / "summary.json"),
             "report": str(out / "report.html"),
@@ -439,6 +464,22 @@ def budget_held_ticks(result) -> int:
         if str(t.get("throughput_reason", "")).startswith("gpu_budget")
         or str(t.get("load_reason", "")).startswith("gpu_budget")
     )
+
+
+def retune_lines(decisions: list[dict]) -> list[str]:
+    """One line per retune decision: the window, what was chosen, and the scores it rests on."""
+    lines = []
+    for d in decisions:
+        start, end = d["window"]
+        head = f"retune [{start:g}, {end:g}) s, {d['requests']:,} requests, decided at {d['decided_at']:g} s: {d['outcome']}"
+        if d["changes"]:
+            head += " " + ", ".join(f"{k}={v}" for k, v in d["changes"].items())
+        cands = d["candidates"]
+        if cands:
+            best = cands[d["best"]]
+            head += f" (score {best['score']:,.1f} against the current {cands[0]['score']:,.1f})"
+        lines.append(head)
+    return lines
 
 
 def _budget_note(result, cfg) -> str | None:
@@ -494,6 +535,8 @@ def _print_table(results, setup, workload, run, out) -> None:
         f"{main.policy}: {main.end_s / main.wall_s:,.0f}x real time "
         f"({main.summary.requests / main.wall_s:,.0f} requests/s, {main.events:,} events)"
     )
+    for line in retune_lines(main.retune or []):
+        console.print(line)
     note = _budget_note(main, cfg)
     if note:
         console.print(f"[yellow]{note}[/yellow]")

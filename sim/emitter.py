@@ -22,6 +22,7 @@ from fleetplan.schemas.codec import encode_event
 from fleetplan.schemas.events import (
     Ack,
     ClockEvent,
+    ControlEvent,
     ForwardPassMetrics,
     InventoryEvent,
     QueuedRequests,
@@ -135,6 +136,14 @@ def inventory_event(
 
 def clock_event(deployment: str, time: float) -> ClockEvent:
     return _clock({"deployment": deployment, "time": float(time), "schema_version": 1, "type": "clock", "source": "sim"})
+
+
+def retune_event(deployment: str, time: float, changes: dict) -> ControlEvent:
+    """A retune decision's config change, as an operator's ``set_config`` (validated: rare)."""
+    return ControlEvent.model_validate({
+        "deployment": deployment, "time": float(time), "type": "control", "issued_by": "retune",
+        "body": {"command": "set_config", "changes": dict(changes)},
+    })
 
 
 def ack_event(deployment: str, time: float, decision_id: int, status: str, observed: dict) -> Ack:

@@ -127,11 +127,16 @@ def _replayed_warm_fleet(
 def run_planner(
     workload: Workload, setup: FleetSetup, planner, initial: Mapping[str, int],
     log: IO[bytes] | None = None, progress: Callable[[float], None] | None = None,
-    live: LiveRun | None = None,
+    live: LiveRun | None = None, retune=None,
 ) -> RunResult:
-    loop = ClosedLoop(workload, setup, PlannerController(planner), initial, log=log, progress=progress,
-                      live=live)
-    return loop.run()
+    """One planner run; with ``retune`` (a :class:`fleetplan.sim.retune.Retuner`) its
+    decisions are in ``RunResult.retune``."""
+    loop = ClosedLoop(workload, setup, PlannerController(planner, retune=retune), initial, log=log,
+                      progress=progress, live=live)
+    result = loop.run()
+    if retune is not None:
+        result.retune = list(retune.decisions)
+    return result
 
 
 def run_policy(

@@ -100,6 +100,12 @@ def write_report(
         floor = [(t["t"], t[f"{role}_measured_floor"]) for t in main.ticks if f"{role}_measured_floor" in t]
         if floor:
             fig.add_trace(_line(floor, f"measured floor ({role})", "#9467bd", "dot", "estimates"), row=2, col=1)
+    for d in main.retune or []:
+        # a retune decision that changed the planner's settings: from the next tick on
+        if d["outcome"] == "applied":
+            text = "retune: " + ", ".join(f"{k}={v}" for k, v in d["changes"].items())
+            fig.add_vline(x=d["decided_at"] / 60.0, line={"color": "#8c564b", "dash": "dot"}, row=2, col=1,
+                          annotation_text=text, annotation_position="top left")
     for key, row in (("est_ttft_ms", 3), ("est_itl_ms", 4)):
         for role in main.timeline.roles:
             pts = [(t["t"], t[f"{role}_{key}"]) for t in main.ticks if f"{role}_{key}" in t]

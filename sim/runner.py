@@ -141,17 +141,26 @@ class RunResult:
     wall_s: float = 0.0
     iterations: int = 0
     fpms: int = 0
+    retune: list[dict] | None = None  # the retune loop's decisions (sim/retune.py), when it ran
 
 
 # --- controllers ------------------------------------------------------------------
 
 
 class PlannerController:
-    """The planning core in the loop: every event through ``Fleet.feed``."""
+    """The planning core in the loop: every event through ``Fleet.feed``.
+
+    ``retune`` (a :class:`fleetplan.sim.retune.Retuner`) sees every tick and
+    finished request, and the config changes it decides are fed back as
+    control events, so the run's log still folds to the same decisions.
+    ``forecaster_state`` starts the deployment's forecaster from a saved
+    state instead of empty (a retune candidate replay continues the run's
+    forecaster from its window start).
+    """
 
     needs_events = True
 
-    def __init__(self, planner) -> None:
+    def __init__(self, planner, retune=None, forecaster_state: dict | None = None) -> None:
         from fleetplan.models.fleet import Fleet, LateEvent
 
         self.core = Fleet(planner)
@@ -160,28 +169,42 @@ class PlannerController:
         self.ticks: list[dict] = []
         self.decisions: list[Decision] = []
         self.name = "planner"
+        self.retune = retune
+        self._forecaster_state = forecaster_state
 
     def initial(self) -> dict[str, int] | None:
         return None
 
     def start(self, loop: ClosedLoop) -> None:
         self.loop = loop
+        if self._forecaster_state is not None:
+            from fleetplan.models.quantiles import QuantileForecaster
+
+            state = self.core.state(loop.deployment)
+            state.forecaster = QuantileForecaster.from_state(self._forecaster_state)
+        if self.retune is not None:
+            self.retune.start(loop.initial, self.core.state(loop.deployment).forecaster.to_state())
 
     def observe(self, event) -> None:
         self._handle(self.core.feed(event), apply=True)
 
     def request_done(self, req: SimRequest) -> None:
-        pass
+        if self.retune is not None:
+            self.retune.request_done(req)
 
     def finish(self) -> None:
         self._handle(self.core.finish(), apply=False)
 
     def _handle(self, outputs, apply: bool) -> None:
+        changes = None
         for item in outputs:
             if isinstance(item, self._late_type):
                 self.late += 1
                 continue
             self.ticks.append(tick_row(item))
+            if apply and self.retune is not None:
+                state = self.core.states[item.deployment]
+                changes = self.retune.tick(item.time, item.ready, state.forecaster.to_state) or changes
             decision = item.decision
             if decision is None:
                 continue
@@ -189,6 +212,9 @@ class PlannerController:
             self.loop.log.write(decision)
             if apply and not decision.advisory:
                 self.loop.apply(decision.decision_id, decision.targets)
+        if changes:
+            # after the tick that landed the retune decision: in force from the next tick
+            self.loop.emit(emitter.retune_event(self.loop.deployment, self.loop.clock.now, changes))
 
 
 def tick_row(report) -> dict:
@@ -324,13 +350,16 @@ class ClosedLoop(FleetListener):
         log: IO[bytes] | None = None,
         progress: Callable[[float], None] | None = None,
         live: LiveRun | None = None,
+        start_s: float = 0.0,
     ) -> None:
         self.workload = workload
         self.setup = setup
         self.controller = controller
         self.options = setup.options
         self.deployment = setup.options.deployment
-        self.clock = VirtualClock()
+        # a retune candidate replays one window of a run at that window's own time
+        self.start_s = float(start_s)
+        self.clock = VirtualClock(self.start_s)
         self.fleet = SimFleet(
             self.clock, setup.config.mode, setup.timing, setup.limits, setup.gpus,
             make_router(setup.options.router), setup.startup(), setup.transfer, self,
@@ -364,8 +393,8 @@ class ClosedLoop(FleetListener):
                 self.fleet.add_ready(role)
         self._record_counts()
         self._next_arrival()
-        self.clock.at(self.options.heartbeat_s, self._heartbeat)
-        self.clock.at(self.options.fpm_interval_s, self._sample)
+        self.clock.at(self.start_s + self.options.heartbeat_s, self._heartbeat)
+        self.clock.at(self.start_s + self.options.fpm_interval_s, self._sample)
         clock = self.clock
         while True:
             if live is not None and (due := clock.peek()) is not None:
@@ -443,6 +472,10 @@ class ClosedLoop(FleetListener):
             return
         self.fpms += 1
         self._emit(emitter.fpm_event(self.deployment, now, engine.role, engine.worker_id, sample))
+
+    def emit(self, event) -> None:
+        """An event from outside the fleet (a retune's config change): logged and fed like the others."""
+        self._emit(event)
 
     def _emit(self, event) -> None:
         self.fed += 1

@@ -115,6 +115,24 @@ DOCUMENTED |= {
         ("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won",
         ("servegen-m-mid-24h", 0.0667, (500.0, 50.0)): "won",
     },
+    # with replay-based retune of the headroom (docs/retune.md): conv at 0.9x becomes a tie and
+    # conv at 200/20 is won at every level; conv at 1x is still lost
+    "fleetplan (ensemble) +retune": {
+        ("azure-conv-30min", 30.6, (500.0, 50.0)): "tie",
+        ("azure-conv-30min", 32.3, (500.0, 50.0)): "lost",
+        ("azure-conv-30min", 34.0, (500.0, 50.0)): "lost",
+        ("azure-conv-30min", 35.7, (500.0, 50.0)): "lost",
+        ("azure-conv-30min", 37.4, (500.0, 50.0)): "tie",
+        ("azure-code-30min", 45.0, (500.0, 50.0)): "lost",
+        ("azure-code-30min", 50.0, (500.0, 50.0)): "tie",
+        ("mooncake-conv-30min", 6.0, (500.0, 50.0)): "won",
+        ("mooncake-conv-30min-spread", 6.0, (500.0, 50.0)): "tie",
+        ("azure-conv-30min", 30.6, (200.0, 20.0)): "won",
+        ("azure-conv-30min", 34.0, (200.0, 20.0)): "won",
+        ("azure-conv-30min", 37.4, (200.0, 20.0)): "won",
+        ("mooncake-conv-30min", 6.0, (200.0, 20.0)): "tie",
+    },
+    "fleetplan (ensemble) +retune1h": {("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won"},
 }
 
 

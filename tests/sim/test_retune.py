@@ -1,0 +1,268 @@
+"""Replay-based retune (sim/retune.py): its spec fails fast, its windows and timing follow
+Dynamo's design, and a retuned run stays event-sourced and deterministic."""
+
+from __future__ import annotations
+
+import io
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from fleetplan.cli import _register_optional, app
+from fleetplan.eventlog import read_events
+from fleetplan.models.config import config_from_dict
+from fleetplan.models.fleet import Fleet
+from fleetplan.models.planner import Planner
+from fleetplan.models.quantiles import QuantileForecaster
+from fleetplan.sim.engines import SimRequest
+from fleetplan.sim.experiment import run_planner
+from fleetplan.sim.retune import RetuneError, Retuner, load_retune
+from fleetplan.sim.runner import SimOptions, make_setup, tick_row
+from fleetplan.sim.traces import read_trace
+from fleetplan.sim.workload import Workload, rate_scale, slice_trace
+from tests.sim.sim_helpers import CONV
+
+# one-minute ticks (the throughput loop alone), two-minute retune windows
+CONFIG = {"load_predictor": "constant", "max_gpu_budget": 64, "throughput_adjustment_interval_seconds": 60}
+# the retuned runs start at a headroom the grid's 0.95 beats: the same attainment for fewer GPUs
+RUN_CONFIG = {**CONFIG, "target_utilization": 0.5}
+SPEC = {"interval_seconds": 120, "grace_seconds": 10, "planner": {"target_utilization": [0.5, 0.95]}}
+
+
+def retuner(h200, spec=None, **config):
+    setup = make_setup(config_from_dict({**CONFIG, **config}), h200, SimOptions(seed=5))
+    return Retuner(load_retune(spec or SPEC), setup, h200)
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({**SPEC, "intervall_seconds": 60}, "retune: intervall_seconds: unknown field"),
+        ({**SPEC, "interval_seconds": -1}, "retune: interval_seconds: Input should be greater than 0"),
+        ({**SPEC, "planner": {}}, "retune: planner: "),
+        ({**SPEC, "objective": "cheapest"}, "retune: objective: "),
+        ({**SPEC, "planner": {"target_utilisation": [0.9]}}, "retune.planner.target_utilisation: not a planner config field"),
+        ({**SPEC, "planner": {"load_predictor": ["kalman"]}}, "retune.planner.load_predictor: cannot be retuned"),
+        ({**SPEC, "planner": {"ttft_ms": [200]}}, "retune.planner.ttft_ms: cannot be retuned"),
+        ({**SPEC, "planner": {"target_utilization": []}}, "retune.planner.target_utilization: expected a non-empty list"),
+        ({**SPEC, "planner": {"target_utilization": [0.8, 1.5]}},
+         "retune.planner point 1 {'target_utilization': 1.5}: set_config: target_utilization: Input should be less than or equal to 1"),
+        ({**SPEC, "interval_seconds": 90}, "retune.interval_seconds: must be a whole number of ticks (60 s)"),
+        ({**SPEC, "grace_seconds": 70}, "retune.grace_seconds + decision latency: must fit in interval_seconds"),
+        ({**SPEC, "decision_latency_seconds": 120, "grace_seconds": 1}, "must fit in interval_seconds"),
+        ({**SPEC, "max_candidates": 3, "planner": {"target_utilization": [0.6, 0.7], "sizing_quantile": [0.8, 0.9]}},
+         "retune.planner: the grid has 4 points, max_candidates is 3"),
+    ],
+)
+def test_a_bad_spec_fails_before_the_run_and_names_its_field(h200, spec, message):
+    with pytest.raises(RetuneError) as err:
+        retuner(h200, spec)
+    assert message in str(err.value)
+
+
+def test_a_spec_may_come_wrapped_in_a_retune_block(h200):
+    assert load_retune({"retune": SPEC}) == load_retune(SPEC)
+    with pytest.raises(RetuneError, match="expected a mapping of retune fields, got list"):
+        load_retune([SPEC])
+
+
+FRESH = QuantileForecaster("constant").to_state()
+
+
+def _request(index, arrival, end, isl=800, osl=40):
+    req = SimRequest(index, arrival, isl, osl)
+    req.end = end
+    return req
+
+
+def test_a_window_replays_the_requests_that_arrived_in_it_and_had_finished_by_its_cutoff(h200):
+    rt = retuner(h200)
+    rt.start({"prefill": 1, "decode": 1}, FRESH)
+    for req in (_request(0, 5.0, 9.0), _request(1, 100.0, 125.0), _request(2, 110.0, 131.0),
+                _request(3, 119.0, 130.0), _request(4, 121.0, 122.0)):
+        rt.request_done(req)
+    for t in (60.0, 120.0):
+        assert rt.tick(t, {"prefill": 1, "decode": 1}, lambda: FRESH) is None
+    assert rt.decisions == []  # window [0, 120) is due at 130, so its sweep waits for the tick at 180
+    assert rt.tick(180.0, {"prefill": 1, "decode": 1}, lambda: FRESH) is None
+    assert rt.tick(239.0, {"prefill": 1, "decode": 1}, lambda: FRESH) is None  # not landed: launched + one tick
+    rt.tick(240.0, {"prefill": 1, "decode": 1}, lambda: FRESH)
+    (record,) = rt.decisions
+    assert record["window"] == [0.0, 120.0]
+    # request 2 finished after the cutoff (120 + 10 s); request 4 arrived after the window
+    assert record["requests"] == 3
+    assert (record["launched_at"], record["decided_at"]) == (180.0, 240.0)
+    assert record["start_fleet"] == {"prefill": 1, "decode": 1}
+    # the current point (the startup point: 0.8) first, then the grid
+    assert [c["changes"] for c in record["candidates"]] == [
+        {"target_utilization": 0.8}, {"target_utilization": 0.5}, {"target_utilization": 0.95}]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 300), st.floats(0, 60)), max_size=30), st.randoms(use_true_random=False))
+def test_a_windows_requests_do_not_depend_on_the_order_they_finished_in(h200, rows, rng):
+    """Requests are reported as they finish, an order the fleet decides; the replayed window
+    must not carry it."""
+    reqs = [_request(i, arrival, arrival + took) for i, (arrival, took) in enumerate(rows)]
+    shuffled = list(reqs)
+    rng.shuffle(shuffled)
+    picked = []
+    for order in (reqs, shuffled):
+        rt = retuner(h200)
+        for req in order:
+            rt.request_done(req)
+        picked.append(rt.window_requests(120.0, 240.0, 250.0))
+    assert picked[0] == picked[1]
+    expected = sorted((a, i) for i, (a, took) in enumerate(rows) if 120 <= a < 240 and a + took <= 250)
+    assert [r.arrival_s for r in picked[0]] == [a for a, _ in expected]
+
+
+def test_a_window_without_a_ready_worker_or_without_requests_decides_nothing(h200):
+    rt = retuner(h200)
+    rt.start({"prefill": 0, "decode": 1}, FRESH)
+    rt.request_done(_request(0, 5.0, 9.0))
+    for t in (60.0, 120.0, 180.0, 240.0):
+        rt.tick(t, {"prefill": 1, "decode": 1}, lambda: FRESH)
+    assert rt.decisions[0]["outcome"] == "failed: no ready prefill worker at the window start"
+    for t in (300.0, 360.0, 420.0):
+        rt.tick(t, {"prefill": 1, "decode": 1}, lambda: FRESH)
+    assert rt.decisions[1]["window"] == [120.0, 240.0]
+    assert rt.decisions[1]["outcome"] == "empty_window"
+    assert rt.current == {"target_utilization": 0.8}
+
+
+def test_gpu_hours_at_goal_takes_the_cheapest_candidate_that_meets_the_goal(h200):
+    from fleetplan.sim.retune import Score
+
+    rt = retuner(h200, {**SPEC, "objective": "gpu_hours_at_goal", "attainment_goal": 0.99})
+    current = Score({"target_utilization": 0.8}, 0.0, 0.995, 2.0, 0.0)
+    cheaper = Score({"target_utilization": 0.95}, 0.0, 0.991, 1.9, 0.0)
+    cheapest_missing = Score({"target_utilization": 1.0}, 0.0, 0.98, 1.5, 0.0)
+    ranked = sorted([current, cheaper, cheapest_missing], key=rt._rank, reverse=True)
+    assert ranked == [cheaper, current, cheapest_missing]
+    assert rt._beats(cheaper, current)  # 5 % fewer GPU-hours, the goal still met
+    assert not rt._beats(Score({}, 0.0, 0.999, 1.99, 0.0), current)  # 0.5 %: inside the 1 % margin
+    # below the goal, attainment decides: reaching it beats any cost, and more of it beats less
+    short = Score({}, 0.0, 0.95, 1.0, 0.0)
+    assert rt._beats(Score({}, 0.0, 0.99, 3.0, 0.0), short)
+    assert rt._beats(Score({}, 0.0, 0.97, 3.0, 0.0), short) and not rt._beats(Score({}, 0.0, 0.955, 0.5, 0.0), short)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    reqs = slice_trace(read_trace(CONV), 0, 360)
+    return Workload.from_requests("conv6", rate_scale(reqs, 12, seed=1, duration_s=360), 360)
+
+
+def _retuned_run(workload, h200, spec=None):
+    cfg = config_from_dict(RUN_CONFIG)
+    setup = make_setup(cfg, h200, SimOptions(seed=5))
+    rt = Retuner(load_retune(spec or SPEC), setup, h200)
+    log = io.BytesIO()
+    result = run_planner(workload, setup, Planner(cfg, profile=h200), {"prefill": 2, "decode": 2}, log=log, retune=rt)
+    return result, log.getvalue()
+
+
+@pytest.fixture(scope="module")
+def retuned(workload, h200):
+    return _retuned_run(workload, h200)
+
+
+def test_the_best_candidate_is_applied_as_a_control_event_from_the_next_tick(retuned):
+    result, log = retuned
+    first = result.retune[0]
+    best = first["candidates"][first["best"]]
+    assert first["outcome"] == "applied", first
+    assert first["changes"] == best["changes"] != first["current"]
+    assert best["score"] > first["candidates"][0]["score"] * 1.01  # beat the current point by > 1 %
+    controls = [orjson.loads(line) for line in log.splitlines() if b'"type":"control"' in line]
+    assert [(c["issued_by"], c["body"]["changes"]) for c in controls][:1] == [("retune", first["changes"])]
+    # stamped when the landing tick fired (its watermark, a grace after it), before the next tick
+    assert first["decided_at"] <= controls[0]["time"] < first["decided_at"] + CONFIG["throughput_adjustment_interval_seconds"]
+    # ticks up to the landing tick size at the startup headroom, the ones after at the new one
+    new = first["changes"]["target_utilization"]
+    used = {row["t"]: row["prefill_utilization"] for row in result.ticks if "prefill_utilization" in row}
+    assert first["current"] == {"target_utilization": 0.5}
+    assert all(u == 0.5 for t, u in used.items() if t <= first["decided_at"])
+    after = [u for t, u in used.items() if t > first["decided_at"]]
+    assert after and all(u == new for u in after)
+
+
+def test_fleetplan_plan_reproduces_a_retuned_run_from_its_log(retuned, tmp_path, h200):
+    result, log = retuned
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(log)
+    config = tmp_path / "config.yaml"
+    config.write_text("".join(f"{k}: {v}\n" for k, v in RUN_CONFIG.items()))
+    _register_optional()
+    out = CliRunner().invoke(app, ["plan", "--events", str(path), "--config", str(config), "--profile", "h200-llama3.1-8b"])
+    assert out.exit_code == 0, out.output
+    replayed = [orjson.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    logged = [orjson.loads(line) for line in log.splitlines() if b'"type":"decision"' in line]
+    assert replayed == logged and len(logged) == len(result.decisions)
+    # every tick, those after the change included, folds back from the log alone
+    fleet = Fleet(Planner(config_from_dict(RUN_CONFIG), profile=h200))
+    rows = [tick_row(item) for event in read_events(path) for item in fleet.feed(event)]
+    rows += [tick_row(item) for item in fleet.finish()]
+    assert rows == result.ticks
+    assert rows[-1]["prefill_utilization"] == result.retune[0]["changes"]["target_utilization"]
+
+
+def test_the_same_run_retunes_the_same_way_bit_for_bit(retuned, workload, h200):
+    result, log = retuned
+    again, log_again = _retuned_run(workload, h200)
+    assert log_again == log
+    assert orjson.dumps(again.retune) == orjson.dumps(result.retune)
+
+
+def test_advisory_records_the_choice_and_changes_nothing(workload, h200, retuned):
+    result, _ = retuned
+    advised, log = _retuned_run(workload, h200, {**SPEC, "advisory": True})
+    assert advised.retune[0]["outcome"] == "advisory"
+    assert advised.retune[0]["changes"] == result.retune[0]["changes"]
+    assert b'"type":"control"' not in log
+
+
+def test_a_margin_no_candidate_clears_keeps_the_current_point(workload, h200):
+    kept, log = _retuned_run(workload, h200, {**SPEC, "min_improvement_percentage": 1000})
+    assert [d["outcome"] for d in kept.retune] == ["kept"] * len(kept.retune) and kept.retune
+    assert b'"type":"control"' not in log
+
+
+def test_simulate_retune_prints_each_decision_and_rejects_a_bad_spec(tmp_path):
+    _register_optional()
+    config = tmp_path / "config.yaml"
+    config.write_text("".join(f"{k}: {v}\n" for k, v in RUN_CONFIG.items()))
+    spec = tmp_path / "retune.yaml"
+    spec.write_text(orjson.dumps(SPEC).decode())
+    args = ["simulate", "--trace", str(CONV), "--duration", "300", "--rate-scale", "6", "--config", str(config),
+            "--no-baselines", "--retune", str(spec)]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert "retune [0, 120) s, " in out.stdout
+    as_json = CliRunner().invoke(app, [*args, "--json", "--out", str(tmp_path / "run")])
+    summary = orjson.loads(as_json.stdout)
+    assert summary["retune"][0]["window"] == [0.0, 120.0]
+    applied = [d for d in summary["retune"] if d["outcome"] == "applied"]
+    assert applied
+    html = (tmp_path / "run" / "report.html").read_text()
+    for d in applied:  # the report marks where a change took effect
+        assert "retune: " + ", ".join(f"{k}={v}" for k, v in d["changes"].items()) in html
+
+    spec.write_text("interval_seconds: 120\nplanner:\n  target_utilization: [0.7, 2]\n")
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code == 2
+    assert f"--retune: {spec}: retune.planner point 1 {{'target_utilization': 2}}: set_config: target_utilization" in bad.stderr
+    spec.write_text("interval_seconds: [\n")
+    assert f"--retune: {spec}: not valid YAML" in CliRunner().invoke(app, args).stderr
+    spec.write_text("interval_seconds: 120\nplanner: {target_utilization: [0.7]}\nwindow: 3\n")
+    assert f"--retune: {spec}: window: unknown field" in CliRunner().invoke(app, args).stderr
+    missing = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 2 and "nope.yaml: cannot read retune spec" in missing.stderr
+    other = CliRunner().invoke(app, [*args[:-2], "--policy", "static-peak", "--retune", str(spec)])
+    assert other.exit_code == 2 and "--retune: retunes the planner, not --policy static-peak" in other.stderr
+    live = CliRunner().invoke(app, [*args, "--realtime", "1000"])
+    assert live.exit_code == 2 and "--retune: replay only (as in Dynamo), not with --publish or --realtime" in live.stderr

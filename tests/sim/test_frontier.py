@@ -132,7 +132,10 @@ DOCUMENTED |= {
         ("azure-conv-30min", 37.4, (200.0, 20.0)): "won",
         ("mooncake-conv-30min", 6.0, (200.0, 20.0)): "tie",
     },
-    "fleetplan (ensemble) +retune1h": {("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won"},
+    "fleetplan (ensemble) +retune1h": {
+        ("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won",
+        ("servegen-m-mid-24h", 0.0667, (500.0, 50.0)): "won",
+    },
 }
 
 

@@ -468,12 +468,14 @@ def budget_held_ticks(result) -> int:
 
 def retune_lines(decisions: list[dict]) -> list[str]:
     """One line per retune decision: the window, what was chosen, and the scores it rests on."""
+    from fleetplan.sim.retune import describe_changes
+
     lines = []
     for d in decisions:
         start, end = d["window"]
         head = f"retune [{start:g}, {end:g}) s, {d['requests']:,} requests, decided at {d['decided_at']:g} s: {d['outcome']}"
         if d["changes"]:
-            head += " " + ", ".join(f"{k}={v}" for k, v in d["changes"].items())
+            head += " " + describe_changes(d["changes"])
         cands = d["candidates"]
         if cands:
             best = cands[d["best"]]

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fleetplan.sim.metrics import windowed
+from fleetplan.sim.retune import describe_changes
 from fleetplan.sim.runner import RunResult
 
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"]
@@ -103,7 +104,7 @@ def write_report(
     for d in main.retune or []:
         # a retune decision that changed the planner's settings: from the next tick on
         if d["outcome"] == "applied":
-            text = "retune: " + ", ".join(f"{k}={v}" for k, v in d["changes"].items())
+            text = "retune: " + describe_changes(d["changes"])
             fig.add_vline(x=d["decided_at"] / 60.0, line={"color": "#8c564b", "dash": "dot"}, row=2, col=1,
                           annotation_text=text, annotation_position="top left")
     for key, row in (("est_ttft_ms", 3), ("est_itl_ms", 4)):

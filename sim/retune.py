@@ -51,7 +51,7 @@ from fleetplan.sim.metrics import sla_met
 from fleetplan.sim.traces import TraceRequest
 from fleetplan.sim.workload import Workload
 
-__all__ = ["FIXED_FIELDS", "RetuneError", "RetuneSpec", "Retuner", "load_retune"]
+__all__ = ["FIXED_FIELDS", "RetuneError", "RetuneSpec", "Retuner", "describe_changes", "load_retune"]
 
 FIXED_FIELDS = frozenset({
     # the deployment and its SLA: what is served and what counts as good, not how it is planned
@@ -102,6 +102,11 @@ def load_retune(data: Any, *, source: str = "retune") -> RetuneSpec:
         where = ".".join(str(p) for p in first["loc"]) or "retune"
         what = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
         raise RetuneError(f"{source}: {where}: {what}") from None
+
+
+def describe_changes(changes: dict[str, Any]) -> str:
+    """A decision's config change as the run's table and report show it: ``field=value, ...``."""
+    return ", ".join(f"{k}={v}" for k, v in changes.items())
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,28 @@ DYNAMO_RUNTIME_FIELDS = frozenset({
 })
 """Dynamo fields that configure its own runtime, not the planning algorithm."""
 
+PREDICTOR_FIELDS = frozenset({
+    "load_predictor", "load_predictor_log1p", "prophet_window_size", "kalman_q_level",
+    "kalman_q_trend", "kalman_r", "kalman_min_points", "sizing_quantile_adapt_rate",
+})
+"""Fields the forecaster is built from: a run-time change rebuilds it (models/predictor_swap.py)."""
+
+STARTUP_FIELDS: dict[str, str] = {
+    "mode": "its roles",
+    "max_num_batched_tokens": "its perf models",
+    "max_num_seqs": "its perf models",
+    "max_kv_tokens": "its perf models",
+    "context_length": "its perf models",
+    "max_num_fpm_samples": "its perf models",
+    "fpm_sample_bucket_size": "its perf models",
+    "load_min_observations": "its perf models",
+    "prefill_time_model": "its perf models",
+    "profile_results_dir": "its perf models' seed",
+    "profile_tp": "its perf models' seed",
+    "load_predictor_warmup_trace": "its forecaster's warm-up",
+}
+"""Fields built into a deployment's state when it starts, and what they build: a run-time change is refused."""
+
 
 REFERENCE_SIZING: dict[str, object] = {
     "target_utilization": 1.0,
@@ -123,6 +145,8 @@ class PlannerConfig(BaseModel):
     kalman_q_trend: float = Field(0.1, gt=0)
     kalman_r: float = Field(10.0, gt=0)
     kalman_min_points: int = Field(5, ge=1)
+    # windows the core keeps to warm a predictor that set_config switches to (models/predictor_swap.py)
+    predictor_history_windows: int = Field(480, ge=0)
 
     # load model
     max_num_fpm_samples: int = Field(64, ge=8)
@@ -249,10 +273,19 @@ class PlannerConfig(BaseModel):
         return self.decode_engine_num_gpu
 
     def with_changes(self, changes: dict[str, object]) -> PlannerConfig:
-        """A validated copy with some fields changed (run-time control events)."""
-        data = self.model_dump(by_alias=False)
-        data.update(changes)
-        return config_from_dict(data, source="set_config")
+        """A validated copy with some fields changed (run-time control events).
+
+        A field in ``STARTUP_FIELDS`` may be restated but not changed: what it
+        builds is already built, so the change would be reported and not used.
+        """
+        new = config_from_dict({**self.model_dump(by_alias=False), **changes}, source="set_config")
+        for name, built in STARTUP_FIELDS.items():
+            if getattr(new, name) != getattr(self, name):
+                raise ConfigError(
+                    f"set_config: {name}: fixed when the deployment starts, which builds {built} from it; "
+                    "restart the planner to change it"
+                )
+        return new
 
 
 def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:

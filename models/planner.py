@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fleetplan.models.config import PlannerConfig
+from fleetplan.models.config import ConfigError, PlannerConfig
 from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.load import (
@@ -32,6 +32,12 @@ from fleetplan.models.load import (
 from fleetplan.models.mix import LengthMix, mix_factor
 from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
+from fleetplan.models.predictor_swap import (
+    build_forecaster,
+    predictor_changed,
+    rebuild_forecaster,
+    remember_window,
+)
 from fleetplan.models.quantiles import QuantileForecaster
 from fleetplan.models.queueing import Dispersion
 from fleetplan.models.startup import (
@@ -99,6 +105,7 @@ class TickReport:
     advisory: bool
     pending_decision_id: int | None
     late_events: int
+    rejected_controls: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -112,7 +119,7 @@ class TickReport:
             "observed": None if self.observed is None else self.observed.__dict__.copy(),
             "decision_id": None if self.decision is None else self.decision.decision_id,
             "advisory": self.advisory, "pending_decision_id": self.pending_decision_id,
-            "late_events": self.late_events,
+            "late_events": self.late_events, "rejected_controls": self.rejected_controls,
         }
 
 
@@ -152,14 +159,15 @@ class Planner:
 
     def new_state(self, deployment: str) -> DeploymentState:
         cfg = self.config
-        forecaster = QuantileForecaster(
-            cfg.load_predictor, adapt_rate=cfg.sizing_quantile_adapt_rate, **_predictor_params(cfg)
-        )
+        forecaster = build_forecaster(cfg)
+        history: list[list] = []
         if self.warmup:
             forecaster.warm(self.warmup)
+            for obs in self.warmup:  # a predictor swapped in later is warmed on them too
+                remember_window(history, obs, None, cfg.predictor_history_windows)
         return DeploymentState(
             deployment=deployment, config=cfg,
-            perf=make_perf_models(cfg, self.profile), forecaster=forecaster,
+            perf=make_perf_models(cfg, self.profile), forecaster=forecaster, traffic_history=history,
         )
 
     # --- apply -------------------------------------------------------------
@@ -243,7 +251,7 @@ class Planner:
             predicted=scratch.predicted, observed=scratch.observed, decision=decision,
             advisory=state.advisory,
             pending_decision_id=None if state.pending is None else state.pending.decision_id,
-            late_events=state.late_events,
+            late_events=state.late_events, rejected_controls=state.rejected_controls,
         )
 
     # --- the two loops -------------------------------------------------------
@@ -289,7 +297,9 @@ class Planner:
             accept = obs.accept_length
         budgets, osl_classes = _size_mix(state, mix, kv_hit, accept)
         # a partial first window has partial sub-windows too: its peak is not a peak
-        state.forecaster.observe(full, peak=peak if duration >= interval else None)
+        peak = peak if duration >= interval else None
+        state.forecaster.observe(full, peak=peak)
+        remember_window(state.traffic_history, full, peak, cfg.predictor_history_windows)
         forecast = state.forecaster.forecast()
         sized = horizon = utilization = None
         if cfg.throughput_sizing == "startup_quantile":
@@ -553,7 +563,16 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
     elif isinstance(body, SetAdvisory):
         state.advisory_override = body.advisory
     elif isinstance(body, SetConfig):
-        state.config = state.config.with_changes(body.changes)
+        try:
+            config = state.config.with_changes(body.changes)
+        except ConfigError:
+            # intake refuses these (the worker dead-letters them); one can still get here when an
+            # earlier change in the same tick made it invalid: it is counted and changes nothing
+            state.rejected_controls += 1
+            return
+        if predictor_changed(state.config, config):
+            state.forecaster = rebuild_forecaster(config, state.traffic_history)
+        state.config = config
     state.config_version += 1
 
 
@@ -829,14 +848,3 @@ def _mix_factors(state: DeploymentState, mix: LengthMix, capacities: dict) -> di
             factors[role] = factor
     return factors
 
-
-def _predictor_params(cfg: PlannerConfig) -> dict:
-    return {
-        "log1p": cfg.load_predictor_log1p,
-        "prophet_window_size": cfg.prophet_window_size,
-        "kalman_q_level": cfg.kalman_q_level,
-        "kalman_q_trend": cfg.kalman_q_trend,
-        "kalman_r": cfg.kalman_r,
-        "kalman_min_points": cfg.kalman_min_points,
-        "prophet_interval_s": float(cfg.throughput_adjustment_interval_seconds),
-    }

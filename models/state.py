@@ -226,6 +226,10 @@ class DeploymentState:
     next_tick: float | None = None
     last_tick: float | None = None
     late_events: int = 0
+    # the windows the forecaster was fed, last predictor_history_windows of them:
+    # [start_s, duration_s, num_req, isl, osl, kv_hit_rate, accept_length, peak] (models/predictor_swap.py)
+    traffic_history: list[list] = field(default_factory=list)
+    rejected_controls: int = 0  # set_config events that were invalid when their tick applied them
 
     @property
     def advisory(self) -> bool:
@@ -273,6 +277,8 @@ class DeploymentState:
             "next_tick": self.next_tick,
             "last_tick": self.last_tick,
             "late_events": self.late_events,
+            "traffic_history": [list(w) for w in self.traffic_history],
+            "rejected_controls": self.rejected_controls,
         }
 
     @classmethod
@@ -316,4 +322,6 @@ class DeploymentState:
             next_tick=data["next_tick"],
             last_tick=data["last_tick"],
             late_events=data["late_events"],
+            traffic_history=[list(w) for w in data.get("traffic_history", [])],
+            rejected_controls=data.get("rejected_controls", 0),
         )

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleetplan.models.config import ConfigError, PlannerConfig
+from fleetplan.models.config import PREDICTOR_FIELDS, STARTUP_FIELDS, ConfigError, PlannerConfig
 from fleetplan.sim.metrics import sla_met
 from fleetplan.sim.traces import TraceRequest
 from fleetplan.sim.workload import Workload
@@ -61,10 +61,11 @@ FIXED_FIELDS = frozenset({
     # the tick grid the windows are cut on
     "throughput_adjustment_interval_seconds", "load_adjustment_interval_seconds",
     "enable_throughput_scaling", "enable_load_scaling", "grace_seconds", "ack_timeout_seconds",
-    # built into the state when a deployment starts: changing them later changes nothing
-    "load_predictor", "load_predictor_log1p", "load_predictor_warmup_trace", "prophet_window_size",
-    "kalman_q_level", "kalman_q_trend", "kalman_r", "kalman_min_points", "sizing_quantile_adapt_rate",
-    "max_num_fpm_samples", "fpm_sample_bucket_size",
+    # the load predictor: Dynamo never makes it a grid dimension (its pre-sweep picks it, which
+    # fleetplan does not implement yet; the core can now swap predictors: models/predictor_swap.py)
+    *PREDICTOR_FIELDS, "predictor_history_windows",
+    # built into the state when a deployment starts: set_config refuses them
+    *STARTUP_FIELDS,
 })
 """PlannerConfig fields a retune grid may not search."""
 
@@ -169,7 +170,10 @@ class Retuner:
             if name not in PlannerConfig.model_fields:
                 raise RetuneError(f"retune.planner.{name}: not a planner config field")
             if name in FIXED_FIELDS:
-                raise RetuneError(f"retune.planner.{name}: cannot be retuned (fixed when the deployment starts)")
+                raise RetuneError(
+                    f"retune.planner.{name}: cannot be retuned (retune searches planning knobs, "
+                    "not the deployment, its tick grid or its load predictor)"
+                )
             if not spec.planner[name]:
                 raise RetuneError(f"retune.planner.{name}: expected a non-empty list of values")
         names = list(spec.planner)

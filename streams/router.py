@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fleetplan.models import fold_ahead
+from fleetplan.models.config import ConfigError
 from fleetplan.models.fleet import INPUT_TYPES
 from fleetplan.models.fold_ahead import settled_data
 from fleetplan.models.planner import Planner, TickReport
@@ -32,7 +33,7 @@ from fleetplan.models.sequencer import FoldAhead, advance, offer
 from fleetplan.models.state import DeploymentState
 from fleetplan.schemas import topics as canonical
 from fleetplan.schemas.codec import SchemaError, event_to_dict
-from fleetplan.schemas.events import DeadLetter
+from fleetplan.schemas.events import DeadLetter, SetConfig
 from fleetplan.schemas.fpm_wire import decode_input
 from fleetplan.streams.tables import Output, StoredDeployment
 from fleetplan.streams.topics import TICKS
@@ -224,6 +225,12 @@ class Router:
             return
         dep = self._deployment(event.deployment, rec.partition)
         state = dep.state
+        if kind == "control" and isinstance(event.body, SetConfig):
+            try:  # against the config as folded so far: the tick re-checks it (rejected_controls)
+                state.config.with_changes(event.body.changes)
+            except ConfigError as err:
+                self._invalid(rec, batch, "invalid", f"body.changes: {err}")
+                return
         batch.events[rec.topic] += 1
         if kind == "fpm":
             batch.fpms += 1

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from fleetplan.models.config import ConfigError, PlannerConfig, config_from_dict, load_config
+from fleetplan.models.config import (
+    STARTUP_FIELDS,
+    ConfigError,
+    PlannerConfig,
+    config_from_dict,
+    load_config,
+)
 
 
 def test_defaults_match_dynamo():
@@ -92,3 +98,16 @@ def test_with_changes_validates():
     assert c.with_changes({"ttft_ms": 250}).ttft_ms == 250
     with pytest.raises(ConfigError, match="set_config: bogus: unknown field"):
         c.with_changes({"bogus": 1})
+
+
+@pytest.mark.parametrize("name", sorted(STARTUP_FIELDS))
+def test_fields_built_at_start_cannot_change_at_run_time(name):
+    c = PlannerConfig(max_kv_tokens=100_000, context_length=8192, profile_tp=1, profile_results_dir="p",
+                      load_predictor_warmup_trace="t.jsonl")
+    assert c.with_changes({name: getattr(c, name)}) == c  # restating the value is fine
+    other = {"mode": "agg", "prefill_time_model": "linear", "profile_results_dir": "q", "fpm_sample_bucket_size": 25,
+             "load_predictor_warmup_trace": "u.jsonl"}.get(name, None)
+    if other is None:
+        other = getattr(c, name) + 1
+    with pytest.raises(ConfigError, match=f"set_config: {name}: fixed when the deployment starts, which builds"):
+        c.with_changes({name: other})

@@ -219,6 +219,12 @@ def test_late_event_is_dead_lettered_with_its_coordinates(planner):
     (b"alpha", b'{"type": "deadletter", "deployment": "alpha", "time": 1, "reason": "late", "detail": "x"}',
      "invalid", "input event"),
     (b"alpha", b"", "invalid", "empty"),
+    (b"alpha", b'{"type": "control", "deployment": "alpha", "time": 1, '
+               b'"body": {"command": "set_config", "changes": {"ttft_ms": -1}}}',
+     "invalid", "body.changes: set_config: ttft_ms"),
+    (b"alpha", b'{"type": "control", "deployment": "alpha", "time": 1, '
+               b'"body": {"command": "set_config", "changes": {"max_num_seqs": 3}}}',
+     "invalid", "max_num_seqs: fixed when the deployment starts"),
 ])
 def test_invalid_records_are_dead_lettered_with_a_reason(planner, key, value, reason, needle):
     log = Log()

@@ -1,0 +1,75 @@
+"""Changing the load predictor while a deployment runs.
+
+The forecaster is state the core builds when a deployment starts: the
+predictor kind and its parameters (``PREDICTOR_FIELDS``) go into its
+constructor, and what it has learned lives in its fitted members. A
+``set_config`` that changes one of those fields must therefore rebuild it,
+or the config would name one predictor while another forecasts. A new
+predictor that starts empty would then size the fleet from nothing for its
+first windows, so the core keeps the last ``predictor_history_windows``
+windows it fed the forecaster (each with the busiest sub-window the sizing
+quantile calibrates on) and replays them into the new one. That is what
+Dynamo's retune does when it swaps predictors (planner-design, "Predictor
+Swap"), except that the windows come from the core's own state, so an
+operator's ``set_config`` gets the same warm start and the event log still
+folds to the same decisions.
+"""
+
+from __future__ import annotations
+
+from fleetplan.models.config import PREDICTOR_FIELDS, PlannerConfig
+from fleetplan.models.forecast import TrafficObservation
+from fleetplan.models.quantiles import QuantileForecaster
+
+__all__ = ["build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window"]
+
+
+def build_forecaster(cfg: PlannerConfig) -> QuantileForecaster:
+    """An empty forecaster for ``cfg``'s load predictor."""
+    return QuantileForecaster(
+        cfg.load_predictor,
+        adapt_rate=cfg.sizing_quantile_adapt_rate,
+        log1p=cfg.load_predictor_log1p,
+        prophet_window_size=cfg.prophet_window_size,
+        kalman_q_level=cfg.kalman_q_level,
+        kalman_q_trend=cfg.kalman_q_trend,
+        kalman_r=cfg.kalman_r,
+        kalman_min_points=cfg.kalman_min_points,
+        prophet_interval_s=float(cfg.throughput_adjustment_interval_seconds),
+    )
+
+
+def predictor_changed(old: PlannerConfig, new: PlannerConfig) -> bool:
+    """True when ``new`` builds a different forecaster than ``old``."""
+    return any(getattr(old, name) != getattr(new, name) for name in PREDICTOR_FIELDS)
+
+
+def remember_window(history: list[list], obs: TrafficObservation, peak: float | None, keep: int) -> None:
+    """Append one window the forecaster was fed, keeping the last ``keep``."""
+    history.append([
+        obs.start_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate,
+        obs.accept_length, peak,
+    ])
+    excess = len(history) - keep
+    if excess > 0:
+        del history[:excess]
+
+
+def rebuild_forecaster(cfg: PlannerConfig, history: list[list]) -> QuantileForecaster:
+    """A forecaster for ``cfg`` that has seen ``history`` as the old one did.
+
+    Each window is fed with its peak, as the throughput loop fed it, so the
+    sizing quantile calibrates on the same targets. When ``history`` holds
+    every window since the deployment's first, the result is the forecaster
+    it would have had with ``cfg``'s predictor from the start. The windows
+    are live traffic, not a warm-up trace, so an idle start is not skipped
+    again afterwards.
+    """
+    forecaster = build_forecaster(cfg)
+    for start_s, duration_s, num_req, isl, osl, kv, accept, peak in history:
+        obs = TrafficObservation(
+            duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, kv_hit_rate=kv,
+            accept_length=accept, start_s=start_s,
+        )
+        forecaster.observe(obs, peak=peak)
+    return forecaster

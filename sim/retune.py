@@ -31,9 +31,16 @@ is that loop for ``fleetplan simulate`` (docs/retune.md):
   event, so the run's event log still folds to the same decisions
   (``fleetplan plan``, ``fleetplan audit``).
 
-Fields the planner builds its state from (the load predictor and its
-parameters, loop intervals) and the engine's or SLA's own fields cannot be
-searched; Dynamo's predictor pre-sweep is not implemented.
+- **Predictor pre-sweep** (``load_predictor`` candidates, Dynamo's):
+  each candidate, fed the windows the core kept up to the window start,
+  forecasts the window's closed windows one step ahead; the lowest
+  ``window_loss`` wins, and every candidate but the current point replays
+  with it. An applied predictor change reaches the core as ``set_config``,
+  which rebuilds its forecaster (``fleetplan.models.predictor_swap``).
+
+The load predictor is never a grid field; the loop intervals, the
+engine's and the SLA's own fields, and what a deployment builds at start
+cannot be searched (``FIXED_FIELDS``).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleetplan.models.config import PREDICTOR_FIELDS, STARTUP_FIELDS, ConfigError, PlannerConfig
+from fleetplan.models.forecast import TrafficObservation, window_loss
+from fleetplan.models.predictor_swap import rebuild_forecaster
 from fleetplan.sim.metrics import sla_met
 from fleetplan.sim.traces import TraceRequest
 from fleetplan.sim.workload import Workload
@@ -61,8 +70,7 @@ FIXED_FIELDS = frozenset({
     # the tick grid the windows are cut on
     "throughput_adjustment_interval_seconds", "load_adjustment_interval_seconds",
     "enable_throughput_scaling", "enable_load_scaling", "grace_seconds", "ack_timeout_seconds",
-    # the load predictor: Dynamo never makes it a grid dimension (its pre-sweep picks it, which
-    # fleetplan does not implement yet; the core can now swap predictors: models/predictor_swap.py)
+    # the load predictor: never a grid dimension (the pre-sweep picks it, as in Dynamo)
     *PREDICTOR_FIELDS, "predictor_history_windows",
     # built into the state when a deployment starts: set_config refuses them
     *STARTUP_FIELDS,
@@ -83,6 +91,8 @@ class RetuneSpec(BaseModel):
     grace_seconds: float = Field(60.0, ge=0, allow_inf_nan=False)
     decision_latency_seconds: float = Field(0.0, ge=0, allow_inf_nan=False)
     planner: dict[str, list[Any]] = Field(min_length=1)
+    # predictor candidates for the pre-sweep: each a mapping of PREDICTOR_FIELDS (Dynamo's retune.load_predictor)
+    load_predictor: list[dict[str, Any]] = Field(default_factory=list)
     objective: Literal["goodput_per_gpu", "gpu_hours_at_goal"] = "goodput_per_gpu"
     attainment_goal: float = Field(0.99, gt=0, le=1, allow_inf_nan=False)
     min_improvement_percentage: float = Field(1.0, ge=0, allow_inf_nan=False)
@@ -135,6 +145,7 @@ class _Window:
     index: int
     ready: dict[str, int]
     forecaster: dict  # the run's forecaster state at the window start
+    predictor: dict[str, Any] = field(default_factory=dict)  # the searched predictor fields then
 
 
 @dataclass
@@ -180,13 +191,34 @@ class Retuner:
         points = [dict(zip(names, values, strict=True)) for values in itertools.product(*spec.planner.values())]
         if len(points) > spec.max_candidates:
             raise RetuneError(f"retune.planner: the grid has {len(points)} points, max_candidates is {spec.max_candidates}")
-        self.startup_point = {n: getattr(base, n) for n in names}
+        self.predictors = self._predictor_candidates(base)
+        self.predictor_names = sorted({n for p in spec.load_predictor for n in p})
+        self.startup_point = {n: getattr(base, n) for n in names + self.predictor_names}
         self.grid = [self._candidate(p, f"retune.planner point {i} {p}") for i, p in enumerate(points)]
         self.current = dict(self.startup_point)
         self._windows: dict[int, _Window] = {}
         self._requests: list[tuple[float, float, int, TraceRequest]] = []  # (arrival, end, index, request)
         self._next_window = 0
         self._pending: _Pending | None = None
+
+    def _predictor_candidates(self, base: PlannerConfig) -> list[dict[str, Any]]:
+        """Each ``load_predictor`` entry as a full set of the searched predictor fields, checked once."""
+        entries = self.spec.load_predictor
+        if entries and not base.throughput_enabled:
+            raise RetuneError("retune.load_predictor: the pre-sweep needs the throughput loop with the SLA target")
+        names = sorted({n for p in entries for n in p})
+        out = []
+        for i, entry in enumerate(entries):
+            for name in entry:
+                if name not in PREDICTOR_FIELDS:
+                    raise RetuneError(f"retune.load_predictor[{i}].{name}: not a predictor field "
+                                      f"(one of {', '.join(sorted(PREDICTOR_FIELDS))})")
+            try:
+                config = base.with_changes(entry)
+            except ConfigError as err:
+                raise RetuneError(f"retune.load_predictor[{i}]: {err}") from None
+            out.append({n: getattr(config, n) for n in names})
+        return out
 
     def _candidate(self, point: dict[str, Any], where: str) -> Candidate:
         try:
@@ -198,23 +230,28 @@ class Retuner:
 
     def start(self, initial: dict[str, int], forecaster_state: dict) -> None:
         """The run begins: window 0 starts from its initial fleet and forecaster (warmed, if the config says so)."""
-        self._windows[0] = _Window(0, dict(initial), forecaster_state)
+        self._windows[0] = _Window(0, dict(initial), forecaster_state, self._predictor_now())
+
+    def _predictor_now(self) -> dict[str, Any]:
+        return {n: self.current[n] for n in self.predictor_names}
 
     def request_done(self, req) -> None:
         self._requests.append((req.arrival, req.end, req.index, TraceRequest(
             req.arrival, req.isl, req.osl, tuple(req.hash_ids or ()),
         )))
 
-    def tick(self, now: float, ready: dict[str, int], forecaster_state) -> dict[str, Any] | None:
+    def tick(self, now: float, ready: dict[str, int], forecaster_state, history=list) -> dict[str, Any] | None:
         """Called after each tick of the run; returns the config changes to apply now, if any.
 
         ``forecaster_state`` is called (once, at a window start) for the
-        forecaster's saved state.
+        forecaster's saved state; ``history`` (at a sweep) for the windows
+        the core kept (``DeploymentState.traffic_history``), which the
+        predictor pre-sweep scores and warms candidates on.
         """
         window = self.spec.interval_seconds
         k = now / window
         if math.isclose(k, round(k)) and round(k) not in self._windows:
-            self._windows[round(k)] = _Window(round(k), dict(ready), forecaster_state())
+            self._windows[round(k)] = _Window(round(k), dict(ready), forecaster_state(), self._predictor_now())
         landed = None
         if self._pending is not None and now >= self._pending.lands_at:
             pending, self._pending = self._pending, None
@@ -228,14 +265,14 @@ class Retuner:
             if due:
                 newest = max(due)
                 self._next_window = newest + 1
-                self._pending = self._sweep(self._windows[newest], now)
+                self._pending = self._sweep(self._windows[newest], now, history())
                 for old in [w for w in self._windows if w <= newest]:
                     del self._windows[old]
         return landed
 
     # --- the sweep -------------------------------------------------------------
 
-    def _sweep(self, window: _Window, now: float) -> _Pending:
+    def _sweep(self, window: _Window, now: float, history: list[list]) -> _Pending:
         spec = self.spec
         start = window.index * spec.interval_seconds
         end = start + spec.interval_seconds
@@ -254,8 +291,10 @@ class Retuner:
         if not requests:
             record["outcome"] = "empty_window"
             return _Pending(lands_at, record, None)
-        candidates = self._candidates()
-        scores = [self._replay(c, window, requests, start, end) for c in candidates]
+        winner = self._presweep(history, start, end, record) if self.predictors else {}
+        before = [w for w in history if w[0] + w[1] <= start + 1e-9]
+        candidates = self._candidates(winner)
+        scores = [self._replay(c, window, requests, start, end, before) for c in candidates]
         record["candidates"] = [s.to_dict() for s in scores]
         best = max(range(len(scores)), key=lambda i: (self._rank(scores[i]), -i))  # ties: the earlier
         record["best"] = best
@@ -274,27 +313,65 @@ class Retuner:
                 if start <= arrival < end and done <= cutoff]
         return [r for _, _, r in sorted(kept, key=lambda x: (x[0], x[1]))]
 
-    def _candidates(self) -> list[Candidate]:
-        """The current point, the startup point, then the grid; one per distinct config."""
+    def _presweep(self, history: list[list], start: float, end: float, record: dict) -> dict[str, Any]:
+        """Dynamo's load-predictor pre-sweep: the candidate with the lowest one-step loss on the window.
+
+        Each candidate is warmed on the windows the core kept that ended by
+        the window start, then forecasts each closed window of the retune
+        window one step ahead before seeing it (``window_loss``, the
+        reference's weights). Ties go to the earlier candidate; with no
+        closed window to score, the current predictor stays.
+        """
+        before = [w for w in history if w[0] + w[1] <= start + 1e-9]
+        scored = [w for w in history if w[0] >= start - 1e-9 and w[0] + w[1] <= end + 1e-9]
+        losses = []
+        for fields in self.predictors:
+            forecaster = rebuild_forecaster(self.setup.config.with_changes(fields), before)
+            total = 0.0
+            for start_s, duration_s, n, isl, osl, kv, accept, peak in scored:
+                total += window_loss(forecaster.forecast(), (n, isl, osl))
+                forecaster.observe(TrafficObservation(duration_s, n, isl, osl, kv, accept, start_s), peak=peak)
+            losses.append(total / len(scored) if scored else None)
+        best = None if not scored else min(range(len(losses)), key=lambda i: (losses[i], i))
+        record["predictor_presweep"] = {
+            "scored_windows": len(scored), "warm_windows": len(before),
+            "losses": [{"predictor": dict(f), "loss": loss} for f, loss in zip(self.predictors, losses, strict=True)],
+            "winner": best,
+        }
+        return self._predictor_now() if best is None else dict(self.predictors[best])
+
+    def _candidates(self, winner: dict[str, Any] | None = None) -> list[Candidate]:
+        """The current point, the startup point, then the grid; one per distinct config.
+
+        Every candidate but the current point takes the pre-sweep winner's
+        predictor (``winner``), as in Dynamo.
+        """
+        winner = winner or {}
         out: list[Candidate] = []
         seen: list[PlannerConfig] = []
         first = [self._candidate(self.current, "retune current point"),
-                 self._candidate(self.startup_point, "retune startup point")]
-        for cand in first + self.grid:
+                 self._candidate({**self.startup_point, **winner}, "retune startup point")]
+        grid = self.grid if not winner else [
+            self._candidate({**c.changes, **winner}, f"retune.planner point {c.changes}") for c in self.grid
+        ]
+        for cand in first + grid:
             if cand.config not in seen:
                 seen.append(cand.config)
                 out.append(cand)
         return out
 
     def _replay(self, cand: Candidate, window: _Window, requests: list[TraceRequest],
-                start: float, end: float) -> Score:
+                start: float, end: float, before: list[list] = ()) -> Score:
         from fleetplan.models.planner import Planner
         from fleetplan.sim.runner import ClosedLoop, PlannerController
 
         setup = dataclasses.replace(self.setup, config=cand.config)
         workload = Workload(f"retune window [{start:g}, {end:g})", end, lambda: requests)
-        controller = PlannerController(Planner(cand.config, profile=self.profile),
-                                       forecaster_state=window.forecaster)
+        forecaster = window.forecaster
+        if any(getattr(cand.config, n) != v for n, v in window.predictor.items()):
+            # another predictor: the one a swap at the window start would have built
+            forecaster = rebuild_forecaster(cand.config, list(before)).to_state()
+        controller = PlannerController(Planner(cand.config, profile=self.profile), forecaster_state=forecaster)
         result = ClosedLoop(workload, setup, controller, window.ready, start_s=start).run()
         a = result.requests.arrays()
         ok = sla_met(a["ttft"], a["itl"], cand.config.ttft_ms, cand.config.itl_ms)

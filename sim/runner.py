@@ -204,7 +204,9 @@ class PlannerController:
             self.ticks.append(tick_row(item))
             if apply and self.retune is not None:
                 state = self.core.states[item.deployment]
-                changes = self.retune.tick(item.time, item.ready, state.forecaster.to_state) or changes
+                changes = self.retune.tick(
+                    item.time, item.ready, state.forecaster.to_state, lambda state=state: state.traffic_history,
+                ) or changes
             decision = item.decision
             if decision is None:
                 continue

@@ -266,3 +266,64 @@ def test_simulate_retune_prints_each_decision_and_rejects_a_bad_spec(tmp_path):
     assert other.exit_code == 2 and "--retune: retunes the planner, not --policy static-peak" in other.stderr
     live = CliRunner().invoke(app, [*args, "--realtime", "1000"])
     assert live.exit_code == 2 and "--retune: replay only (as in Dynamo), not with --publish or --realtime" in live.stderr
+
+
+# kalman first: on a tie (both forecast the last value until kalman has its points) it wins, so the
+# applied change swaps the run's constant predictor for it
+PREDICTORS = [{"load_predictor": "kalman", "kalman_min_points": 1}, {"load_predictor": "constant"}]
+
+
+@pytest.mark.parametrize(
+    "entries,message",
+    [
+        ([{"load_predictor": "oracle"}], "retune.load_predictor[0]: set_config: load_predictor: Input should be"),
+        ([{"constant": 1}], "retune.load_predictor[0].constant: not a predictor field"),
+        ([{"load_predictor": "kalman"}, {"kalman_r": -1}], "retune.load_predictor[1]: set_config: kalman_r"),
+    ],
+)
+def test_a_bad_predictor_candidate_fails_before_the_run(h200, entries, message):
+    with pytest.raises(RetuneError) as err:
+        retuner(h200, {**SPEC, "load_predictor": entries})
+    assert str(err.value).startswith(message), str(err.value)
+    with pytest.raises(RetuneError, match="the pre-sweep needs the throughput loop"):
+        retuner(h200, {**SPEC, "load_predictor": PREDICTORS}, enable_throughput_scaling=False,
+                enable_load_scaling=True)
+
+
+@pytest.fixture(scope="module")
+def presweep(workload, h200):
+    return _retuned_run(workload, h200, {**SPEC, "load_predictor": PREDICTORS})
+
+
+def test_the_presweep_scores_each_predictor_one_step_ahead_and_the_rest_take_the_winner(presweep):
+    result, log = presweep
+    first = result.retune[0]
+    sweep = first["predictor_presweep"]
+    # window [0, 120) at one-minute ticks: its two windows are scored, nothing came before
+    assert sweep["scored_windows"] == 2 and sweep["warm_windows"] == 0
+    losses = [c["loss"] for c in sweep["losses"]]
+    assert sweep["winner"] == min(range(2), key=lambda i: (losses[i], i))
+    winner = PREDICTORS[sweep["winner"]]
+    # the current point keeps the run's predictor; every other candidate takes the winner's
+    assert first["candidates"][0]["changes"]["load_predictor"] == "constant"
+    assert all(c["changes"]["load_predictor"] == winner["load_predictor"] for c in first["candidates"][1:])
+    later = result.retune[1]["predictor_presweep"]
+    assert later["warm_windows"] >= 2  # the next window's candidates are warmed on the first's
+
+
+def test_a_retuned_predictor_reaches_the_core_and_folds_back_from_the_log(presweep, tmp_path, h200):
+    result, log = presweep
+    applied = [d for d in result.retune if d["outcome"] == "applied"]
+    controls = [orjson.loads(line) for line in log.splitlines() if b'"type":"control"' in line]
+    assert [c["body"]["changes"] for c in controls] == [d["changes"] for d in applied]
+    assert any(d["changes"].get("load_predictor") == "kalman" for d in applied), applied
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(log)
+    fleet = Fleet(Planner(config_from_dict(RUN_CONFIG), profile=h200))
+    rows = [tick_row(item) for event in read_events(path) for item in fleet.feed(event)]
+    rows += [tick_row(item) for item in fleet.finish()]
+    assert rows == result.ticks
+    state = next(iter(fleet.states.values()))
+    expected = {**{"load_predictor": "constant"}, **{k: v for d in applied for k, v in d["changes"].items()}}
+    assert state.config.load_predictor == expected["load_predictor"]
+    assert state.forecaster.to_state()["forecaster"]["kind"] == expected["load_predictor"]

@@ -89,6 +89,11 @@ RETUNE: dict[str, dict] = {
         "interval_seconds": 540, "grace_seconds": 60, "planner": {"target_utilization": [0.7, 0.8, 0.9]}},
     "fleetplan (ensemble) +retune1h": {
         "interval_seconds": 3600, "grace_seconds": 60, "planner": {"calibrated_utilization": [0.8, 0.9, 0.95]}},
+    # +retune with Dynamo's predictor pre-sweep over the ensemble, constant and kalman
+    "fleetplan (ensemble) +retune+predictors": {
+        "interval_seconds": 540, "grace_seconds": 60, "planner": {"target_utilization": [0.7, 0.8, 0.9]},
+        "load_predictor": [{"load_predictor": "ensemble"}, {"load_predictor": "constant"},
+                           {"load_predictor": "kalman"}]},
 }
 VARIANTS.update({name: {"load_predictor": "ensemble"} for name in RETUNE})
 GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER}
@@ -121,7 +126,8 @@ def run_variant(spec: Spec, sla, name: str) -> dict:
     if result.retune is not None:
         row["retune"] = [
             {**{k: d[k] for k in ("window", "decided_at", "outcome", "changes")},
-             "candidates": [{k: c[k] for k in ("changes", "attainment", "gpu_hours", "score")} for c in d["candidates"]]}
+             "candidates": [{k: c[k] for k in ("changes", "attainment", "gpu_hours", "score")} for c in d["candidates"]],
+             **({"predictor_presweep": d["predictor_presweep"]} if "predictor_presweep" in d else {})}
             for d in result.retune
         ]
     return row

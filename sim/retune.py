@@ -319,8 +319,11 @@ class Retuner:
         Each candidate is warmed on the windows the core kept that ended by
         the window start, then forecasts each closed window of the retune
         window one step ahead before seeing it (``window_loss``, the
-        reference's weights). Ties go to the earlier candidate; with no
-        closed window to score, the current predictor stays.
+        reference's weights). Ties go to the earlier candidate. With no
+        window before it (the run's first) or none closed in it, the current
+        predictor stays: every candidate would start empty, and the loss of
+        its first forecast, of nothing, would decide (Dynamo fails a swap
+        that has no warm-up traffic the same way).
         """
         before = [w for w in history if w[0] + w[1] <= start + 1e-9]
         scored = [w for w in history if w[0] >= start - 1e-9 and w[0] + w[1] <= end + 1e-9]
@@ -332,7 +335,7 @@ class Retuner:
                 total += window_loss(forecaster.forecast(), (n, isl, osl))
                 forecaster.observe(TrafficObservation(duration_s, n, isl, osl, kv, accept, start_s), peak=peak)
             losses.append(total / len(scored) if scored else None)
-        best = None if not scored else min(range(len(losses)), key=lambda i: (losses[i], i))
+        best = None if not (scored and before) else min(range(len(losses)), key=lambda i: (losses[i], i))
         record["predictor_presweep"] = {
             "scored_windows": len(scored), "warm_windows": len(before),
             "losses": [{"predictor": dict(f), "loss": loss} for f, loss in zip(self.predictors, losses, strict=True)],

@@ -21,7 +21,7 @@ from fleetplan.models.config import PREDICTOR_FIELDS, PlannerConfig
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.quantiles import QuantileForecaster
 
-__all__ = ["build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window"]
+__all__ = ["build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window", "window_of"]
 
 
 def build_forecaster(cfg: PlannerConfig) -> QuantileForecaster:
@@ -55,6 +55,16 @@ def remember_window(history: list[list], obs: TrafficObservation, peak: float | 
         del history[:excess]
 
 
+def window_of(row: list) -> tuple[TrafficObservation, float | None]:
+    """A kept window (``remember_window``'s row) as the observation and peak it was fed."""
+    start_s, duration_s, num_req, isl, osl, kv, accept, peak = row
+    obs = TrafficObservation(
+        duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, kv_hit_rate=kv,
+        accept_length=accept, start_s=start_s,
+    )
+    return obs, peak
+
+
 def rebuild_forecaster(cfg: PlannerConfig, history: list[list]) -> QuantileForecaster:
     """A forecaster for ``cfg`` that has seen ``history`` as the old one did.
 
@@ -66,10 +76,7 @@ def rebuild_forecaster(cfg: PlannerConfig, history: list[list]) -> QuantileForec
     again afterwards.
     """
     forecaster = build_forecaster(cfg)
-    for start_s, duration_s, num_req, isl, osl, kv, accept, peak in history:
-        obs = TrafficObservation(
-            duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, kv_hit_rate=kv,
-            accept_length=accept, start_s=start_s,
-        )
+    for row in history:
+        obs, peak = window_of(row)
         forecaster.observe(obs, peak=peak)
     return forecaster

@@ -54,8 +54,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleetplan.models.config import PREDICTOR_FIELDS, STARTUP_FIELDS, ConfigError, PlannerConfig
-from fleetplan.models.forecast import TrafficObservation, window_loss
-from fleetplan.models.predictor_swap import rebuild_forecaster
+from fleetplan.models.forecast import window_loss
+from fleetplan.models.predictor_swap import rebuild_forecaster, window_of
 from fleetplan.sim.metrics import sla_met
 from fleetplan.sim.traces import TraceRequest
 from fleetplan.sim.workload import Workload
@@ -291,8 +291,8 @@ class Retuner:
         if not requests:
             record["outcome"] = "empty_window"
             return _Pending(lands_at, record, None)
-        winner = self._presweep(history, start, end, record) if self.predictors else {}
-        before = [w for w in history if w[0] + w[1] <= start + 1e-9]
+        before = [w for w in history if w[0] + w[1] <= start + 1e-9]  # kept windows ended by the start
+        winner = self._presweep(history, before, start, end, record) if self.predictors else {}
         candidates = self._candidates(winner)
         scores = [self._replay(c, window, requests, start, end, before) for c in candidates]
         record["candidates"] = [s.to_dict() for s in scores]
@@ -313,7 +313,8 @@ class Retuner:
                 if start <= arrival < end and done <= cutoff]
         return [r for _, _, r in sorted(kept, key=lambda x: (x[0], x[1]))]
 
-    def _presweep(self, history: list[list], start: float, end: float, record: dict) -> dict[str, Any]:
+    def _presweep(self, history: list[list], before: list[list], start: float, end: float,
+                  record: dict) -> dict[str, Any]:
         """Dynamo's load-predictor pre-sweep: the candidate with the lowest one-step loss on the window.
 
         Each candidate is warmed on the windows the core kept that ended by
@@ -325,15 +326,15 @@ class Retuner:
         its first forecast, of nothing, would decide (Dynamo fails a swap
         that has no warm-up traffic the same way).
         """
-        before = [w for w in history if w[0] + w[1] <= start + 1e-9]
         scored = [w for w in history if w[0] >= start - 1e-9 and w[0] + w[1] <= end + 1e-9]
         losses = []
         for fields in self.predictors:
             forecaster = rebuild_forecaster(self.setup.config.with_changes(fields), before)
             total = 0.0
-            for start_s, duration_s, n, isl, osl, kv, accept, peak in scored:
-                total += window_loss(forecaster.forecast(), (n, isl, osl))
-                forecaster.observe(TrafficObservation(duration_s, n, isl, osl, kv, accept, start_s), peak=peak)
+            for row in scored:
+                obs, peak = window_of(row)
+                total += window_loss(forecaster.forecast(), (obs.num_req, obs.isl, obs.osl))
+                forecaster.observe(obs, peak=peak)
             losses.append(total / len(scored) if scored else None)
         best = None if not (scored and before) else min(range(len(losses)), key=lambda i: (losses[i], i))
         record["predictor_presweep"] = {

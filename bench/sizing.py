@@ -107,6 +107,7 @@ SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30m
 def run_variant(spec: Spec, sla, name: str) -> dict:
     from fleetplan.models.planner import Planner
     from fleetplan.sim.experiment import initial_fleet, run_oracle, run_planner, size_workload
+    from fleetplan.sim.forecast_check import run_coverage
     from fleetplan.sim.retune import Retuner, load_retune
 
     # ARIMA unless the variant says otherwise: the ablations in docs/sizing.md were measured
@@ -123,6 +124,8 @@ def run_variant(spec: Spec, sla, name: str) -> dict:
         result = run_planner(workload, setup, Planner(cfg, profile=setup.profile),
                              initial_fleet("warm", setup, sizing, workload), retune=retune)
     row = _row(spec, sla, name, result, time.perf_counter() - t0, setup=setup)
+    if name != "oracle":
+        row["forecast"] = run_coverage(result, workload, cfg)  # the point's error, the sized quantile's misses
     if result.retune is not None:
         row["retune"] = [
             {**{k: d[k] for k in ("window", "decided_at", "outcome", "changes")},

@@ -38,7 +38,6 @@ from fleetplan.models.predictor_swap import (
     rebuild_forecaster,
     remember_window,
 )
-from fleetplan.models.quantiles import QuantileForecaster
 from fleetplan.models.queueing import Dispersion
 from fleetplan.models.startup import (
     measured_startup_seconds,
@@ -301,16 +300,17 @@ class Planner:
         state.forecaster.observe(full, peak=peak)
         remember_window(state.traffic_history, full, peak, cfg.predictor_history_windows)
         forecast = state.forecaster.forecast()
-        sized = horizon = utilization = None
+        sized = horizon = utilization = calibrated = None
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
             sized = max(forecast[0], state.forecaster.quantile(cfg.sizing_quantile, horizon))
-            utilization = _sizing_utilization(cfg, state.forecaster, horizon)
+            calibrated = state.forecaster.calibrated(cfg.sizing_quantile, horizon)
+            utilization = _sizing_utilization(cfg, calibrated)
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
-            sized_num_req=sized, horizon_windows=horizon, mix_factor=factors,
+            sized_num_req=sized, horizon_windows=horizon, quantile_calibrated=calibrated, mix_factor=factors,
             arrival_dispersion=_queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
             queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization,
         )
@@ -741,7 +741,7 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
     return dict(proposal.needed)
 
 
-def _sizing_utilization(cfg: PlannerConfig, forecaster: QuantileForecaster, horizon: int) -> float:
+def _sizing_utilization(cfg: PlannerConfig, calibrated: bool) -> float:
     """The share of each engine's rate the throughput loop sizes for.
 
     ``target_utilization`` is headroom for everything the sized load does
@@ -751,7 +751,7 @@ def _sizing_utilization(cfg: PlannerConfig, forecaster: QuantileForecaster, hori
     ``calibrated_utilization`` applies. Before that the quantile is the
     largest value seen, which promises nothing, and the full headroom stays.
     """
-    if cfg.calibrated_utilization is None or not forecaster.calibrated(cfg.sizing_quantile, horizon):
+    if cfg.calibrated_utilization is None or not calibrated:
         return cfg.target_utilization
     return cfg.calibrated_utilization
 

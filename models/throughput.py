@@ -159,6 +159,7 @@ def propose_throughput(
     *,
     sized_num_req: float | None = None,
     horizon_windows: int | None = None,
+    quantile_calibrated: bool | None = None,
     mix_factor: Mapping[Role, float] | None = None,
     arrival_dispersion: Dispersion = 1.0,
     queue_budgets: Budgets | None = None,
@@ -169,7 +170,8 @@ def propose_throughput(
 
     ``sized_num_req`` (the upper quantile over ``horizon_windows`` windows)
     is the count the fleet is sized for when given; the point forecast
-    is still reported. ``mix_factor`` scales each role's capacity.
+    is still reported, and ``quantile_calibrated`` (whether that quantile
+    was conformal) with it. ``mix_factor`` scales each role's capacity.
     ``arrival_dispersion`` (1 for Poisson) stretches the queueing floor's waits.
     ``queue_budgets`` (``bucket_budgets`` of the last window's mix) replaces
     the queueing floor's one budget, the mean prompt's. ``osl_classes``
@@ -188,7 +190,7 @@ def propose_throughput(
         num_req=num_req, isl=isl, osl=osl, rps=num_req / interval,
         kv_hit_rate=kv_hit_rate, accept_length=accept_length,
         sized_rps=None if sized_num_req is None else demand_rps,
-        horizon_windows=horizon_windows,
+        horizon_windows=horizon_windows, quantile_calibrated=quantile_calibrated,
         arrival_dispersion=dispersion_points(arrival_dispersion) if floored else None,
     )
     factors = mix_factor or {}

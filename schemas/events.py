@@ -224,6 +224,10 @@ class PredictedLoad(_Model):
     horizon_windows: Annotated[int, Field(ge=1)] | None = Field(
         None, description="throughput windows the sized rate covers (startup horizon)"
     )
+    quantile_calibrated: bool | None = Field(
+        None, description="whether the sized rate's quantile was conformal (its own errors calibrate it); "
+        "false while it is still the largest ratio seen; null when the fleet is sized for the point",
+    )
     arrival_dispersion: list[tuple[NonNegative, NonNegative]] | None = Field(
         None, description="[[tau_s, I]]: the arrivals' index of dispersion per time scale that the "
         "prefill queueing floor stretched its waits by (one point at 1 s with the 1-s dispersion; "

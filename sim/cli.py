@@ -396,7 +396,7 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
-        _print_table(ordered, setup, workload, run, out)
+        _print_table(ordered, setup, workload, run, out, summary["forecast"])
 
 
 def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, rounds, goal, note, live=None):
@@ -416,6 +416,8 @@ def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, roun
 
 
 def _summary_json(run, sizing, results, out) -> dict:
+    from fleetplan.sim.forecast_check import run_coverage
+
     setup = run["setup"]
     cfg = setup.config
     main = results[0]
@@ -446,6 +448,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         "late_events": main.late_events,
         "gpu_budget_held_ticks": budget_held_ticks(main),
         "retune": main.retune,
+        "forecast": run_coverage(main, run["workload"], cfg),
         "files": None if out is None else {
             "events": str(out / "events.jsonl"), "summary": str(out / "summary.json"),
             "report": str(out / "report.html"),
@@ -506,9 +509,11 @@ def results_by(results, name):
     return next((r for r in results if r.policy == name), None)
 
 
-def _print_table(results, setup, workload, run, out) -> None:
+def _print_table(results, setup, workload, run, out, coverage=None) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from fleetplan.sim.forecast_check import coverage_line
 
     cfg = setup.config
     oracle = results_by(results, "oracle")
@@ -537,6 +542,9 @@ def _print_table(results, setup, workload, run, out) -> None:
         f"{main.policy}: {main.end_s / main.wall_s:,.0f}x real time "
         f"({main.summary.requests / main.wall_s:,.0f} requests/s, {main.events:,} events)"
     )
+    line = coverage_line(coverage)
+    if line:
+        console.print(line)
     for line in retune_lines(main.retune or []):
         console.print(line)
     note = _budget_note(main, cfg)

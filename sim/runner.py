@@ -232,6 +232,10 @@ def tick_row(report) -> dict:
         row["predicted_osl"] = report.predicted.osl
         if report.predicted.sized_rps is not None:
             row["sized_rps"] = report.predicted.sized_rps
+        if report.predicted.horizon_windows is not None:
+            row["horizon_windows"] = report.predicted.horizon_windows
+        if report.predicted.quantile_calibrated is not None:
+            row["quantile_calibrated"] = report.predicted.quantile_calibrated
     if report.observed is not None:
         row["observed_rps"] = report.observed.num_req / report.observed.duration_s
     for role, est in report.estimates.items():

@@ -12,6 +12,7 @@ from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, start_http_server
 
+from fleetplan.models.startup import measured_startup_seconds
 from fleetplan.schemas.events import LoadReason, ThroughputReason
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -33,6 +34,18 @@ class WorkerMetrics:
                             "engines the throughput loop's sizing asked for, by what: the sized rate at the "
                             "target utilisation (rate) or the prefill queueing floor (queueing)",
                             ["deployment", "role", "by"], registry=r)
+        self.utilization = Gauge("fleetplan_sizing_utilization",
+                                 "share of one engine's SLA-bound rate the last throughput tick sized for",
+                                 ["deployment", "role"], registry=r)
+        self.horizon = Gauge("fleetplan_sizing_horizon_windows",
+                             "throughput windows the sized quantile covered at the last tick (the startup horizon)",
+                             ["deployment"], registry=r)
+        self.calibrated = Gauge("fleetplan_sizing_quantile_calibrated",
+                                "1 when the quantile the last tick sized for was conformal, 0 while it is "
+                                "still the largest ratio seen", ["deployment"], registry=r)
+        self.startup = Gauge("fleetplan_startup_seconds",
+                             "startup time the throughput loop plans with: the median of the measured "
+                             "startups, or startup_seconds until one is measured", ["deployment"], registry=r)
         self.ttft = Gauge("fleetplan_estimated_ttft_ms", "worst engine TTFT estimate at the last load tick",
                           ["deployment", "role"], registry=r)
         self.itl = Gauge("fleetplan_estimated_itl_ms", "worst engine ITL estimate at the last load tick",
@@ -104,12 +117,24 @@ class WorkerMetrics:
                 self.sizing.labels(dep, role, "rate").set(est.rate_replicas)
             if est.queueing_replicas is not None:
                 self.sizing.labels(dep, role, "queueing").set(est.queueing_replicas)
+            if est.utilization is not None:
+                self.utilization.labels(dep, role).set(est.utilization)
         if report.predicted is not None:
-            for name in PREDICTED_FIELDS:
-                self.predicted.labels(dep, name).set(getattr(report.predicted, name))
+            self._observe_predicted(dep, report.predicted)
+            self.startup.labels(dep).set(measured_startup_seconds(state))
         if report.decision is not None:
             self.decisions.labels(dep).inc()
         self._observe_queues(dep, state)
+
+    def _observe_predicted(self, dep: str, predicted) -> None:
+        for name in PREDICTED_FIELDS:
+            self.predicted.labels(dep, name).set(getattr(predicted, name))
+        if predicted.sized_rps is not None:  # the upper quantile, beside the point's rps
+            self.predicted.labels(dep, "sized_rps").set(predicted.sized_rps)
+        if predicted.horizon_windows is not None:
+            self.horizon.labels(dep).set(predicted.horizon_windows)
+        if predicted.quantile_calibrated is not None:
+            self.calibrated.labels(dep).set(1.0 if predicted.quantile_calibrated else 0.0)
 
     def _observe_queues(self, dep: str, state) -> None:
         seen: set[tuple[str, str]] = set()

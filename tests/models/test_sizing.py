@@ -154,6 +154,8 @@ def test_headroom_drops_to_calibrated_utilization_once_the_quantile_is_conformal
     assert len(ticks) == 17  # ticks at 180 .. 3060 s
     # the P90 over a 2-window horizon is conformal after 9 origins that span it: 10 windows
     assert shares == [0.8] * 10 + [0.9] * (len(ticks) - 10), shares
+    # the decision says which it was: the quantile conformal from the same tick on
+    assert [t.predicted.quantile_calibrated for t in ticks] == [False] * 10 + [True] * (len(ticks) - 10)
     assert [t.estimates["prefill"].rate_replicas for t in ticks[9:11]] == [3, 2]
     assert _state(fleet).forecaster.calibrated(0.9, 2)
     for t in ticks:  # the count is the sized rate at the share the tick reports
@@ -166,10 +168,35 @@ def test_headroom_drops_to_calibrated_utilization_once_the_quantile_is_conformal
     assert {t.estimates["prefill"].rate_replicas for t in held[2:]} == {3}
 
 
+def test_the_worker_exports_the_sized_quantile_and_whether_it_was_conformal(make_fleet):
+    """Prometheus sees the P90 beside the point, its horizon, the headroom and the startup it plans with."""
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    fleet = make_fleet(throughput_sizing="startup_quantile", target_utilization=0.8, calibrated_utilization=0.9,
+                       max_throughput_scaling_replicas=20)
+    ticks = _steady_ticks(fleet, 26, 12)
+    metrics = WorkerMetrics()
+
+    def value(name, **labels):
+        return metrics.registry.get_sample_value(name, {"deployment": "d", **labels})
+
+    for tick, calibrated in ((ticks[0], 0.0), (ticks[-1], 1.0)):
+        metrics.observe_tick(tick, _state(fleet))
+        assert value("fleetplan_sizing_quantile_calibrated") == calibrated
+        assert value("fleetplan_predicted_load", quantity="sized_rps") == tick.predicted.sized_rps
+        assert value("fleetplan_predicted_load", quantity="rps") == tick.predicted.rps
+        assert value("fleetplan_sizing_horizon_windows") == tick.predicted.horizon_windows == 2
+        assert value("fleetplan_sizing_utilization", role="prefill") == tick.estimates["prefill"].utilization
+    assert value("fleetplan_sizing_utilization", role="prefill") == 0.9
+    # no worker was started by a decision here, so the configured startup is what it plans with
+    assert value("fleetplan_startup_seconds") == _state(fleet).config.startup_seconds
+
+
 def test_point_sizing_keeps_target_utilization(make_fleet):
     """Without a quantile nothing is calibrated: the reference's sizing is untouched."""
     ticks = _steady_ticks(make_fleet(target_utilization=0.8, calibrated_utilization=0.9), 26, 12)
     assert {t.estimates[r].utilization for t in ticks for r in ("prefill", "decode")} == {0.8}
+    assert {t.predicted.quantile_calibrated for t in ticks} == {None}  # no quantile to calibrate
 
 
 @given(st.integers(1, 100_000), st.sampled_from([0.5, 0.8, 0.9, 0.95, 0.99]))

@@ -38,6 +38,10 @@ def test_simulate_writes_log_summary_and_report(tmp_path):
     assert planner["requests"] == summary["requests"] > 0
     assert 0.0 <= planner["sla_attainment"] <= 1.0 and planner["gpu_hours"] > 0
     assert summary["late_events"] == 0
+    # the forecasts are scored against what then arrived (sim/forecast_check.py)
+    forecast = summary["forecast"]
+    assert forecast["point"]["scored"] >= 1 and forecast["point"]["mape_pct"] >= 0.0
+    assert "sized" not in forecast  # 3 minutes hold no startup horizon after a tick: nothing to score yet
     for name in ("events.jsonl", "summary.json", "report.html"):
         assert (out / name).stat().st_size > 0
     html = (out / "report.html").read_bytes()
@@ -58,6 +62,7 @@ def test_a_planner_held_by_the_gpu_budget_is_flagged():
     assert orjson.loads(held.stdout)["gpu_budget_held_ticks"] > 0
     table = simulate("--trace", CODE, "--duration", 400, "--rate-scale", 50, "--no-baselines")
     assert "the GPU budget held the planner at max_gpu_budget = 8 GPUs" in " ".join(table.stdout.split())
+    assert "forecast: point forecast off by" in " ".join(table.stdout.split())
     free = simulate("--trace", CODE, "--duration", 400, "--rate-scale", 4, "--config", QUICKSTART,
                     "--no-baselines", "--json")
     assert orjson.loads(free.stdout)["gpu_budget_held_ticks"] == 0

@@ -1,0 +1,75 @@
+"""The simulator's score of the planner's forecasts against what then arrived (sim/forecast_check.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetplan.sim.forecast_check import coverage_line, forecast_coverage
+
+
+def _steady(rate: float, start: float, end: float) -> list[float]:
+    """``rate`` arrivals a second, evenly spaced, in [start, end)."""
+    n = round(rate * (end - start))
+    return [start + (i + 0.5) / rate for i in range(n)]
+
+
+def _score(ticks, arrivals, **kw):
+    return forecast_coverage(ticks, arrivals, **{"end_s": 600.0, "interval_s": 180.0, "burst_s": 60.0,
+                                                 "quantile": 0.9, **kw})
+
+
+def test_the_point_is_scored_on_the_next_window_and_the_quantile_on_the_busiest_burst_of_its_horizon():
+    # 10 rps throughout, with one minute at 40 rps: minute 4 (240-300 s), inside the second window
+    arrivals = _steady(10, 0, 240) + _steady(40, 240, 300) + _steady(10, 300, 600)
+    ticks = [
+        # the next window [180, 360): 60 s at 10 and 60 at 40 and 60 at 10 = 20 rps; the horizon
+        # [180, 540) peaks at the 40-rps minute
+        {"t": 180.0, "predicted_rps": 20.0, "sized_rps": 39.0, "horizon_windows": 2, "quantile_calibrated": False},
+        # [360, 540) is 10 rps, under-forecast by 10 %; the horizon ends at 720 > 600: not scored
+        {"t": 360.0, "predicted_rps": 9.0, "sized_rps": 50.0, "horizon_windows": 2, "quantile_calibrated": True},
+        # a window past the end: nothing scored
+        {"t": 540.0, "predicted_rps": 9.0, "sized_rps": 50.0, "horizon_windows": 1, "quantile_calibrated": True},
+    ]
+    out = _score(ticks, arrivals)
+    assert out["point"]["scored"] == 2
+    assert out["point"]["mape_pct"] == pytest.approx(5.0)  # 0 % and 10 %
+    assert out["point"]["under_share"] == 0.5
+    sized = out["sized"]
+    assert (sized["scored"], sized["exceeded"]) == (1, 1)  # 40 rps over the 39 sized
+    assert (sized["calibrated_scored"], sized["calibrated_exceeded"]) == (0, 0)
+    assert sized["calibrated_exceeded_share"] is None
+    # the same tick sized at 40 covers the minute
+    ticks[0]["sized_rps"] = 40.0
+    assert _score(ticks, arrivals)["sized"]["exceeded"] == 0
+
+
+def test_conformal_ticks_are_counted_apart():
+    arrivals = _steady(10, 0, 1200)
+    ticks = [{"t": 180.0 * k, "predicted_rps": 10.0, "sized_rps": 10.5 if k % 2 else 9.5,
+              "horizon_windows": 1, "quantile_calibrated": k >= 3} for k in range(1, 6)]
+    sized = _score(ticks, arrivals, end_s=1200.0)["sized"]
+    # sized 9.5 (exceeded) at k = 2, 4; k = 3, 4, 5 are conformal, of which k = 4 is exceeded
+    assert (sized["scored"], sized["exceeded"], sized["exceeded_share"]) == (5, 2, 0.4)
+    assert (sized["calibrated_scored"], sized["calibrated_exceeded"]) == (3, 1)
+    line = coverage_line(_score(ticks, arrivals, end_s=1200.0))
+    assert "exceeded on 2 of 5 ticks (1 of the 3 conformal ones)" in line
+    assert "P90" in line
+
+
+def test_burst_zero_scores_the_window_mean_and_a_burst_that_does_not_divide_the_window():
+    arrivals = _steady(10, 0, 240) + _steady(40, 240, 300) + _steady(10, 300, 600)
+    tick = [{"t": 180.0, "predicted_rps": 20.0, "sized_rps": 25.0, "horizon_windows": 1}]
+    # no sub-windows: the window's own mean, 20 rps, is under 25
+    assert _score(tick, arrivals, burst_s=0.0)["sized"]["exceeded"] == 0
+    # 50-s sub-windows keyed floor(t / 50), as the core keys them: [250, 300) is all at 40 rps
+    assert _score(tick, arrivals, burst_s=50.0)["sized"]["exceeded"] == 1
+
+
+def test_nothing_to_score():
+    assert _score([], _steady(10, 0, 600)) is None
+    assert _score([{"t": 540.0, "predicted_rps": 5.0}], _steady(10, 0, 600)) is None  # past the end
+    assert coverage_line(None) is None
+    # a point-sized run has no quantile to score
+    out = _score([{"t": 180.0, "predicted_rps": 10.0}], _steady(10, 0, 600), quantile=None)
+    assert "sized" not in out and out["point"]["mape_pct"] == pytest.approx(0.0)
+    assert coverage_line(out).startswith("forecast: point forecast off by 0.0 %")

@@ -14,7 +14,12 @@ service turns into an ack status.
 from __future__ import annotations
 
 import abc
+import logging
+from collections.abc import Awaitable, Callable
 from typing import ClassVar
+
+from aiokafka import ConsumerRebalanceListener
+from aiokafka.structs import TopicPartition
 
 from fleetplan.schemas.events import Decision, Role
 
@@ -85,3 +90,23 @@ class Applier(abc.ABC):
     def describe(self) -> str:
         """One line for the startup log."""
         return self.backend
+
+
+class HandOver(ConsumerRebalanceListener):
+    """Routes aiokafka's rebalance callbacks to a consumer of the decision topic.
+
+    ``on_revoked`` runs before the group moves the partitions, while they are
+    still assigned: the place to commit what is done on them and to drop what
+    is queued for them (the connector service and the Kafka orchestrator
+    client both do).
+    """
+
+    def __init__(self, on_revoked: Callable[[set[TopicPartition]], Awaitable[None]], log: logging.Logger) -> None:
+        self._on_revoked = on_revoked
+        self._log = log
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        self._log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))

@@ -10,12 +10,17 @@ request records over ZMQ, to SUB or PULL endpoints of the bridge. The bridge:
   of event time, so no record straddles a tick boundary: tick intervals
   are whole seconds), because per-record cost, not per-FPM cost, bounds the
   worker's ingest;
-* produces with an idempotent producer (``acks=all``), keyed by deployment;
+* keeps every record it produces within ``MAX_EVENT_BYTES``, which the worker
+  dead-letters whole: packs are cut by size as well as by count, and a
+  publisher's ``fpm_batch`` that re-encodes bigger is split;
+* produces with an idempotent producer (``acks=all``), keyed by deployment,
+  and keeps each (topic, deployment) in the order accepted, retries
+  included, so no record falls behind a later heartbeat and comes late;
 * holds at most ``buffer`` accepted-but-unacknowledged events: when full it
   stops reading, so PUSH senders block (ZMQ high-water mark) and PUB
   publishers drop at *their* side, never silently inside the bridge;
 * retries a failed produce until the broker takes it, so an accepted event
-  survives a broker restart (at least once);
+  survives a broker restart (at least once), in its place in the order;
 * sends a clock heartbeat for a deployment's topic that has been idle for
   ``heartbeat_s``, so the worker's event-time clock keeps moving; its time
   is the deployment's latest event time plus the wall time since, so it
@@ -65,6 +70,9 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 ACCEPTED_TYPES = ("fpm", "fpm_batch", "request", "arrival")
 PAYLOAD_LIMIT = 4096
+PACK_FILL = 0.9
+"""Share of ``MAX_EVENT_BYTES`` a pack is planned to fill: FPMs differ in size
+(names, digits), so a pack cut by the size of the ones before it keeps room."""
 FORGET_AFTER_S = 600.0
 """A deployment silent this long gets no more heartbeats (it is probably gone)."""
 
@@ -198,6 +206,31 @@ def _validate(item, raw: bytes | None):
     return event, None
 
 
+def fpm_records(batch: FpmBatch) -> list[tuple[bytes, int]]:
+    """``batch`` encoded as (record, FPMs in it), each record within ``MAX_EVENT_BYTES``.
+
+    A batch that encodes too big is cut into consecutive pieces, in its order,
+    each keeping the batch's ``time``: the worker places a batch in a tick by
+    its time, so the pieces fall in the tick the whole batch would (none comes
+    late for being cut), and folding a batch equals folding its FPMs one by one
+    (``_apply_fpm_batch``), so the pieces fold as the batch does. (Pieces of
+    equal time are folded in the order of their first FPMs, which is theirs
+    for a batch in time order.) One FPM always fits: its names are at most 256
+    characters.
+    """
+    value = encode_event(batch)
+    n = len(batch.fpms)
+    if len(value) <= MAX_EVENT_BYTES or n == 1:
+        return [(value, n)]
+    pieces = min(n, math.ceil(len(value) / (MAX_EVENT_BYTES * PACK_FILL)))
+    step = math.ceil(n / pieces)
+    out: list[tuple[bytes, int]] = []
+    for i in range(0, n, step):
+        piece = FpmBatch(deployment=batch.deployment, time=batch.time, fpms=batch.fpms[i:i + step])
+        out.extend(fpm_records(piece))
+    return out
+
+
 # --- the bridge --------------------------------------------------------------------
 
 
@@ -210,6 +243,44 @@ class Outgoing:
     value: bytes
     events: int
     attempts: int = 0
+    seq: int = 0  # order of acceptance, set when enqueued
+
+
+@dataclass
+class _Window:
+    """The records of a lane handed to the producer together."""
+
+    records: list[Outgoing]
+    unresolved: int = 0  # handed over, delivery not known yet
+    handing: bool = True  # still being handed over
+    failed: list[Outgoing] = field(default_factory=list)  # to re-send: refused, failed, or never handed over
+    attempts_failed: int = 0  # records the producer refused or failed
+    error: object = None
+
+
+@dataclass
+class _Lane:
+    """One (topic, deployment): its records reach Kafka in the order accepted.
+
+    At most one window is with the producer at a time; what is accepted
+    meanwhile waits here, and the window's failed records are re-sent first,
+    so neither a newer record nor a heartbeat overtakes a retried one (the
+    worker would dead-letter it as late once a heartbeat moved its tick on).
+
+    The idempotent producer alone does not give this order: aiokafka keeps one
+    batch per partition in flight and retries it, but fails a batch that waits
+    too long for a partition leader (and ``send`` itself can fail), and a
+    re-send is a new record, behind whatever was delivered meanwhile. Waiting
+    one window costs a lane a produce round trip, which aiokafka's one batch
+    in flight per partition costs anyway. Within one window order can still
+    break if aiokafka splits it into batches and fails an earlier one only.
+    """
+
+    key: tuple[str, bytes]
+    waiting: deque[Outgoing] = field(default_factory=deque)
+    window: _Window | None = None
+    backing_off: bool = False
+    scheduled: bool = False
 
 
 @dataclass
@@ -229,6 +300,8 @@ class _Source:
     clock_sent: float = 0.0
     # per topic, the latest event time a record sent on it carried (data or heartbeat)
     sent_time: dict[str, float] = field(default_factory=dict)
+    # encoded bytes per FPM of the deployment's latest FPM record, to cut packs by size
+    fpm_bytes: float = 0.0
 
 
 class BridgeMetrics:
@@ -261,7 +334,9 @@ class Bridge:
         self._buffered = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._queue: deque[Outgoing] = deque()
+        self._lanes: dict[tuple[str, bytes], _Lane] = {}
+        self._due: deque[_Lane] = deque()  # lanes with records to hand to the producer
+        self._seq = 0
         self._ready = asyncio.Event()
         self._packs: dict[str, _Pack] = {}
         self._sources: dict[str, _Source] = {}
@@ -321,9 +396,9 @@ class Bridge:
             await asyncio.wait_for(self._wait_drained(), drain_timeout_s)
         except TimeoutError:
             log.error("bridge stopped with %d accepted events not acknowledged by Kafka", self._buffered)
-        for t in self._tasks:
+        for t in (*self._tasks, *self._retries):
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._retries, return_exceptions=True)
         if self.producer is not None:
             await self.producer.stop()
         for _, sock in self.sockets:
@@ -366,20 +441,43 @@ class Bridge:
         events, rejected = decode_message(frames)
         for problem in rejected:
             await self._dead(problem, source)
+        accepted = 0
         for event in events:
-            n = len(event.fpms) if event.type == "fpm_batch" else 1
-            await self._reserve(n)
-            self.metrics.accepted.labels(event.type).inc()
-            self._observe(event)
-            if event.type == "fpm":
-                self._pack(event)
-            elif event.type == "fpm_batch":
-                self._enqueue(Outgoing(self.topics.fpm, event.deployment.encode(), encode_event(event), n))
-                self._touch(event.deployment, self.topics.fpm, event.time)
-            else:
-                self._enqueue(Outgoing(self.topics.requests, event.deployment.encode(), encode_event(event), 1))
-                self._touch(event.deployment, self.topics.requests, event.time)
-        return len(events)
+            if event.type in ("fpm", "fpm_batch"):
+                await self._take_fpms(event)
+            elif not await self._take_request(event, source):
+                continue
+            accepted += 1
+        return accepted
+
+    async def _take_fpms(self, event: ForwardPassMetrics | FpmBatch) -> None:
+        """An FPM joins its deployment's pack; a publisher's batch goes out as it is,
+        in as many records as its re-encoding (defaults filled in) needs."""
+        n = len(event.fpms) if event.type == "fpm_batch" else 1
+        await self._reserve(n)
+        self.metrics.accepted.labels(event.type).inc()
+        self._observe(event)
+        if event.type == "fpm":
+            self._pack(event)
+            return
+        self._send_fpms(event)
+        self._touch(event.deployment, self.topics.fpm, event.time)
+
+    async def _take_request(self, event, source: str) -> bool:
+        """A request record or arrival, unless its re-encoding (defaults filled in) is
+        over the worker's limit: then it is dead-lettered here, not after accepting it."""
+        value = encode_event(event)
+        if len(value) > MAX_EVENT_BYTES:
+            await self._dead(Rejected(
+                "oversize", f"event: at most {MAX_EVENT_BYTES} bytes once encoded with its defaults, "
+                f"got {len(value)}", event.deployment, value[:PAYLOAD_LIMIT]), source)
+            return False
+        await self._reserve(1)
+        self.metrics.accepted.labels(event.type).inc()
+        self._observe(event)
+        self._enqueue(Outgoing(self.topics.requests, event.deployment.encode(), value, 1))
+        self._touch(event.deployment, self.topics.requests, event.time)
+        return True
 
     async def _reserve(self, n: int) -> None:
         """Take buffer room for ``n`` events, waiting while the buffer is full (backpressure).
@@ -419,14 +517,32 @@ class Bridge:
         if pack is None:
             pack = self._packs[fpm.deployment] = _Pack(second=second, started=time.monotonic())
         pack.fpms.append(fpm)
-        if len(pack.fpms) >= self.settings.pack_max:
+        if len(pack.fpms) >= self._pack_limit(fpm.deployment):
             self._emit_pack(fpm.deployment, pack)
+
+    def _pack_limit(self, deployment: str) -> int:
+        """FPMs a pack may hold: ``pack_max``, or fewer when that many would not fit
+        in ``PACK_FILL`` of a record at the size of the deployment's latest FPMs."""
+        src = self._sources.get(deployment)
+        if src is None or not src.fpm_bytes:
+            return self.settings.pack_max
+        return max(1, min(self.settings.pack_max, int(MAX_EVENT_BYTES * PACK_FILL / src.fpm_bytes)))
 
     def _emit_pack(self, deployment: str, pack: _Pack) -> None:
         self._packs.pop(deployment, None)
         batch = FpmBatch(deployment=deployment, time=max(f.time for f in pack.fpms), fpms=pack.fpms)
-        self._enqueue(Outgoing(self.topics.fpm, deployment.encode(), encode_event(batch), len(pack.fpms)))
+        self._send_fpms(batch)
         self._touch(deployment, self.topics.fpm, batch.time)
+
+    def _send_fpms(self, batch: FpmBatch) -> None:
+        """Enqueue ``batch`` as records within ``MAX_EVENT_BYTES``, and note its bytes per FPM."""
+        records = fpm_records(batch)
+        src = self._sources.get(batch.deployment)
+        if src is not None:
+            src.fpm_bytes = sum(len(v) for v, _ in records) / len(batch.fpms)
+        key = batch.deployment.encode()
+        for value, n in records:
+            self._enqueue(Outgoing(self.topics.fpm, key, value, n))
 
     def _flush_packs(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -492,44 +608,98 @@ class Bridge:
 
     # --- egress ----------------------------------------------------------------------
 
-    def _enqueue(self, out: Outgoing, front: bool = False) -> None:
-        (self._queue.appendleft if front else self._queue.append)(out)
-        self._ready.set()
+    def _enqueue(self, out: Outgoing) -> None:
+        self._seq += 1
+        out.seq = self._seq
+        key = (out.topic, out.key)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(key)
+        lane.waiting.append(out)
+        if lane.window is None and not lane.backing_off:
+            self._schedule(lane)
+
+    def _schedule(self, lane: _Lane) -> None:
+        if not lane.scheduled:
+            lane.scheduled = True
+            self._due.append(lane)
+            self._ready.set()
 
     async def _send_loop(self) -> None:
         while True:
-            if not self._queue:
+            if not self._due:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            out = self._queue.popleft()
+            lane = self._due.popleft()
+            lane.scheduled = False
+            if lane.window is None and not lane.backing_off and lane.waiting:
+                await self._send_window(lane)
+
+    async def _send_window(self, lane: _Lane) -> None:
+        """Hand the producer everything waiting in ``lane``, in order.
+
+        If a send is refused, it and the records after it count as failed
+        without being handed over, so none of them is delivered before it.
+        """
+        window = lane.window = _Window(list(lane.waiting))
+        lane.waiting.clear()
+        for i, out in enumerate(window.records):
             try:
                 future = await self.producer.send(out.topic, out.value, key=out.key)
             except asyncio.CancelledError:
-                self._queue.appendleft(out)
+                lane.waiting.extendleft(reversed(window.records[i:]))
                 raise
             except Exception as err:  # noqa: BLE001 - broker down, buffer full: retry, never drop
-                await self._retry(out, err)
-                continue
-            future.add_done_callback(lambda f, out=out: self._delivered(f, out))
+                out.attempts += 1
+                window.attempts_failed += 1
+                window.failed.extend(window.records[i:])
+                window.error = err
+                break
+            window.unresolved += 1
+            future.add_done_callback(lambda f, out=out: self._delivered(f, lane, window, out))
+        window.handing = False
+        self._maybe_close(lane, window)
 
-    def _delivered(self, future: asyncio.Future, out: Outgoing) -> None:
+    def _delivered(self, future: asyncio.Future, lane: _Lane, window: _Window, out: Outgoing) -> None:
+        window.unresolved -= 1
         if future.cancelled() or future.exception() is not None:
-            err = "cancelled" if future.cancelled() else future.exception()
-            self._retries.add(asyncio.get_running_loop().create_task(self._retry(out, err)))
-            return
-        self.metrics.produced.labels(self.topics.logical(out.topic)).inc()
-        self._release(out.events)
+            out.attempts += 1
+            window.attempts_failed += 1
+            window.failed.append(out)
+            window.error = "cancelled" if future.cancelled() else future.exception()
+        else:
+            self.metrics.produced.labels(self.topics.logical(out.topic)).inc()
+            self._release(out.events)
+        self._maybe_close(lane, window)
 
-    async def _retry(self, out: Outgoing, err) -> None:
-        task = asyncio.current_task()
-        out.attempts += 1
-        self.metrics.retries.inc()
-        if out.attempts in (1, 10) or out.attempts % 100 == 0:
-            log.warning("produce to %s failed (attempt %d): %s; retrying", out.topic, out.attempts, err)
-        await asyncio.sleep(min(self.settings.retry_backoff_s * out.attempts, 5.0))
-        self._enqueue(out, front=True)
-        self._retries.discard(task)
+    def _maybe_close(self, lane: _Lane, window: _Window) -> None:
+        """Once the producer has settled every record of ``window``: put its failed
+        records back in front of the lane, in their order, and retry after a backoff."""
+        if window.handing or window.unresolved:
+            return
+        lane.window = None
+        if window.failed:
+            window.failed.sort(key=lambda out: out.seq)
+            lane.waiting.extendleft(reversed(window.failed))
+            lane.backing_off = True
+            task = asyncio.get_running_loop().create_task(self._retry(lane, window))
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+        elif lane.waiting:
+            self._schedule(lane)
+        else:
+            del self._lanes[lane.key]
+
+    async def _retry(self, lane: _Lane, window: _Window) -> None:
+        attempts = max(out.attempts for out in window.failed)
+        self.metrics.retries.inc(window.attempts_failed)
+        if attempts in (1, 10) or attempts % 100 == 0:
+            log.warning("produce of %d records to %s failed (attempt %d): %s; retrying in order",
+                        window.attempts_failed, lane.key[0], attempts, window.error)
+        await asyncio.sleep(min(self.settings.retry_backoff_s * attempts, 5.0))
+        lane.backing_off = False
+        self._schedule(lane)
 
 
 async def run_bridge(settings: BridgeSettings) -> None:

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from fleetplan.connectors.base import Applier, ConnectorConfigError
+from fleetplan.connectors.ledger import DEFAULT_LEASE_S
 from fleetplan.schemas import topics
 from fleetplan.schemas.events import ROLES
 
@@ -101,6 +102,7 @@ def connector(
     acks_topic: Annotated[str, typer.Option(help="topic to write acks to")] = topics.ACKS,
     deadletter_topic: Annotated[str, typer.Option(help="topic for unusable records")] = topics.DEADLETTER,
     ledger_prefix: Annotated[str, typer.Option(help="Redis key prefix of the idempotency ledger")] = "fleetplan:ledger",
+    claim_lease: Annotated[float, typer.Option(help="seconds a claim outlives its connector's last renewal before another connector recovers it (a restart with the same --instance-id recovers at once)")] = DEFAULT_LEASE_S,
     metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port, 0 for none")] = 9465,
     session_timeout_ms: Annotated[int, typer.Option(help="Kafka group session timeout")] = 10_000,
     virtual_prefix: Annotated[str, typer.Option(rich_help_panel="virtual backend", help="Redis key prefix of desired state")] = "fleetplan:virtual",
@@ -124,6 +126,8 @@ def connector(
     try:
         if not 0 <= metrics_port <= 65535:
             raise ConnectorConfigError("--metrics-port", f"must be 0..65535, got {metrics_port}")
+        if not claim_lease > 0:
+            raise ConnectorConfigError("--claim-lease", f"must be > 0 seconds, got {claim_lease}")
         if dgd and backend is not Backend.kubernetes:
             raise ConnectorConfigError("--dgd", "only applies to --backend kubernetes")
         if backend is Backend.kubernetes:
@@ -167,12 +171,12 @@ def connector(
             deadletter_topic=deadletter_topic, session_timeout_ms=session_timeout_ms,
             metrics_port=metrics_port or None,
         )
-        asyncio.run(_serve(settings, make_applier, redis_url, ledger_prefix))
+        asyncio.run(_serve(settings, make_applier, redis_url, ledger_prefix, claim_lease))
     except ConnectorConfigError as err:
         _fail(str(err))
 
 
-async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str) -> None:
+async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str, claim_lease: float) -> None:
     import redis.asyncio as aioredis
     from aiokafka.errors import KafkaConnectionError
 
@@ -192,7 +196,7 @@ async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str) -> 
             ) from None
         claimant = settings.instance_id or f"{os.uname().nodename}:{os.getpid()}"
         service = ConnectorService(
-            make_applier(), Ledger(redis_client, prefix=ledger_prefix, claimant=claimant),
+            make_applier(), Ledger(redis_client, prefix=ledger_prefix, claimant=claimant, lease_s=claim_lease),
             settings,
         )
         try:

@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from fleetplan.connectors.base import HandOver
 from fleetplan.connectors.virtual import DEFAULT_PREFIX, VirtualKeys, last_stream_id
 from fleetplan.schemas import topics
 from fleetplan.schemas.codec import SchemaError, decode_event, encode_event
@@ -159,6 +160,14 @@ class KafkaOrchestratorClient(OrchestratorClient):
     deployments are skipped. Offsets are committed when a decision is
     completed, so an orchestrator that dies before completing sees the
     decision again.
+
+    A rebalance hands partitions to another instance of the group. Their
+    decisions still queued here are dropped (the new owner gets them again
+    from the committed offset; applying them here too could land after a
+    newer one there), and their offsets are forgotten (aiokafka refuses a
+    commit naming a partition this consumer no longer holds). A decision
+    already yielded can still be completed: its ack is sent, its offset is
+    left to the new owner.
     """
 
     def __init__(
@@ -180,6 +189,7 @@ class KafkaOrchestratorClient(OrchestratorClient):
         self._producer: AIOKafkaProducer | None = None
         self._queues: dict[str, asyncio.Queue[Decision]] = {d: asyncio.Queue() for d in self._deployments}
         self._pending: dict[tuple[str, int], tuple[TopicPartition, int]] = {}
+        self._handed: set[tuple[str, int]] = set()  # yielded, not yet completed
         self._inflight: dict[TopicPartition, set[int]] = {}
         self._next: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
@@ -193,11 +203,12 @@ class KafkaOrchestratorClient(OrchestratorClient):
             )
             await self._producer.start()
             self._consumer = AIOKafkaConsumer(
-                self._decisions_topic, bootstrap_servers=self._bootstrap, group_id=self._group_id,
+                bootstrap_servers=self._bootstrap, group_id=self._group_id,
                 group_instance_id=self._instance_id, enable_auto_commit=False,
                 auto_offset_reset="earliest", session_timeout_ms=self._session_timeout_ms,
                 heartbeat_interval_ms=max(500, self._session_timeout_ms // 6),
             )
+            self._consumer.subscribe([self._decisions_topic], listener=HandOver(self._on_revoked, log))
             await self._consumer.start()
         except BaseException:
             await self.stop()
@@ -218,20 +229,36 @@ class KafkaOrchestratorClient(OrchestratorClient):
             raise ValueError(f"deployment {deployment!r} is not one of this client's deployments")
         queue = self._queues[deployment]
         while True:
-            waiting = [await queue.get(), *_drain(queue)]
-            latest = max(waiting, key=lambda d: d.decision_id)
-            for stale in waiting:
-                if stale is not latest:  # something newer is already here: this one is moot
+            waiting = self._due([await queue.get(), *_drain(queue)])
+            if not waiting:
+                continue
+            latest = waiting[max(waiting)]
+            for decision_id, stale in waiting.items():
+                if decision_id < latest.decision_id:  # something newer is already here
                     await self.complete(stale, "superseded",
                                         error=f"decision {latest.decision_id} supersedes it")
+            self._handed.add((deployment, latest.decision_id))
             yield latest
+
+    def _due(self, queued: list[Decision]) -> dict[int, Decision]:
+        """The queued decisions still to answer, one per id.
+
+        A record redelivered after a rebalance is queued a second time with
+        the same id; it is the same decision, not a newer one. A decision no
+        longer pending was answered already, or its partition went to another
+        instance.
+        """
+        return {d.decision_id: d for d in queued
+                if (d.deployment, d.decision_id) in self._pending}
 
     async def complete(
         self, decision: Decision, status: AckStatus = "applied", *,
         observed: Mapping[str, int] | None = None, error: str | None = None,
     ) -> bool:
         assert self._producer is not None and self._consumer is not None
-        place = self._pending.pop((decision.deployment, decision.decision_id), None)
+        key = (decision.deployment, decision.decision_id)
+        self._handed.discard(key)
+        place = self._pending.pop(key, None)
         if place is None:
             return False
         ack = Ack(
@@ -244,7 +271,10 @@ class KafkaOrchestratorClient(OrchestratorClient):
         )
         tp, offset = place
         self._mark_done(tp, offset)
-        await self._commit()
+        try:
+            await self._commit()
+        except KafkaError as err:  # the ack is out; the next commit covers this offset
+            log.warning("commit failed: %s", err)
         return True
 
     async def _fetch(self) -> None:
@@ -286,19 +316,49 @@ class KafkaOrchestratorClient(OrchestratorClient):
     def _mark_done(self, tp: TopicPartition, offset: int) -> None:
         self._inflight.get(tp, set()).discard(offset)
 
-    async def _commit(self) -> None:
-        """Commit each partition up to its oldest decision not yet completed."""
+    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit each assigned partition up to its oldest decision not yet completed.
+
+        Only assigned ones: aiokafka refuses the whole commit if it names a
+        partition this consumer does not hold.
+        """
         async with self._lock:
+            assert self._consumer is not None
+            assigned = self._consumer.assignment()
             due = {}
             for tp, nxt in self._next.items():
+                if tp not in assigned or (only is not None and tp not in only):
+                    continue
                 inflight = self._inflight.get(tp)
                 upto = min(inflight) if inflight else nxt
                 if self._committed.get(tp) != upto:
                     due[tp] = upto
             if due:
-                assert self._consumer is not None
                 await self._consumer.commit({tp: OffsetAndMetadata(n, "") for tp, n in due.items()})
                 self._committed.update(due)
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Hand the partitions over, as the connector service does: commit, then forget them.
+
+        Called by aiokafka while they are still assigned, so what is done on
+        them is committed; queued decisions of theirs are dropped (see the
+        class docstring).
+        """
+        try:
+            await self._commit(revoked)
+        except KafkaError as err:  # the new owner redelivers from the last commit
+            log.warning("commit on revoke failed: %s", err)
+        self._forget(revoked)
+
+    def _forget(self, revoked: set[TopicPartition]) -> None:
+        """Drop the offsets of revoked partitions and their decisions not yet yielded."""
+        for tp in revoked:
+            self._next.pop(tp, None)
+            self._inflight.pop(tp, None)
+            self._committed.pop(tp, None)
+        for key, (tp, _) in list(self._pending.items()):
+            if tp in revoked and key not in self._handed:
+                del self._pending[key]  # decisions() skips its queued copy
 
 
 def _drain(queue: asyncio.Queue) -> list:

@@ -7,12 +7,20 @@ it *records* the outcome; after the ack is on the topic, it marks it *acked*.
 Redelivery then finds one of:
 
 - an outcome: the ack is (re)sent from it, nothing is applied;
-- a claim with no outcome: the run died mid-apply; the backend's
+- a claim with no outcome, by this claimant or one whose lease ran out:
+  the run died mid-apply; the claim is taken over and the backend's
   ``recover`` settles it without applying blindly;
+- a claim with no outcome by another claimant, its lease still live:
+  another connector is applying it right now (a rebalance handed the
+  partition over mid-apply); ``busy``, so the caller waits and asks again,
+  and then finds the outcome;
 - a newer claimed decision: this one is stale and acked ``superseded``.
 
-Every step is one Lua script on one key, so two connectors racing over a
-rebalance cannot both claim a decision. Layout, one hash per deployment
+A claimant renews its lease (``claimed_at``) while it applies, so a slow
+apply (a rollout that takes minutes) is not taken for a dead one. Every
+step is one Lua script on one key, so two connectors racing over a
+rebalance cannot both claim a decision, and neither can take the other's
+live claim for a dead one. Layout, one hash per deployment
 (``{prefix}:{deployment}``): ``newest`` (highest decision_id claimed),
 ``claimed`` / ``claimed_by`` / ``claimed_at``, ``outcome:{id}`` (JSON) and
 ``acked:{id}``. Outcomes older than ``keep`` ids are trimmed as new ones land.
@@ -20,7 +28,6 @@ rebalance cannot both claim a decision. Layout, one hash per deployment
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,9 +36,11 @@ import redis.asyncio as aioredis
 
 from fleetplan.schemas.events import AckStatus, Decision
 
-Verdict = Literal["apply", "recover", "superseded", "done"]
+Verdict = Literal["apply", "recover", "busy", "superseded", "done"]
 
 DEFAULT_PREFIX = "fleetplan:ledger"
+DEFAULT_LEASE_S = 30.0
+"""How long a claim outlives its claimant's last renewal before another may take it over."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,15 @@ class Entry:
     acked: bool = False
 
 
-# KEYS[1] ledger hash. ARGV: id, claimant, now, superseded-outcome JSON.
-_BEGIN = """
+# The scripts read the time from Redis (TIME), so connectors on hosts whose clocks disagree
+# still agree on whose lease ran out.
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+# KEYS[1] ledger hash. ARGV: id, claimant, superseded-outcome JSON, lease seconds.
+_BEGIN = _NOW + """
 local id = tonumber(ARGV[1])
 local out = redis.call('HGET', KEYS[1], 'outcome:' .. ARGV[1])
 if out then
@@ -70,16 +86,31 @@ if out then
 end
 local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
 if newest > id then
-  redis.call('HSET', KEYS[1], 'outcome:' .. ARGV[1], ARGV[4])
-  return {'superseded', ARGV[4], 0}
+  redis.call('HSET', KEYS[1], 'outcome:' .. ARGV[1], ARGV[3])
+  return {'superseded', ARGV[3], 0}
 end
 local claimed = redis.call('HGET', KEYS[1], 'claimed')
+local verdict = 'apply'
 if claimed and tonumber(claimed) == id then
-  return {'recover', '', 0}
+  local holder = redis.call('HGET', KEYS[1], 'claimed_by')
+  local since = tonumber(redis.call('HGET', KEYS[1], 'claimed_at') or '0')
+  if holder ~= ARGV[2] and now - since < tonumber(ARGV[4]) then
+    return {'busy', '', 0}
+  end
+  verdict = 'recover'
 end
 redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'claimed', ARGV[1],
-           'claimed_by', ARGV[2], 'claimed_at', ARGV[3])
-return {'apply', '', 0}
+           'claimed_by', ARGV[2], 'claimed_at', string.format('%.3f', now))
+return {verdict, '', 0}
+"""
+
+# KEYS[1] ledger hash. ARGV: id, claimant. Renews the lease if the claim is still ours.
+_RENEW = _NOW + """
+if redis.call('HGET', KEYS[1], 'claimed') == ARGV[1] and redis.call('HGET', KEYS[1], 'claimed_by') == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'claimed_at', string.format('%.3f', now))
+  return 1
+end
+return 0
 """
 
 # KEYS[1] ledger hash. ARGV: id, outcome JSON, keep. The first outcome wins.
@@ -121,13 +152,18 @@ class Ledger:
         prefix: str = DEFAULT_PREFIX,
         claimant: str = "connector",
         keep: int = 1000,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be > 0, got {lease_s!r}")
         self._redis = client
         self._prefix = prefix
         self._claimant = claimant
         self._keep = keep
+        self.lease_s = lease_s
         self._begin = client.register_script(_BEGIN)
         self._record = client.register_script(_RECORD)
+        self._renew = client.register_script(_RENEW)
 
     def key(self, deployment: str) -> str:
         return f"{self._prefix}:{deployment}"
@@ -139,11 +175,18 @@ class Ledger:
         )
         verdict, raw, acked = await self._begin(
             keys=[self.key(decision.deployment)],
-            args=[decision.decision_id, self._claimant, f"{time.time():.3f}", stale.to_json()],
+            args=[decision.decision_id, self._claimant, stale.to_json(), self.lease_s],
         )
         verdict = _text(verdict)
         outcome = Outcome.from_json(raw) if raw else None
         return Entry(verdict, outcome, bool(acked))
+
+    async def renew(self, decision: Decision) -> bool:
+        """Extend this claimant's lease on ``decision``; False if the claim is no longer its own."""
+        return bool(await self._renew(
+            keys=[self.key(decision.deployment)],
+            args=[decision.decision_id, self._claimant],
+        ))
 
     async def record(self, decision: Decision, outcome: Outcome) -> Outcome:
         """Store the outcome; if one was already stored (a racing run), return that one."""

@@ -57,7 +57,7 @@ class ConnectorMetrics:
             ["partition"], registry=r,
         )
         self.errors = Counter(
-            "fleetplan_connector_errors", "Retried infrastructure errors (Redis, Kafka)",
+            "fleetplan_connector_errors", "Retried errors: infrastructure (redis, kafka) and waits on another connector's live claim (claim_busy)",
             ["component"], registry=r,
         )
         for outcome in OUTCOMES:

@@ -23,6 +23,7 @@ Layout per deployment (:class:`VirtualKeys`):
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ from fleetplan.connectors.base import (
 )
 from fleetplan.schemas.codec import encode_event
 from fleetplan.schemas.events import Decision
+
+log = logging.getLogger("fleetplan.connector.virtual")
 
 DEFAULT_PREFIX = "fleetplan:virtual"
 STREAM_MAXLEN = 1000
@@ -77,18 +80,52 @@ def _int(value: bytes | str | None, default: int = -1) -> int:
     return default if value is None else int(value)
 
 
+COMPLETION_STATUSES = ("applied", "failed", "superseded")
+
+
 async def read_completion(client: aioredis.Redis, keys: VirtualKeys) -> Completion | None:
-    scaled, status, observed, error = await client.hmget(
-        keys.state, ["scaled_decision_id", "status", "observed", "error"]
+    """The orchestrator's completion, checked field by field.
+
+    The orchestrator is someone else's code, writing a documented hash. A
+    ``scaled_decision_id`` or ``status`` that cannot be read makes the
+    decision fail with the field named (there is no telling what was done).
+    An ``observed`` count that is not a count is dropped and logged, and the
+    status stands: the orchestrator said what it did, only its counts are off.
+    """
+    scaled, status, observed, error = (
+        v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        for v in await client.hmget(keys.state, ["scaled_decision_id", "status", "observed", "error"])
     )
     if scaled is None:
         return None
-    return Completion(
-        _int(scaled),
-        (status or b"applied").decode() if isinstance(status, bytes) else (status or "applied"),
-        dict(orjson.loads(observed)) if observed else {},
-        error.decode() if isinstance(error, bytes) else error,
-    )
+    try:
+        decision_id = int(scaled)
+    except ValueError:
+        raise ApplyFailed(f"{keys.state} scaled_decision_id: expected an integer, got {scaled!r}") from None
+    status = status or "applied"
+    if status not in COMPLETION_STATUSES:
+        raise ApplyFailed(f"{keys.state} status: expected one of {', '.join(COMPLETION_STATUSES)}, got {status!r}")
+    return Completion(decision_id, status, _observed_counts(keys.state, observed), error)
+
+
+def _observed_counts(state: str, raw: str | None) -> dict[str, int]:
+    if not raw:
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        log.warning("%s observed: not JSON (%s); counts dropped", state, err)
+        return {}
+    if not isinstance(data, dict):
+        log.warning("%s observed: expected an object of role counts, got %r; counts dropped", state, raw[:200])
+        return {}
+    counts = {}
+    for role, value in data.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            counts[role] = value
+        else:
+            log.warning("%s observed.%s: expected a count >= 0, got %r; dropped", state, role, value)
+    return counts
 
 
 class VirtualApplier(Applier):

@@ -31,13 +31,19 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from fleetplan.connectors.base import Applier, ApplyFailed, ConnectorConfigError, Superseded
+from fleetplan.connectors.base import (
+    Applier,
+    ApplyFailed,
+    ConnectorConfigError,
+    HandOver,
+    Superseded,
+)
 from fleetplan.connectors.ledger import Entry, Ledger, Outcome
 from fleetplan.connectors.metrics import ConnectorMetrics
 from fleetplan.schemas import topics
@@ -115,17 +121,18 @@ class _Lane:
         self.task: asyncio.Task | None = None
         self.idle = asyncio.Event()
         self.idle.set()
+        self.current: _Ticket | None = None  # the record being handled, while ``idle`` is clear
+
+    def drop(self, partitions: list[_PartitionOffsets]) -> int:
+        """Forget the queued records of revoked partitions; their new owner gets them again."""
+        kept = deque(item for item in self.queue if not any(item[1].offsets is p for p in partitions))
+        dropped = len(self.queue) - len(kept)
+        self.queue = kept
+        return dropped
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, service: ConnectorService) -> None:
-        self.service = service
-
-    async def on_partitions_revoked(self, revoked) -> None:
-        await self.service._on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned) -> None:
-        log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+class _ClaimBusy(Exception):
+    """Another connector holds a live claim on this decision: ask the ledger again later."""
 
 
 class ConnectorService:
@@ -169,7 +176,7 @@ class ConnectorService:
                 heartbeat_interval_ms=max(500, s.session_timeout_ms // 6),
                 isolation_level="read_committed",
             )
-            self._consumer.subscribe([s.decisions_topic], listener=_Rebalance(self))
+            self._consumer.subscribe([s.decisions_topic], listener=HandOver(self._on_revoked, log))
             await self._consumer.start()
             if s.metrics_port is not None:
                 self.metrics.serve(s.metrics_port)
@@ -317,10 +324,12 @@ class ConnectorService:
                     default=None,
                 )
                 lane.idle.clear()
+                lane.current = ticket
                 try:
                     await self._handle_retrying(decision, newer)
                     ticket.done()
                 finally:
+                    lane.current = None
                     lane.idle.set()
 
     async def _handle_retrying(self, decision: Decision, newer: int | None) -> None:
@@ -336,6 +345,9 @@ class ConnectorService:
             except KafkaError as err:
                 self.metrics.errors.labels("kafka").inc()
                 problem = f"Kafka: {err}"
+            except _ClaimBusy as err:
+                self.metrics.errors.labels("claim_busy").inc()
+                problem = str(err)
             log.warning("%s decision %d: %s; retrying in %.1f s", decision.deployment,
                         decision.decision_id, problem, delay)
             await asyncio.sleep(delay)
@@ -352,9 +364,11 @@ class ConnectorService:
             entry = await self.ledger.supersede(decision, newer)
         else:
             entry = await self.ledger.begin(decision)
+        if entry.verdict == "busy":
+            raise _ClaimBusy("another connector is applying it (a live claim in the ledger)")
         if entry.verdict in ("apply", "recover"):
             self._crash_point("after_claim")
-            outcome = await self._apply(decision, recover=entry.verdict == "recover")
+            outcome = await self._apply_leased(decision, recover=entry.verdict == "recover")
             self._crash_point("after_apply")
             outcome = await self.ledger.record(decision, outcome)
             self._crash_point("after_record")
@@ -370,6 +384,25 @@ class ConnectorService:
         await self._send_ack(decision, outcome)
         self._crash_point("after_ack")
         await self.ledger.mark_acked(decision)
+
+    async def _apply_leased(self, decision: Decision, *, recover: bool) -> Outcome:
+        """Apply while renewing the claim's lease, so a slow rollout is not taken for a dead run."""
+        renewing = asyncio.create_task(self._renew_lease(decision), name=f"lease-{decision.deployment}")
+        try:
+            return await self._apply(decision, recover=recover)
+        finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
+
+    async def _renew_lease(self, decision: Decision) -> None:
+        while True:
+            await asyncio.sleep(self.ledger.lease_s / 3)
+            try:
+                await self.ledger.renew(decision)
+            except (RedisError, OSError) as err:  # the next renewal may get through; the lease is 3 periods
+                self.metrics.errors.labels("redis").inc()
+                log.warning("%s decision %d: lease renewal failed: %s", decision.deployment,
+                            decision.decision_id, err)
 
     async def _apply(self, decision: Decision, *, recover: bool) -> Outcome:
         started = time.monotonic()
@@ -462,6 +495,25 @@ class ConnectorService:
             offsets.committed = n
 
     async def _on_revoked(self, revoked) -> None:
+        """Hand the partitions over: drop their queued records, let the one being applied finish.
+
+        The new owner gets every record past the committed offset again, so
+        nothing queued here may still be applied here, and the commit must not
+        pass it. A decision mid-apply is given up to ``stop_grace_s`` to finish
+        (the rebalance waits for this callback); one still running after that
+        stays uncommitted, and the ledger's live claim makes its new owner wait
+        for its outcome instead of taking it for a dead run.
+        """
+        partitions = [self._offsets[tp] for tp in revoked if tp in self._offsets]
+        for lane in self._lanes.values():
+            for _ in range(lane.drop(partitions)):
+                self._record_done()  # not done in its partition: the commit stops before it
+        busy = [asyncio.ensure_future(lane.idle.wait()) for lane in self._lanes.values()
+                if lane.current is not None and any(lane.current.offsets is p for p in partitions)]
+        if busy:
+            await asyncio.wait(busy, timeout=self.settings.stop_grace_s)
+            for waiter in busy:
+                waiter.cancel()
         try:
             await self._commit(set(revoked))
         except KafkaError as err:

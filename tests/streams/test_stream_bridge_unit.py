@@ -7,6 +7,7 @@ the bridge against the real broker is in test_stream_bridge.py.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import msgpack
 import orjson
@@ -22,6 +23,7 @@ from fleetplan.connectors.bridge import (
     parse_endpoints,
 )
 from fleetplan.schemas.codec import MAX_EVENT_BYTES, decode_event, encode_event, event_to_dict
+from fleetplan.schemas.fpm_wire import decode_input
 from tests.streams.traffic import T0, fpm, request
 
 
@@ -185,20 +187,138 @@ async def test_failed_produces_are_retried_until_delivered():
         await settle(producer, lambda: bridge.buffered == 0)
     finally:
         await bridge.stop()
-    ids = sorted(decode_event(v).request_id for _, v in producer.delivered)
-    assert ids == sorted(request("alpha", T0, i).request_id for i in range(3))
+    ids = [decode_event(v).request_id for _, v in producer.delivered]
+    assert ids == [request("alpha", T0, i).request_id for i in range(3)]  # in the order accepted
     assert bridge.metrics.retries._value.get() >= 6
+
+
+async def test_retried_records_go_out_in_the_order_accepted_before_newer_ones():
+    """Three records fail in flight, two more are accepted during the backoff: all five
+    reach Kafka in the order accepted (a retry used to jump the queue, last failed first)."""
+    producer = FakeProducer()
+    bridge = Bridge(settings(retry_backoff_s=0.05), producer=producer)
+    await bridge.start()
+    try:
+        for i in range(3):
+            await bridge.accept([encode_event(request("alpha", T0 + i, i))])
+        await settle(producer, lambda: len(producer.pending) == 3)
+        producer.deliver(error=ConnectionError("lost"))
+        for i in range(3, 5):
+            await bridge.accept([encode_event(request("alpha", T0 + i, i))])
+        producer.auto = True
+        await settle(producer, lambda: bridge.buffered == 0)
+    finally:
+        await bridge.stop()
+    ids = [decode_event(v).request_id for _, v in producer.delivered]
+    assert ids == [request("alpha", T0, i).request_id for i in range(5)]
+
+
+async def test_a_heartbeat_never_overtakes_a_record_being_retried():
+    """A record fails while heartbeats keep coming: it still reaches Kafka before every
+    heartbeat and record accepted after it, so the worker's clock cannot pass it and
+    dead-letter it as late."""
+    producer = FakeProducer()
+    bridge = Bridge(settings(retry_backoff_s=0.2, heartbeat_s=0.05), producer=producer)
+    await bridge.start()
+    try:
+        await bridge.accept([encode_event(request("alpha", T0, 0))])
+        await settle(producer, lambda: len(producer.pending) >= 1)
+        producer.deliver(error=ConnectionError("lost"))
+        producer.auto = True
+        await bridge.accept([encode_event(request("alpha", T0 + 0.5, 1))])
+        await asyncio.sleep(0.4)  # heartbeats are due during the backoff
+        await settle(producer, lambda: bridge.buffered == 0)
+    finally:
+        await bridge.stop()
+    on_requests = [decode_event(v) for t, v in producer.delivered if t.endswith("requests.v1")]
+    assert [e.request_id for e in on_requests if e.type == "request"] == ["alpha-r0", "alpha-r1"]
+    assert sum(e.type == "clock" for e in on_requests) >= 2
+    times = [e.time for e in on_requests]
+    assert times == sorted(times)  # accepted in event-time order, so delivered in it
+    assert on_requests[0].type == "request" and on_requests[0].request_id == "alpha-r0"
+
+
+def _decoded_by_the_worker(value: bytes):
+    return decode_input(value)  # raises SchemaError(oversize) past MAX_EVENT_BYTES, as the worker would
+
+
+async def test_fpm_packs_are_cut_by_size_as_well_as_by_count():
+    """pack_max allows 10,000 FPMs (about 5 MB): packs stay within MAX_EVENT_BYTES, the
+    first by splitting, the next cut at the size of the FPMs before them."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(pack_max=10_000, pack_within_s=10), producer=producer)
+    await bridge.start()
+    n = 4000
+    sent = [fpm("alpha", T0 + second + i / n, i, worker=f"w{i % 40}") for second in (0, 1) for i in range(n)]
+    try:
+        for second in (0, 1):
+            burst = sent[second * n:(second + 1) * n]
+            assert await bridge.accept([orjson.dumps([as_dict(f) for f in burst])]) == n
+    finally:
+        await bridge.stop()
+    records = [v for t, v in producer.delivered if t.endswith("fpm.v1")]
+    assert len(records) >= 2 * 3
+    assert all(len(v) <= MAX_EVENT_BYTES for v in records)
+    batches = [_decoded_by_the_worker(v) for v in records]
+    assert [f.to_model() for b in batches for f in b.fpms] == sent  # every FPM, once, in order
+    assert all(math.floor(b.time) == math.floor(b.fpms[0].time) for b in batches)  # no tick straddled
+    assert bridge.metrics.deadletters.labels("oversize")._value.get() == 0
+    assert bridge.buffered == 0
+
+
+async def test_a_publishers_batch_that_re_encodes_too_big_is_split_keeping_its_time():
+    """5000 FPMs with their defaults left out are 443 KB; filled in, 2.5 MB. The batch goes
+    out as pieces within MAX_EVENT_BYTES, each with the batch's time (so its tick)."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(), producer=producer)
+    await bridge.start()
+    fpms = [{"deployment": "alpha", "time": T0 + 0.9, "role": "decode", "worker_id": f"w{i % 50}",
+             "counter_id": i} for i in range(5000)]
+    raw = orjson.dumps({"type": "fpm_batch", "deployment": "alpha", "time": T0 + 0.95, "fpms": fpms})
+    assert len(raw) < MAX_EVENT_BYTES
+    try:
+        assert await bridge.accept([raw]) == 1
+    finally:
+        await bridge.stop()
+    records = [v for t, v in producer.delivered if t.endswith("fpm.v1")]
+    assert len(records) > 1 and all(len(v) <= MAX_EVENT_BYTES for v in records)
+    pieces = [_decoded_by_the_worker(v) for v in records]
+    assert all(p.time == T0 + 0.95 for p in pieces)
+    assert [f.counter_id for p in pieces for f in p.fpms] == list(range(5000))
+    assert bridge.metrics.accepted.labels("fpm_batch")._value.get() == 1
+    assert bridge.buffered == 0
+
+
+async def test_a_request_that_re_encodes_too_big_is_dead_lettered_not_accepted():
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(), producer=producer)
+    await bridge.start()
+    body = {"type": "request", "deployment": "alpha", "time": T0, "request_id": "r-1", "input_tokens": 1,
+            "output_tokens": 1, "request_received_ms": T0 * 1000}
+    body["model"] = "m" * (MAX_EVENT_BYTES - len(orjson.dumps(body)) - 20)
+    raw = orjson.dumps(body)
+    assert len(raw) <= MAX_EVENT_BYTES
+    try:
+        assert await bridge.accept([raw]) == 0
+    finally:
+        await bridge.stop()
+    assert [t.rsplit(".", 2)[-2] for t, _ in producer.delivered] == ["deadletter"]
+    letter = decode_event(producer.delivered[0][1])
+    assert letter.reason == "oversize" and f"at most {MAX_EVENT_BYTES} bytes" in letter.detail
+    assert bridge.metrics.accepted.labels("request")._value.get() == 0
 
 
 async def test_idle_deployments_get_clock_heartbeats_on_both_topics():
     producer = FakeProducer()
+    producer.auto = True  # a topic's next record waits for the one before it to be acknowledged
     bridge = Bridge(settings(heartbeat_s=0.05), producer=producer)
     await bridge.start()
     try:
         await bridge.accept([encode_event(request("alpha", T0, 1))])
-        await settle(producer, lambda: sum(b'"clock"' in v for _, v, _ in producer.pending) >= 4)
-        producer.auto = True
-        producer.deliver()
+        await settle(producer, lambda: sum(b'"clock"' in v for _, v in producer.delivered) >= 4)
     finally:
         await bridge.stop()
     clocks = [(t, decode_event(v)) for t, v in producer.delivered if b'"clock"' in v]
@@ -239,6 +359,7 @@ async def test_an_idle_topic_hears_of_each_whole_heartbeat_of_event_time_right_a
 
 async def test_bad_input_over_zmq_is_dead_lettered_and_the_bridge_keeps_going():
     producer = FakeProducer()
+    producer.auto = True  # a topic's next record waits for the one before it to be acknowledged
     bridge = Bridge(settings(endpoints=[Endpoint("pull", "tcp://127.0.0.1:*", True)]), producer=producer)
     await bridge.start()
     push = zmq.asyncio.Context.instance().socket(zmq.PUSH)
@@ -248,9 +369,7 @@ async def test_bad_input_over_zmq_is_dead_lettered_and_the_bridge_keeps_going():
         await push.send_multipart([b"\xff\xfe garbage"])
         await push.send_multipart([b"a", b"b", b"c"])
         await push.send_multipart([encode_event(request("alpha", T0, 1))])
-        await settle(producer, lambda: len(producer.pending) == 3)
-        producer.auto = True
-        producer.deliver()
+        await settle(producer, lambda: len(producer.delivered) == 3)
     finally:
         push.close(0)
         await bridge.stop()

@@ -1,0 +1,194 @@
+"""KafkaOrchestratorClient against in-process fakes of aiokafka: no broker.
+
+The fakes keep the two behaviours of aiokafka the client depends on: a
+commit naming a partition that is not assigned is refused as a whole
+(``IllegalStateError``), and on a rebalance the listener hears of the
+revoked partitions while they are still assigned (eager protocol: all of
+them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.structs import TopicPartition
+
+from fleetplan.connectors import client as client_module
+from fleetplan.connectors.client import KafkaOrchestratorClient
+from fleetplan.schemas import topics
+from fleetplan.schemas.codec import decode_event, encode_event
+from tests.connectors.conftest import make_decision
+
+P0 = TopicPartition(topics.DECISIONS, 0)
+P1 = TopicPartition(topics.DECISIONS, 1)
+
+
+class FakeConsumer:
+    """Hands out the records given to :meth:`deliver`; records commits."""
+
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = set(assigned)
+        self.batches: list[dict] = []
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.failing_commits = 0
+        self.listener = None
+
+    def deliver(self, tp: TopicPartition, offset: int, decision) -> None:
+        record = SimpleNamespace(offset=offset, value=encode_event(decision), key=b"")
+        self.batches.append({tp: [record]})
+
+    def subscribe(self, topics, listener) -> None:
+        self.listener = listener
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def getmany(self, timeout_ms=0, max_records=0) -> dict:
+        if self.batches:
+            return self.batches.pop(0)
+        await asyncio.sleep(0.01)
+        return {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    async def commit(self, offsets) -> None:
+        for tp in offsets:
+            if tp not in self.assigned:
+                raise IllegalStateError(f"Partition {tp} is not assigned")
+        if self.failing_commits:
+            self.failing_commits -= 1
+            raise CommitFailedError("rebalance in progress")
+        self.commits.append({tp: meta.offset for tp, meta in offsets.items()})
+
+    async def rebalance(self, keep: set[TopicPartition]) -> None:
+        await self.listener.on_partitions_revoked(set(self.assigned))
+        self.assigned = set(keep)
+        await self.listener.on_partitions_assigned(set(keep))
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.acks = []
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send_and_wait(self, topic, value, key=None) -> None:
+        self.acks.append(decode_event(value))
+
+
+@pytest.fixture
+def consumer() -> FakeConsumer:
+    return FakeConsumer({P0, P1})
+
+
+@pytest.fixture
+def producer() -> FakeProducer:
+    return FakeProducer()
+
+
+@pytest.fixture
+async def client(monkeypatch, consumer, producer):
+    monkeypatch.setattr(client_module, "AIOKafkaConsumer", lambda *_, **__: consumer)
+    monkeypatch.setattr(client_module, "AIOKafkaProducer", lambda *_, **__: producer)
+    async with KafkaOrchestratorClient("unused:1", ["llama", "mistral"]) as started:
+        yield started
+
+
+def acks(producer: FakeProducer) -> list[tuple[str, int, str]]:
+    return [(a.deployment, a.decision_id, a.status) for a in producer.acks]
+
+
+async def next_of(decisions, timeout_s: float = 1.0):
+    return await asyncio.wait_for(decisions.__anext__(), timeout_s)
+
+
+async def settle() -> None:
+    """Let the fetch task take what was delivered."""
+    await asyncio.sleep(0.05)
+
+
+async def test_redelivered_decision_is_acked_applied_once(client, consumer, producer):
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    consumer.deliver(P0, 7, make_decision("llama", 5))  # again, after a rebalance
+    await settle()
+
+    decision = await next_of(client.decisions("llama"))
+    assert await client.complete(decision, "applied")
+
+    assert acks(producer) == [("llama", 5, "applied")]
+    assert consumer.commits[-1] == {P0: 8}
+
+
+async def test_older_decisions_are_still_superseded(client, consumer, producer):
+    consumer.deliver(P0, 6, make_decision("llama", 4))
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    await settle()
+
+    decision = await next_of(client.decisions("llama"))
+    assert decision.decision_id == 5
+    assert await client.complete(decision, "applied")
+
+    assert acks(producer) == [("llama", 4, "superseded"), ("llama", 5, "applied")]
+    assert producer.acks[0].error == "decision 5 supersedes it"
+
+
+async def test_copy_redelivered_while_in_hand_is_not_yielded_again(client, consumer, producer):
+    decisions = client.decisions("llama")
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    first = await next_of(decisions)
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    await settle()
+    assert await client.complete(first, "applied")
+
+    consumer.deliver(P0, 8, make_decision("llama", 6))
+    assert (await next_of(decisions)).decision_id == 6
+    assert acks(producer) == [("llama", 5, "applied")]
+
+
+async def test_decision_of_a_revoked_partition_completes_without_committing_it(
+        client, consumer, producer):
+    consumer.deliver(P1, 3, make_decision("mistral", 1))
+    mistral = await next_of(client.decisions("mistral"))
+    await consumer.rebalance(keep={P0})  # partition 1 goes to another instance
+    consumer.deliver(P0, 9, make_decision("llama", 2))
+    llama = await next_of(client.decisions("llama"))
+
+    assert await client.complete(mistral, "applied")
+    assert await client.complete(llama, "applied")
+
+    assert acks(producer) == [("mistral", 1, "applied"), ("llama", 2, "applied")]
+    assert consumer.commits == [{P1: 3}, {P0: 9}, {P0: 10}]  # P1 left at 3 for its new owner
+
+
+async def test_queued_decision_of_a_revoked_partition_is_left_to_its_new_owner(
+        client, consumer, producer):
+    consumer.deliver(P1, 3, make_decision("mistral", 1))
+    await settle()
+    await consumer.rebalance(keep={P0})
+
+    with pytest.raises(TimeoutError):
+        await next_of(client.decisions("mistral"), timeout_s=0.2)
+    assert not await client.complete(make_decision("mistral", 1), "applied")
+    assert producer.acks == []
+    assert consumer.commits == [{P1: 3}]
+
+
+async def test_revoke_commits_what_a_failed_commit_left(client, consumer, producer):
+    consumer.deliver(P1, 3, make_decision("mistral", 1))
+    mistral = await next_of(client.decisions("mistral"))
+    await settle()
+    consumer.failing_commits = 1
+
+    assert await client.complete(mistral, "applied")  # the ack is out; the commit failed
+    await consumer.rebalance(keep={P0})
+
+    assert acks(producer) == [("mistral", 1, "applied")]
+    assert consumer.commits == [{P1: 3}, {P1: 4}]

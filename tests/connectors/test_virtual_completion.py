@@ -1,0 +1,44 @@
+"""An orchestrator's completion is read field by field (connectors/virtual.py ``read_completion``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fleetplan.connectors.base import ApplyFailed
+from fleetplan.connectors.virtual import VirtualKeys, read_completion
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def keys(redis_key_prefix) -> VirtualKeys:
+    return VirtualKeys.of("llama", f"{redis_key_prefix}virtual")
+
+
+async def test_a_count_that_is_not_a_count_is_dropped_and_the_status_stands(aredis, keys, caplog):
+    await aredis.hset(keys.state, mapping={"scaled_decision_id": 3, "status": "applied",
+                                           "observed": '{"prefill": 2, "decode": null, "agg": -1}'})
+    with caplog.at_level(logging.WARNING, logger="fleetplan.connector.virtual"):
+        done = await read_completion(aredis, keys)
+    assert (done.decision_id, done.status, done.observed) == (3, "applied", {"prefill": 2})
+    assert "observed.decode: expected a count >= 0, got None" in caplog.text
+    assert "observed.agg: expected a count >= 0, got -1" in caplog.text
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"scaled_decision_id": "three"}, "scaled_decision_id: expected an integer, got 'three'"),
+    ({"scaled_decision_id": 3, "status": "done"}, "status: expected one of applied, failed, superseded, got 'done'"),
+])
+async def test_an_unreadable_id_or_status_fails_the_decision_naming_the_field(aredis, keys, fields, message):
+    await aredis.hset(keys.state, mapping=fields)
+    with pytest.raises(ApplyFailed, match=message):
+        await read_completion(aredis, keys)
+
+
+async def test_no_completion_yet_and_observed_that_is_not_json(aredis, keys):
+    assert await read_completion(aredis, keys) is None
+    await aredis.hset(keys.state, mapping={"scaled_decision_id": 4, "observed": "{not json"})
+    done = await read_completion(aredis, keys)
+    assert (done.decision_id, done.status, done.observed) == (4, "applied", {})

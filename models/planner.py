@@ -38,6 +38,7 @@ from fleetplan.models.predictor_swap import (
     rebuild_forecaster,
     remember_window,
 )
+from fleetplan.models.predictors import PredictorUnavailable
 from fleetplan.models.queueing import Dispersion
 from fleetplan.models.startup import (
     measured_startup_seconds,
@@ -565,13 +566,15 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
     elif isinstance(body, SetConfig):
         try:
             config = state.config.with_changes(body.changes)
-        except ConfigError:
-            # intake refuses these (the worker dead-letters them); one can still get here when an
-            # earlier change in the same tick made it invalid: it is counted and changes nothing
+            forecaster = (rebuild_forecaster(config, state.traffic_history)
+                          if predictor_changed(state.config, config) else state.forecaster)
+        except (ConfigError, PredictorUnavailable):
+            # intake refuses what is wrong on its own (models/config_changes.py); what is wrong
+            # against the config as folded (a floor above a ceiling set earlier) lands here, in
+            # event-time order: it is counted and changes nothing
             state.rejected_controls += 1
             return
-        if predictor_changed(state.config, config):
-            state.forecaster = rebuild_forecaster(config, state.traffic_history)
+        state.forecaster = forecaster
         state.config = config
     state.config_version += 1
 

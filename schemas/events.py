@@ -30,6 +30,13 @@ NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 
+MAX_EVENT_TIME = 4_102_444_800.0
+"""2100-01-01 in Unix seconds, the latest event time accepted. An event time in
+milliseconds or nanoseconds (1.7e12 or 1.7e18 today) is a unit mistake, and one
+event that far ahead would move its deployment's watermark past every tick in
+between, which the core fires one by one: the worker would never catch up."""
+EventTime = Annotated[float, Field(ge=0.0, le=MAX_EVENT_TIME, allow_inf_nan=False)]
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -37,7 +44,7 @@ class _Model(BaseModel):
 
 class _Envelope(_Model):
     deployment: Name
-    time: NonNegative = Field(description="event time, seconds since the Unix epoch")
+    time: EventTime = Field(description="event time, seconds since the Unix epoch (before 2100)")
     schema_version: Literal[1] = SCHEMA_VERSION
 
 
@@ -106,7 +113,7 @@ class RequestRecord(_Envelope):
     input_tokens: Tokens
     output_tokens: Tokens
     cached_tokens: Tokens = 0
-    request_received_ms: NonNegative
+    request_received_ms: Annotated[float, Field(ge=0.0, le=MAX_EVENT_TIME * 1000.0, allow_inf_nan=False)]
     prefill_wait_time_ms: NonNegative | None = None
     prefill_time_ms: NonNegative | None = None
     ttft_ms: NonNegative | None = None

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from fleetplan.schemas.codec import MAX_EVENT_BYTES, decode_event
 from fleetplan.schemas.events import (
     MAX_COUNT,
+    MAX_EVENT_TIME,
     ForwardPassMetrics,
     FpmBatch,
     QueuedRequests,
@@ -47,6 +48,7 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Tokens = Count
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+EventTime = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_EVENT_TIME)]
 
 
 class _Wire(msgspec.Struct, forbid_unknown_fields=True, frozen=True, gc=False):
@@ -106,7 +108,7 @@ class WireFpm(_Wire, tag_field="type", tag="fpm"):
 
     type: ClassVar[str] = "fpm"
     deployment: Name
-    time: NonNegative
+    time: EventTime
     role: Role
     worker_id: Name
     schema_version: Literal[1] = 1
@@ -132,7 +134,7 @@ class WireFpmBatch(_Wire, tag_field="type", tag="fpm_batch"):
 
     type: ClassVar[str] = "fpm_batch"
     deployment: Name
-    time: NonNegative
+    time: EventTime
     fpms: Annotated[list[WireFpm], msgspec.Meta(min_length=1, max_length=10_000)]
     schema_version: Literal[1] = 1
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fleetplan.models import fold_ahead
-from fleetplan.models.config import ConfigError
+from fleetplan.models.config_changes import change_problem
 from fleetplan.models.fleet import INPUT_TYPES
 from fleetplan.models.fold_ahead import settled_data
 from fleetplan.models.planner import Planner, TickReport
@@ -226,10 +226,11 @@ class Router:
         dep = self._deployment(event.deployment, rec.partition)
         state = dep.state
         if kind == "control" and isinstance(event.body, SetConfig):
-            try:  # against the config as folded so far: the tick re-checks it (rejected_controls)
-                state.config.with_changes(event.body.changes)
-            except ConfigError as err:
-                self._invalid(rec, batch, "invalid", f"body.changes: {err}")
+            # on the change alone, never on the config folded so far (models/config_changes.py);
+            # what depends on other fields is judged at the tick (rejected_controls)
+            problem = change_problem(state.config, event.body.changes)
+            if problem is not None:
+                self._invalid(rec, batch, "invalid", f"body.changes: {problem}")
                 return
         batch.events[rec.topic] += 1
         if kind == "fpm":
@@ -257,7 +258,7 @@ class Router:
         dep.held.append((event.time, rec.handle))
         if state.next_tick != next_tick:
             dep.dirty = True
-        if kind == "request":
+        if kind in ("request", "arrival"):  # the mirror counts demand by arrival once the core does
             batch.mirror.append(MirrorAdd(dep.name, rec.partition, rec.offset, event))
 
     def _fold_ahead(self, now: float) -> None:

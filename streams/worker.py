@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import shutil
 import time
@@ -79,9 +80,11 @@ class PlannerWorker:
         self._jumps = 0
         self._partition_event: dict[int, object] = {}
         self._lock = asyncio.Lock()
-        # Deployments whose stored outbox this process has already delivered: a
-        # rebalance that hands them back need not send it again.
-        self._delivered: set[str] = set()
+        # The stored state (a digest of its bytes) of each deployment whose outbox this
+        # process has delivered: a rebalance that hands back that same state need not send
+        # it again. By content, not by name: another worker may have owned the deployment
+        # in between and stored a new outbox it did not live to send.
+        self._delivered: dict[str, bytes] = {}
         self._input_names = set(self.topics.inputs)
         self._output_names = {
             canonical.DECISIONS: self.topics.decisions,
@@ -198,15 +201,16 @@ class PlannerWorker:
         if not saves and not outputs:
             return
         producer = self.app.producer
-        for dep, raw in saves:
-            with self._writing_for(dep.partition):
-                self.states[dep.name.encode()] = raw
-            self._delivered.discard(dep.name)
-        if saves:
-            await producer.flush()
+        with _changelog_writes(producer.buffer) as written:
+            for dep, raw in saves:
+                with self._writing_for(dep.partition):
+                    self.states[dep.name.encode()] = raw
+                self._delivered.pop(dep.name, None)
+        if written:
+            await _durable(producer, written)
         await self._send(outputs, {d.name: d.partition for d, _ in saves})
         self.router.sent(batch)
-        self._delivered.update(d.name for d, _ in saves)
+        self._delivered.update((d.name, _digest(raw)) for d, raw in saves)
         done = time.monotonic()
         for tick in batch.ticks:
             if tick.watermark_at is not None:
@@ -303,10 +307,10 @@ class PlannerWorker:
                     continue
                 name = key.decode() if isinstance(key, bytes) else key
                 dep = self.router.adopt(name, stored)
-                if name in self._delivered:
+                if self._delivered.get(name) == _digest(raw):
                     dep.outbox = []
                 elif dep.outbox:
-                    pending.append(dep)
+                    pending.append((dep, _digest(raw)))
             await self._seek_to_resume(owned)
             log.info("owning partitions %s with %d deployments", sorted(owned), len(self.router.deployments))
             if pending:
@@ -361,8 +365,10 @@ class PlannerWorker:
             self._committed.update({(tp.topic, tp.partition): o for tp, o in offsets.items()})
         return bool(done)
 
-    async def _resend(self, deployments) -> None:
-        """Send recovered outboxes, skipping decisions the topic already holds."""
+    async def _resend(self, recovered) -> None:
+        """Send recovered outboxes ((deployment, digest of its stored state) pairs), skipping
+        decisions the topic already holds."""
+        deployments = [dep for dep, _ in recovered]
         parts = {(self.topics.decisions, d.partition) for d in deployments
                  if any(o.topic == canonical.DECISIONS for o in d.outbox)}
         recorded: set[tuple[str, int]] = set()
@@ -376,15 +382,48 @@ class PlannerWorker:
                     except (orjson.JSONDecodeError, KeyError, TypeError):
                         continue
         outputs: list[Output] = []
-        for dep in deployments:
+        for dep, digest in recovered:
             for out in dep.outbox:
                 if out.topic == canonical.DECISIONS and (dep.name, out.value["decision_id"]) in recorded:
                     continue
                 outputs.append(out)
             dep.outbox = []
-            self._delivered.add(dep.name)
+            self._delivered[dep.name] = digest
         log.info("re-sending %d outbox records of %d deployments", len(outputs), len(deployments))
         await self._send(outputs, {d.name: d.partition for d in deployments})
+
+
+@contextlib.contextmanager
+def _changelog_writes(buffer):
+    """Collect the changelog messages that table writes put in Faust's producer buffer.
+
+    Faust's ``flush`` does not wait for them: ``ProducerBuffer.flush_atmost``
+    gives up when a message takes more than 0.1 s to hand over, and leaves the
+    rest in the buffer. Step 2 of the module docstring needs each one
+    acknowledged by the broker before the outputs go out and the offsets move.
+    """
+    written: list = []
+    put = buffer.put
+
+    def capture(fut) -> None:
+        written.append(fut)
+        put(fut)
+
+    buffer.put = capture
+    try:
+        yield written
+    finally:
+        del buffer.put  # the class's own again
+
+
+async def _durable(producer, written: list) -> None:
+    """Wait until every collected changelog message is on the broker (or raise its error)."""
+    await producer.flush()
+    await asyncio.gather(*written)
+
+
+def _digest(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=16).digest()
 
 
 def run_worker(settings: WorkerSettings) -> None:

@@ -89,3 +89,22 @@ def test_the_history_round_trips_with_the_state(make_fleet):
     again = DeploymentState.from_data(state.to_data())
     assert again.traffic_history == state.traffic_history
     assert again.to_data() == state.to_data()
+
+
+def test_a_predictor_this_install_cannot_build_is_counted_and_changes_nothing(make_fleet, monkeypatch):
+    """Prophet without its extra: the fold refuses the swap instead of stopping the worker."""
+    import fleetplan.models.predictors as predictors
+    from fleetplan.models.config_changes import change_problem
+
+    def unavailable():
+        raise predictors.PredictorUnavailable("the 'prophet' predictor needs the optional extra")
+
+    monkeypatch.setattr(predictors, "_import_prophet", unavailable)
+    fleet = make_fleet(load_predictor="kalman")
+    fleet.run(_timed(*[e for e in _traffic() if e.time < T0 + 400], _set(T0 + 200, load_predictor="prophet")))
+    state = fleet.state("d")
+    assert state.rejected_controls == 1 and state.config.load_predictor == "kalman"
+    assert state.forecaster.to_state()["forecaster"]["kind"] == "kalman"
+    # intake names it, so the worker dead-letters it before it reaches the fold
+    assert change_problem(state.config, {"load_predictor": "prophet"}) == (
+        "set_config: load_predictor: the 'prophet' predictor needs the optional extra")

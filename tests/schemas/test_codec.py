@@ -23,16 +23,18 @@ from fleetplan.schemas import (
     decode_event,
     encode_event,
 )
+from fleetplan.schemas.events import MAX_EVENT_TIME
 
 counts = st.integers(min_value=0, max_value=2**40)
 finite = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+event_times = st.floats(min_value=0, max_value=MAX_EVENT_TIME, allow_nan=False, allow_infinity=False)
 
 
 @st.composite
 def fpms(draw):
     return ForwardPassMetrics(
         deployment=draw(st.sampled_from(["a", "b-2", "ünïcode"])),
-        time=draw(finite),
+        time=draw(event_times),
         role=draw(st.sampled_from(["prefill", "decode", "agg"])),
         worker_id=draw(st.text(min_size=1, max_size=20)),
         dp_rank=draw(st.integers(0, 64)),

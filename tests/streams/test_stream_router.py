@@ -349,3 +349,106 @@ def test_stored_record_round_trips_without_the_buffer(planner):
     assert stored.state["buffer"] == []
     assert stored.partition == 0 and set(stored.positions) == {FPM, canonical.REQUESTS}
     assert orjson.loads(raw)["v"] == 1
+
+
+def test_the_traffic_mirror_counts_arrivals_as_the_core_does():
+    """Once a deployment sends arrivals the core counts demand from them; so must the mirror."""
+    import math
+
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.schemas.events import RequestArrival
+    from fleetplan.streams.tables import TrafficSums
+    from tests.streams.traffic import request
+
+    planner = Planner(config_from_dict({"mode": "agg", "throughput_adjustment_interval_seconds": 20,
+                                        "grace_seconds": 1}))
+    router = Router(planner, Watermarks(CLOCKED, idle_after_s=1e9))
+    offsets: dict[str, int] = {}
+
+    def record(topic, event):
+        n = offsets[topic] = offsets.get(topic, -1) + 1
+        return InputRecord(topic, 0, n, b"alpha", encode_event(event), received_at=0.0, handle=(topic, n))
+
+    records = []
+    for i in range(400):
+        t = T0 + i * 0.25
+        records.append(record(canonical.FPM, fpm("alpha", t, i)))
+        if i % 2 == 0:
+            records.append(record(canonical.REQUESTS, RequestArrival(deployment="alpha", time=t, request_id=f"a{i}",
+                                                                     input_tokens=100)))
+            records.append(record(canonical.REQUESTS, request("alpha", t, i)))
+    mirror: dict[float, TrafficSums] = {}
+    checked, last = [], None
+    for start in range(0, len(records), 30):
+        batch = router.route(records[start:start + 30], 0.0)
+        for add in batch.mirror:  # what PlannerWorker._mirror folds into its table
+            mirror.setdefault(math.floor(add.event.time / 20) * 20, TrafficSums()).add(add.event)
+        for tick in batch.ticks:
+            report = tick.report
+            if report.observed is not None and last == report.time - 20:
+                sums = mirror[report.time - 20]
+                checked.append(sums.mismatch(report.observed.__dict__,
+                                             by_arrival=router.deployments["alpha"].state.seen_arrivals))
+            last = report.time if report.observed is not None else last
+    assert len(checked) >= 3 and checked == [None] * len(checked)
+
+
+@pytest.mark.parametrize("read_early", [True, False])
+def test_a_set_config_is_judged_in_event_time_whenever_it_is_read(read_early):
+    """B (min_gpu_budget 12) is valid only after A (max_gpu_budget 16 over 8) is folded.
+
+    Intake judges a change on its own (models/config_changes.py), so whether B
+    is read before or after A's tick, both apply at their ticks, and the worker
+    decides what the audit's refold in event time decides.
+    """
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.schemas.events import ControlEvent, SetConfig
+    from tests.streams.traffic import DECIDING_CONFIG
+
+    def make_planner():
+        return Planner(config_from_dict({**DECIDING_CONFIG, "max_gpu_budget": 8}))
+
+    def control(t, changes):
+        return ControlEvent(deployment="alpha", time=t, body=SetConfig(changes=changes))
+
+    a, b = control(T0 + 2.0, {"max_gpu_budget": 16}), control(T0 + 6.0, {"min_gpu_budget": 12})
+    fpms, reqs = traffic("alpha", 60)
+    log = Log()
+    log.append(canonical.CONTROL, a)
+    if read_early:
+        log.append(canonical.CONTROL, b)
+    for e in sorted(fpms + reqs, key=lambda e: e.time):
+        log.append(FPM if e.type == "fpm" else canonical.REQUESTS, e)
+        if not read_early and e.time == T0 + 6.25:  # within the grace period after its time
+            log.append(canonical.CONTROL, b)
+    h = Harness(make_planner())
+    for i in range(0, len(log.records), 5):
+        h.route(log.records[i:i + 5])
+    assert [v for t, v in h.sent if t == canonical.DEADLETTER] == []
+    state = h.router.deployments["alpha"].state
+    assert (state.config.min_gpu_budget, state.config_version, state.rejected_controls) == (12, 2, 0)
+    audit = [r.decision for r in refold_by_event_time(make_planner(), "alpha", [a, b, *fpms, *reqs]) if r.decision]
+    assert [d["decision_id"] for d in h.decisions("alpha")] == [d.decision_id for d in audit]
+    assert [d["config_version"] for d in h.decisions("alpha")] == [d.config_version for d in audit]
+
+
+def test_a_set_config_wrong_only_against_the_config_is_counted_at_its_tick():
+    """B before A in event time: at B's tick the ceiling is still 8, so B changes nothing."""
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.schemas.events import ControlEvent, SetConfig
+    from tests.streams.traffic import DECIDING_CONFIG
+
+    planner = Planner(config_from_dict({**DECIDING_CONFIG, "max_gpu_budget": 8}))
+    log = Log()
+    log.append(canonical.CONTROL, ControlEvent(deployment="alpha", time=T0 + 2.0,
+                                               body=SetConfig(changes={"min_gpu_budget": 12})))
+    log.append(canonical.CONTROL, ControlEvent(deployment="alpha", time=T0 + 6.0,
+                                               body=SetConfig(changes={"max_gpu_budget": 16})))
+    fpms, reqs = traffic("alpha", 20)
+    for e in sorted(fpms + reqs, key=lambda e: e.time):
+        log.append(FPM if e.type == "fpm" else canonical.REQUESTS, e)
+    h = Harness(planner)
+    h.route(log.records)
+    state = h.router.deployments["alpha"].state
+    assert [v for t, v in h.sent if t == canonical.DEADLETTER] == []
+    assert (state.config.min_gpu_budget, state.config.max_gpu_budget, state.rejected_controls) == (-1, 16, 1)

@@ -1,0 +1,73 @@
+"""What a ``set_config`` may change, judged on the change alone.
+
+Intake (streams/router.py) dead-letters a ``set_config`` whose change is
+wrong by itself: an unknown field, a value its own field refuses, a field
+fixed when the deployment starts, a load predictor this install cannot
+build. It must not judge a change against the deployment's config as it
+stands when the record is read. Control events read but not yet folded
+(they wait for their tick) would change that verdict, so the same events
+read in another order would be refused in one run and applied in another,
+and the audit, which folds in event time, would disagree with both. What
+depends on other fields (a floor above a ceiling, a budget too small for
+one engine) is judged at the tick, in event-time order, and counted in
+``rejected_controls`` when it fails (models/planner.py).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from fleetplan.models.config import DYNAMO_RUNTIME_FIELDS, STARTUP_FIELDS, PlannerConfig
+from fleetplan.models.predictors import PredictorUnavailable, make_predictor
+
+__all__ = ["change_problem"]
+
+
+def change_problem(config: PlannerConfig, changes: dict[str, Any]) -> str | None:
+    """Why ``changes`` can never apply, whatever else changes first; None when it may.
+
+    ``config`` is only consulted for the fields fixed at start, whose value
+    cannot have changed since: restating it is allowed, anything else not.
+    """
+    fields = _fields()
+    for key, value in changes.items():
+        if key in DYNAMO_RUNTIME_FIELDS:
+            continue  # accepted and ignored, as in a config file
+        name = fields.get(key)
+        if name is None:
+            return f"set_config: {key}: unknown field"
+        try:
+            checked = _adapter(name).validate_python(value)
+        except ValidationError as err:
+            return f"set_config: {key}: {err.errors(include_url=False)[0]['msg']}"
+        if name in STARTUP_FIELDS and checked != getattr(config, name):
+            return (f"set_config: {name}: fixed when the deployment starts, which builds "
+                    f"{STARTUP_FIELDS[name]} from it; restart the planner to change it")
+        if name == "load_predictor":
+            try:
+                make_predictor(checked)
+            except (PredictorUnavailable, ValueError) as err:
+                return f"set_config: load_predictor: {err}"
+    return None
+
+
+@cache
+def _fields() -> dict[str, str]:
+    """Every name a change may use (field names and their Dynamo aliases) -> the field."""
+    names: dict[str, str] = {}
+    for name, info in PlannerConfig.model_fields.items():
+        names[name] = name
+        if info.alias:
+            names[info.alias] = name
+    return names
+
+
+@cache
+def _adapter(name: str) -> TypeAdapter:
+    """The field's own type and constraints, without the checks across fields."""
+    info = PlannerConfig.model_fields[name]
+    kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    return TypeAdapter(kind, config=ConfigDict(allow_inf_nan=False))

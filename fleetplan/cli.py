@@ -6,7 +6,9 @@ arguments, builds the pieces and hands over to the core or a runtime.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -33,6 +35,54 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def cannot_write(option: str, path: Path, err: OSError) -> str:
+    """The one message for an output path that cannot be written, naming the option."""
+    return f"{option}: cannot write {path} ({err.strerror or err})"
+
+
+def open_output(option: str, path: Path):
+    """Open an output file before any work, so a bad path costs nothing already computed."""
+    try:
+        return path.open("wb")
+    except OSError as err:
+        fail(cannot_write(option, path, err))
+
+
+def ensure_output_dir(option: str, path: Path) -> Path:
+    """Create an output directory at start: a path that cannot hold files fails before the run, not after."""
+    if path.exists() and not path.is_dir():
+        fail(f"{option}: cannot write {path} (a file, not a directory)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        fail(cannot_write(option, path, err))
+    if not os.access(path, os.W_OK | os.X_OK):
+        fail(f"{option}: cannot write {path} (Permission denied)")
+    return path
+
+
+def fold_log(fleet, events: Iterable, emit: Callable[[object], None]) -> ValueError | None:
+    """Fold events into ``fleet``, handing each output to ``emit`` as it is made.
+
+    A bad line stops the fold, and the fleet finishes as if the log ended
+    just before it: everything decided from the lines already read is still
+    emitted (what ``head`` of the same file would print). Returns the error
+    that stopped it, or None.
+    """
+    from fleetplan.eventlog import EventLogError
+
+    stopped = None
+    try:
+        for event in events:
+            for item in fleet.feed(event):
+                emit(item)
+    except EventLogError as err:
+        stopped = err
+    for item in fleet.finish():
+        emit(item)
+    return stopped
+
+
 @app.command()
 def plan(
     events: Annotated[Path, typer.Option("--events", help="JSONL event log to fold")],
@@ -41,9 +91,13 @@ def plan(
     reports: Annotated[Path | None, typer.Option("--reports", help="also write every tick report here (JSONL)")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="skip invalid lines instead of stopping")] = False,
 ) -> None:
-    """Fold an event log with the planning core and print its decisions as JSONL."""
+    """Fold an event log with the planning core and print its decisions as JSONL.
+
+    A bad line stops the fold with ``FILE:LINE: ...`` and exit 2, after the
+    decisions (and reports) of the lines before it are written.
+    """
     from fleetplan.bootstrap import build_planner
-    from fleetplan.eventlog import EventLogError, read_events
+    from fleetplan.eventlog import read_events
     from fleetplan.models.config import ConfigError
     from fleetplan.models.fleet import Fleet, LateEvent
     from fleetplan.schemas.codec import encode_event
@@ -52,29 +106,35 @@ def plan(
         planner = build_planner(config, profile)
     except (ConfigError, ValueError, OSError) as err:
         fail(str(err))
-    fleet = Fleet(planner)
+    if reports and reports.resolve() == events.resolve():
+        fail(f"--reports: is the --events file ({events}); writing it would erase the log")
+    report_fh = open_output("--reports", reports) if reports else None
+    out = sys.stdout.buffer
     errors: list = []
     late = 0
-    out = sys.stdout.buffer
-    report_fh = reports.open("wb") if reports else None
-    try:
-        outputs = fleet.run(read_events(events, skip_invalid=skip_invalid, errors=errors))
-    except EventLogError as err:
-        fail(str(err))
-    for item in outputs:
+
+    def emit(item) -> None:
+        nonlocal late
         if isinstance(item, LateEvent):
             late += 1
-            continue
+            return
         if item.decision is not None:
             out.write(encode_event(item.decision) + b"\n")
         if report_fh:
             report_fh.write(orjson.dumps(item.to_dict()) + b"\n")
-    if report_fh:
-        report_fh.close()
+
+    try:
+        stopped = fold_log(Fleet(planner), read_events(events, skip_invalid=skip_invalid, errors=errors), emit)
+    finally:
+        out.flush()
+        if report_fh:
+            report_fh.close()
     for _, message in errors:
         typer.echo(f"fleetplan: skipped {message}", err=True)
     if late:
         typer.echo(f"fleetplan: {late} late event(s) refused", err=True)
+    if stopped is not None:
+        fail(str(stopped))
 
 
 def _register_optional() -> list:

@@ -8,6 +8,7 @@ like a topic. Lines are the events' canonical JSON, one per line.
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -36,8 +37,10 @@ def read_events(path: str | Path, *, skip_invalid: bool = False, errors: list | 
     except OSError as err:
         raise EventLogError(f"{p}: cannot open event log ({err.strerror})") from None
     with fh:
-        for n, raw in enumerate(fh, start=1):
+        for n, raw in _lines(fh, p):
             line = raw.strip()
+            if n == 1:
+                line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark, as editors write
             if not line:
                 continue
             try:
@@ -48,6 +51,20 @@ def read_events(path: str | Path, *, skip_invalid: bool = False, errors: list | 
                     raise EventLogError(message) from None
                 if errors is not None:
                     errors.append((n, message))
+
+
+def _lines(fh: IO[bytes], p: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered lines; a broken gzip file is an error naming it, not an abort or a bare zlib message."""
+    n = 0
+    try:
+        for n, raw in enumerate(fh, start=1):  # noqa: B007 - n names the line a gzip error stopped at
+            yield n, raw
+    except EOFError:
+        raise EventLogError(f"{p}:{n + 1}: the compressed file ends early (truncated gzip)") from None
+    except gzip.BadGzipFile:
+        raise EventLogError(f"{p}: not a gzip file") from None
+    except zlib.error as err:
+        raise EventLogError(f"{p}:{n + 1}: corrupt gzip data ({err})") from None
 
 
 def write_events(events: Iterable, out: IO[bytes]) -> int:

@@ -16,7 +16,9 @@ behaviour.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +26,7 @@ import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fleetplan.models.predictors import PredictorParams
 from fleetplan.schemas.events import Role
 
 Mode = Literal["disagg", "prefill", "decode", "agg"]
@@ -98,8 +101,27 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the field and what was expected."""
 
 
+PREDICTOR_PARAM_FIELDS: dict[str, str] = {
+    "log1p": "load_predictor_log1p",
+    "prophet_interval_s": "throughput_adjustment_interval_seconds",
+}
+"""Predictor parameters whose config field has another name; the others share theirs."""
+
+
+# Bounds that keep one tick's work finite. Each is far past any real fleet; a value beyond it
+# is a typo or a unit mistake, and the core would spend minutes (or memory without end) on it.
+MIN_UTILIZATION = 0.01
+"""An engine sized at 1 % of its rate; below, the sized count overflows (5e-324 did)."""
+MAX_STARTUP_SECONDS = 86_400.0
+"""A day; the startup horizon is that many windows of quantiles (1e300 ran out of memory)."""
+MAX_GPU_BUDGET = 100_000
+"""GPUs; the budget is fitted a replica at a time (a budget of 1e6 took 3.2 s a tick)."""
+
+
 class PlannerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # no float field may be inf or nan: such a value passes a bound like ``gt=0`` and
+    # surfaces deep in the run (a predictor's own check, a queueing formula's divide)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     # topology and target
     mode: Mode = "disagg"
@@ -113,15 +135,15 @@ class PlannerConfig(BaseModel):
     enable_load_scaling: bool = False
     max_throughput_scaling_replicas: int = Field(8, ge=1)
     # sizing past the reference (fleetplan's own defaults; REFERENCE_SIZING and docs/sizing.md)
-    target_utilization: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
+    target_utilization: float = Field(0.8, ge=MIN_UTILIZATION, le=1, allow_inf_nan=False)
     # once the sizing quantile is conformal it carries the forecast's error, so less headroom
     # is kept for it; None keeps target_utilization throughout (docs/sizing.md)
-    calibrated_utilization: float | None = Field(0.9, gt=0, le=1, allow_inf_nan=False)
+    calibrated_utilization: float | None = Field(0.9, ge=MIN_UTILIZATION, le=1, allow_inf_nan=False)
     hold_scale_down_until_floor: bool = True
     throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)
     sizing_quantile_adapt_rate: float = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
-    startup_seconds: float = Field(120.0, ge=0, allow_inf_nan=False)
+    startup_seconds: float = Field(120.0, ge=0, le=MAX_STARTUP_SECONDS, allow_inf_nan=False)
     burst_window_seconds: int = Field(60, ge=0)
     capacity_mix: Literal["mean", "buckets"] = "buckets"
     prefill_sizing: Literal["rate", "queueing"] = "queueing"
@@ -170,8 +192,8 @@ class PlannerConfig(BaseModel):
     max_endpoint: int | None = Field(None, ge=0)
     prefill_max_endpoint: int | None = Field(None, ge=0)
     decode_max_endpoint: int | None = Field(None, ge=0)
-    max_gpu_budget: int = Field(8, ge=-1)
-    min_gpu_budget: int = Field(-1, ge=-1)
+    max_gpu_budget: int = Field(8, ge=-1, le=MAX_GPU_BUDGET)
+    min_gpu_budget: int = Field(-1, ge=-1, le=MAX_GPU_BUDGET)
     prefill_engine_num_gpu: int | None = Field(None, ge=1)
     decode_engine_num_gpu: int | None = Field(None, ge=1)
 
@@ -209,6 +231,9 @@ class PlannerConfig(BaseModel):
                 "optimization_target 'load' needs prefill_scale_{up,down}_queue_tokens and "
                 "decode_scale_{up,down}_kv_rate"
             )
+        _check_replica_bounds(self)
+        _check_budget_holds_one_engine_per_role(self)
+        _check_predictor_params(self)
         return self
 
     # --- derived views -----------------------------------------------------
@@ -272,6 +297,22 @@ class PlannerConfig(BaseModel):
             return self.prefill_engine_num_gpu
         return self.decode_engine_num_gpu
 
+    def predictor_params(self) -> dict[str, object]:
+        """The load predictor's parameters (``PredictorParams``) as this config sets them.
+
+        ``build_forecaster`` passes the same values, so checking them here at
+        load is checking what ``make_predictor`` will be given.
+        """
+        return {
+            "log1p": self.load_predictor_log1p,
+            "prophet_window_size": self.prophet_window_size,
+            "kalman_q_level": self.kalman_q_level,
+            "kalman_q_trend": self.kalman_q_trend,
+            "kalman_r": self.kalman_r,
+            "kalman_min_points": self.kalman_min_points,
+            "prophet_interval_s": float(self.throughput_adjustment_interval_seconds),
+        }
+
     def with_changes(self, changes: dict[str, object]) -> PlannerConfig:
         """A validated copy with some fields changed (run-time control events).
 
@@ -288,6 +329,80 @@ class PlannerConfig(BaseModel):
         return new
 
 
+def _min_field(cfg: PlannerConfig, role: Role) -> str:
+    """The field that sets ``role``'s floor: its own when given, else ``min_endpoint``."""
+    own = f"{role}_min_endpoint"
+    return own if getattr(cfg, own, None) is not None else "min_endpoint"
+
+
+def _max_field(cfg: PlannerConfig, role: Role) -> str:
+    """The field that sets ``role``'s ceiling: its own when given, else ``max_endpoint``."""
+    own = f"{role}_max_endpoint"
+    return own if getattr(cfg, own, None) is not None else "max_endpoint"
+
+
+def _check_replica_bounds(cfg: PlannerConfig) -> None:
+    """Refuse ceilings that leave a role no engine, and floors above ceilings.
+
+    With no engine of a role its requests wait forever (a simulation never
+    ends). A floor above the ceiling has no count that meets both, and the
+    fleet was seen running at the floor, above the maximum the operator set.
+    """
+    for role in cfg.roles:
+        if cfg.max_endpoints(role) == 0:
+            raise ValueError(f"{_max_field(cfg, role)}: 0 leaves no {role} engine to serve requests")
+    for role in ("prefill", "decode", "agg"):  # contradictory bounds are wrong even where the mode ignores them
+        low, high = cfg.min_endpoints(role), cfg.max_endpoints(role)
+        if high is not None and low > high:
+            raise ValueError(
+                f"{_min_field(cfg, role)}: {low} is more than {_max_field(cfg, role)} ({high})"
+            )
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def _check_budget_holds_one_engine_per_role(cfg: PlannerConfig) -> None:
+    """``check_gpu_budget`` with the engine sizes the config knows: ``*_engine_num_gpu``, else 1."""
+    check_gpu_budget(cfg, {role: cfg.gpus_per_engine(role) or 1 for role in cfg.roles})
+
+
+def check_gpu_budget(cfg: PlannerConfig, gpus: Mapping[Role, int]) -> None:
+    """Refuse a ``max_gpu_budget`` that cannot hold one engine of every role.
+
+    The budget is a hard limit that wins over the floors (models/constraints.py),
+    so under such a budget a role stays at 0 engines and its requests are never
+    served. The config alone knows an engine's GPUs only when
+    ``*_engine_num_gpu`` is set; whoever learns them later (a profile's TP, the
+    inventory) can call this again with ``gpus`` per role.
+    """
+    budget = cfg.max_gpu_budget
+    if budget < 0:
+        return
+    per_role = {role: gpus[role] for role in cfg.roles}
+    for role, size in per_role.items():
+        if budget < size:
+            raise ValueError(f"max_gpu_budget: {_gpus(budget)} is less than one {role} engine ({_gpus(size)})")
+    if budget < sum(per_role.values()):
+        parts = " + ".join(f"{role} {_gpus(size)}" for role, size in per_role.items())
+        raise ValueError(f"max_gpu_budget: {_gpus(budget)} cannot hold one engine of each role ({parts})")
+
+
+def _check_predictor_params(cfg: PlannerConfig) -> None:
+    """Run the predictors' own parameter checks at load, naming the config field.
+
+    ``make_predictor`` builds the forecaster only when the planner starts (or a
+    ``set_config`` swaps it); a value it refuses must stop the config here
+    instead, not the run later.
+    """
+    try:
+        PredictorParams.from_kwargs(**cfg.predictor_params())
+    except ValueError as err:
+        name, _, problem = str(err).partition(" ")
+        raise ValueError(f"{PREDICTOR_PARAM_FIELDS.get(name, name)}: {problem}") from None
+
+
 def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
     """Validate a config mapping; fail with the field name and the expectation."""
     if not isinstance(data, dict):
@@ -299,16 +414,80 @@ def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
         return PlannerConfig.model_validate(known)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in first["loc"]) or "config"
         if first["type"] == "extra_forbidden":
-            raise ConfigError(f"{source}: {field}: unknown field") from None
-        raise ConfigError(f"{source}: {field}: {first['msg']}") from None
+            raise ConfigError(f"{source}: {_loc(first)}: unknown field") from None
+        if not first["loc"] and first["type"] == "value_error":
+            # a check across fields: its message already starts with the field(s)
+            raise ConfigError(f"{source}: {first['ctx']['error']}") from None
+        raise ConfigError(f"{source}: {_loc(first)}: {first['msg']}") from None
+
+
+def _loc(error: dict) -> str:
+    return ".".join(str(p) for p in error["loc"]) or "config"
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping in a settings file gives one key twice (lines are 1-based)."""
+
+    def __init__(self, key: object, line: int | None = None, first_line: int | None = None) -> None:
+        where = "" if line is None else f"line {line}: "
+        first = "" if first_line is None else f" (first on line {first_line})"
+        super().__init__(f"{where}{key}: duplicate key{first}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last value without a word, so a file that sets
+    ``ttft_ms`` twice would run on whichever came last. Merge keys (``<<``)
+    may still be overridden, as YAML intends.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            _refuse_duplicate_keys(self, node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> None:
+    first_line: dict[object, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            seen = first_line.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:
+            continue  # an unhashable key: SafeLoader refuses it with its own message
+        if seen != key_node.start_mark.line + 1:
+            raise DuplicateKeyError(key, key_node.start_mark.line + 1, seen)
+
+
+def _refuse_duplicate_json_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``object_pairs_hook`` for ``json.loads``: a key given twice is an error, not the last one."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)  # the stdlib parser gives no position
+        out[key] = value
+    return out
+
+
+def _parse_settings(p: Path, text: bytes) -> object:
+    """YAML (or JSON for ``.json``) with every mapping's keys unique."""
+    if p.suffix != ".json":
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    data = orjson.loads(text)
+    # orjson keeps the last of duplicate keys; the slower stdlib parse is only there to find them
+    json.loads(text, object_pairs_hook=_refuse_duplicate_json_keys)
+    return data
 
 
 def read_settings_file(path: str | Path, what: str = "config") -> object:
     """The parsed contents of a YAML file, or JSON when it ends in ``.json``.
 
-    A file that cannot be read or parsed is a ConfigError naming it and ``what`` it holds.
+    A file that cannot be read or parsed, or that gives a key twice in one
+    mapping, is a ConfigError naming it and ``what`` it holds.
     """
     p = Path(path)
     try:
@@ -316,13 +495,40 @@ def read_settings_file(path: str | Path, what: str = "config") -> object:
     except OSError as err:
         raise ConfigError(f"{p}: cannot read {what} ({err.strerror})") from None
     try:
-        return orjson.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        return _parse_settings(p, text)
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{p}: {err}") from None
     except (orjson.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
 
 
+def _check_warmup_trace(cfg: PlannerConfig, source: str) -> None:
+    """Fail at load when the warm-up trace cannot be opened.
+
+    It is read only when the planner is built, where an OSError names
+    neither the config file nor the field. Its format is checked there.
+    """
+    path = cfg.load_predictor_warmup_trace
+    if not path:
+        return
+    try:
+        Path(path).open("rb").close()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: load_predictor_warmup_trace: no such file {path}") from None
+    except OSError as err:
+        raise ConfigError(f"{source}: load_predictor_warmup_trace: cannot read {path} ({err.strerror})") from None
+
+
 def load_config(path: str | Path | None) -> PlannerConfig:
-    """Read a YAML or JSON config file; ``None`` gives the defaults."""
+    """Read a YAML or JSON config file; ``None`` gives the defaults.
+
+    An empty (or comment-only) file also gives the defaults; any other
+    content that is not a mapping (a list, ``false``, ``0``, ``""``) is refused.
+    """
     if path is None:
         return PlannerConfig()
-    return config_from_dict(read_settings_file(path) or {}, source=str(Path(path)))
+    source = str(Path(path))
+    data = read_settings_file(path)
+    cfg = config_from_dict({} if data is None else data, source=source)
+    _check_warmup_trace(cfg, source)
+    return cfg

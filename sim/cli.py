@@ -77,9 +77,14 @@ def simulate(
     retune: Annotated[Path | None, typer.Option("--retune", help="retune spec, YAML or JSON: replay each past window against a grid of planner settings and apply the best (docs/retune.md)")] = None,
 ) -> None:
     """Replay a trace against a simulated fleet driven by the planner (or another policy)."""
-    from fleetplan.cli import fail
+    from fleetplan.cli import ensure_output_dir, fail
 
     try:
+        _check_numbers(start=start, duration=duration, rate_scale=rate_scale, speed=speed,
+                       fpm_interval=fpm_interval, window=window, prefix_block_tokens=prefix_block_tokens,
+                       oracle_rounds=oracle_rounds, goal=goal)
+        if out is not None:
+            ensure_output_dir("--out", out)  # before the trace is read and the runs take minutes
         run = _prepare(
             trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
             servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
@@ -111,6 +116,28 @@ class _UserError(Exception):
     pass
 
 
+def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, prefix_block_tokens,
+                   oracle_rounds, goal) -> None:
+    """Every numeric option in range, named, before anything is read.
+
+    Written out rather than typer's ``min``/``max``: those let nan and inf
+    through, and an open bound (``--goal`` in (0, 1]) reads better said.
+    """
+    positive = {"--rate-scale": rate_scale, "--speed": speed, "--fpm-interval": fpm_interval,
+                "--window": window, "--prefix-block-tokens": prefix_block_tokens, "--duration": duration}
+    for name, value in positive.items():
+        if value is not None and not value > 0:
+            raise _UserError(f"{name}: must be > 0, got {value}")
+        if value is not None and math.isinf(value):
+            raise _UserError(f"{name}: must be a finite number, got {value}")
+    if not (start >= 0 and math.isfinite(start)):
+        raise _UserError(f"--start: must be a finite number of seconds >= 0, got {start}")
+    if oracle_rounds < 0:
+        raise _UserError(f"--oracle-rounds: must be >= 0, got {oracle_rounds}")
+    if not 0 < goal <= 1:
+        raise _UserError(f"--goal: a fraction in (0, 1], got {goal:g}")
+
+
 def _prepare(
     trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
     servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
@@ -132,10 +159,6 @@ def _prepare(
         raise _UserError(f"--router: expected one of {', '.join(ROUTERS)}, got {router!r}")
     if engine_timing not in TIMING_MODES:
         raise _UserError(f"--engine-timing: expected one of {', '.join(TIMING_MODES)}, got {engine_timing!r}")
-    for name, value in (("--rate-scale", rate_scale), ("--speed", speed), ("--fpm-interval", fpm_interval),
-                        ("--window", window), ("--prefix-block-tokens", prefix_block_tokens)):
-        if not value > 0:
-            raise _UserError(f"{name}: must be > 0, got {value}")
     try:
         parse_startup(startup)
     except ValueError as err:
@@ -299,7 +322,8 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
     if start or end is not None:
         requests = slice_trace(requests, start, end)
         if not requests:
-            raise ValueError(f"{trace}: no requests in [{start}, {end if end is not None else full})")
+            raise ValueError(f"--start/--duration: {trace}: no requests in [{start:g}, "
+                             f"{end if end is not None else full:g}) s (the trace spans {full:g} s)")
     window = (duration if duration is not None else max(full - start, 1.0))
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, seed=seed, duration_s=window)

@@ -32,6 +32,7 @@ command (``plan`` included) reads with ``--profile FILE``.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections import defaultdict
@@ -39,39 +40,42 @@ from pathlib import Path
 
 import numpy as np
 
-from fleetplan.models.perf import ProfileData
+from fleetplan.models.perf import InvalidProfile, ProfileData
 
 
 class ProfileConvertError(ValueError):
-    """A table that cannot be converted: names the file and what is missing."""
+    """A table that cannot be converted: names the file (and line, field) and what is wrong."""
+
+
+_SPLITWISE_COUNTS = {"batch_size": 1, "prompt_size": 1, "token_size": 0}
+"""Splitwise integer columns and their least valid value."""
+
+_SPLITWISE_TIMES = ("prompt_time", "token_time")
+_SPLITWISE_COLUMNS = ("model", "hardware", "tensor_parallel", *_SPLITWISE_COUNTS, *_SPLITWISE_TIMES)
 
 
 def splitwise_profile(path: str | Path, model: str, hardware: str, tp: int, max_kv_tokens: int | None = None) -> ProfileData:
     p = Path(path)
-    try:
-        rows = list(csv.DictReader(p.open()))
-    except OSError as err:
-        raise ProfileConvertError(f"{p}: cannot read ({err.strerror})") from None
+    rows = _splitwise_rows(p)
     sel = [
-        r for r in rows
+        (line, r) for line, r in rows
         if r.get("model") == model and r.get("hardware") == hardware and r.get("tensor_parallel") == str(tp)
     ]
     if not sel:
-        combos = sorted({(r.get("model"), r.get("hardware"), r.get("tensor_parallel")) for r in rows})
+        combos = sorted({(r.get("model"), r.get("hardware"), r.get("tensor_parallel")) for _, r in rows})
         raise ProfileConvertError(f"{p}: no rows for {model}/{hardware}/tp{tp}; have {combos[:12]}")
     prefill: dict[int, list[float]] = defaultdict(list)
     decode: dict[tuple[int, float], list[float]] = defaultdict(list)
-    try:
-        for r in sel:
-            batch, prompt, tokens = int(r["batch_size"]), int(r["prompt_size"]), int(r["token_size"])
-            prefill[batch * prompt].append(float(r["prompt_time"]))
-            decode[(batch, prompt + tokens / 2.0)].append(float(r["token_time"]))
-    except (KeyError, ValueError) as err:
-        raise ProfileConvertError(f"{p}: bad row ({err})") from None
+    for line, r in sel:
+        batch, prompt, tokens = (_splitwise_count(p, line, r, k) for k in _SPLITWISE_COUNTS)
+        prompt_time, token_time = (_splitwise_time(p, line, r, k) for k in _SPLITWISE_TIMES)
+        prefill[batch * prompt].append(prompt_time)
+        decode[(batch, prompt + tokens / 2.0)].append(token_time)
     kv_cap = max_kv_tokens or int(max(b * ctx for b, ctx in decode) + 1)
     isl = sorted(prefill)
     points = sorted(decode)
-    return ProfileData(
+    return _profile(
+        p,
         prefill_isl=np.array(isl, dtype=float),
         prefill_ttft_ms=np.array([np.mean(prefill[i]) for i in isl]),
         x_kv_usage=np.array([min(1.0, b * c / kv_cap) for b, c in points]),
@@ -81,67 +85,201 @@ def splitwise_profile(path: str | Path, model: str, hardware: str, tp: int, max_
     )
 
 
+def _splitwise_rows(p: Path) -> list[tuple[int, dict[str, str]]]:
+    """``(line number, row)`` for every data row; the header must have the columns used."""
+    reader = csv.DictReader(io.StringIO(_read_text(p), newline=""))
+    missing = [c for c in _SPLITWISE_COLUMNS if c not in (reader.fieldnames or ())]
+    if reader.fieldnames and missing:
+        raise ProfileConvertError(f"{p}: line 1: header: missing column(s) {', '.join(missing)}")
+    return [(reader.line_num, row) for row in reader]
+
+
+def _splitwise_count(p: Path, line: int, row: dict[str, str], key: str) -> int:
+    least = _SPLITWISE_COUNTS[key]
+    text = (row.get(key) or "").strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
+        expected = "a positive integer" if least else "a non-negative integer"
+        raise ProfileConvertError(f"{p}: line {line}: {key}: {expected}, got {row.get(key)!r}")
+    return int(text)
+
+
+def _splitwise_time(p: Path, line: int, row: dict[str, str], key: str) -> float:
+    """A measured time in ms: a NaN or a non-positive time is a failed measurement, not a point."""
+    try:
+        value = float(row.get(key) or "")
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ProfileConvertError(f"{p}: line {line}: {key}: a finite number > 0, got {row.get(key)!r}")
+    return value
+
+
+_DISTSERVE_ISL = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048)
+_DISTSERVE_CONTEXTS = (64, 128, 256, 512, 768, 1024, 1536, 2048)
+_DISTSERVE_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+
+
 def distserve_profile(
     path: str | Path, model: str = "facebook/opt-13b", tp: int = 1, max_kv_tokens: int = 66_144,
     host_ms_per_seq: float = 0.0,
 ) -> ProfileData:
     if not (math.isfinite(host_ms_per_seq) and host_ms_per_seq >= 0):
         raise ProfileConvertError(f"host_ms_per_seq: expected a finite number >= 0, got {host_ms_per_seq}")
+    if max_kv_tokens < _DISTSERVE_CONTEXTS[0]:
+        # no sampled (batch, context) point fits: the profile would have no decode rows
+        raise ProfileConvertError(
+            f"max_kv_tokens: at least {_DISTSERVE_CONTEXTS[0]} (one sequence at the shortest "
+            f"sampled context), got {max_kv_tokens}"
+        )
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-        params = data[model][str(tp)]
-        pa, pb, pc = params["prefill"]
-        threshold = params["decoding_large_small_bs_threshold"]
-        small = params["decoding_smallbs"]
-        large = params["decoding_largebs"]
-    except OSError as err:
-        raise ProfileConvertError(f"{p}: cannot read ({err.strerror})") from None
-    except (KeyError, ValueError, TypeError) as err:
-        raise ProfileConvertError(f"{p}: no usable coefficients for {model} tp{tp} ({err})") from None
-    isl = np.array([16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048], dtype=float)
+    params, where = _distserve_params(p, model, tp)
+    pa, pb, pc = _coefficients(p, where, params, "prefill")
+    threshold = _threshold(p, where, params)
+    small = _coefficients(p, where, params, "decoding_smallbs")
+    large = _coefficients(p, where, params, "decoding_largebs")
+    isl = np.array(_DISTSERVE_ISL, dtype=float)
     ttft = pa + pb * isl + pc * isl * isl
-    usage, ctx, itl = [], [], []
-    for c in (64, 128, 256, 512, 768, 1024, 1536, 2048):
-        for batch in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256):
+    _check_positive(p, where, ttft, [("prefill", f"{int(n)} tokens") for n in isl])
+    usage, ctx, itl, at = [], [], [], []
+    for c in _DISTSERVE_CONTEXTS:
+        for batch in _DISTSERVE_BATCHES:
             kv = batch * c
             if kv > max_kv_tokens:
                 break
-            a, b, cc = small if batch < threshold else large
+            key, (a, b, cc) = ("decoding_smallbs", small) if batch < threshold else ("decoding_largebs", large)
             usage.append(kv / max_kv_tokens)
             ctx.append(float(c))
             itl.append(a + b * kv + (cc + host_ms_per_seq) * batch)
-    return ProfileData(
+            at.append((key, f"batch {batch} at context {c}"))
+    _check_positive(p, where, np.array(itl), at)
+    return _profile(
+        p,
         prefill_isl=isl, prefill_ttft_ms=ttft, x_kv_usage=np.array(usage), y_context_length=np.array(ctx),
         z_itl_ms=np.array(itl), max_kv_tokens=max_kv_tokens, name=f"distserve-{model}-tp{tp}", model=model,
         gpu="a100-80gb", tp=tp,
     )
 
 
+def _distserve_params(p: Path, model: str, tp: int) -> tuple[dict, str]:
+    """The coefficient block of one model and TP, and its name for errors."""
+    try:
+        data = json.loads(_read_text(p))
+    except json.JSONDecodeError as err:
+        raise ProfileConvertError(f"{p}: line {err.lineno}: not JSON ({err.msg})") from None
+    if not isinstance(data, dict) or model not in data or not isinstance(data[model], dict):
+        have = sorted(data) if isinstance(data, dict) else []
+        raise ProfileConvertError(f"{p}: no coefficients for model {model!r}; have {have[:12]}")
+    params = data[model].get(str(tp))
+    if not isinstance(params, dict):
+        raise ProfileConvertError(f"{p}: no coefficients for {model} tp{tp}; have tp {sorted(data[model])}")
+    return params, f"{model} tp{tp}"
+
+
+def _coefficients(p: Path, where: str, params: dict, key: str) -> tuple[float, float, float]:
+    value = params.get(key)
+    if not (isinstance(value, list) and len(value) == 3 and all(_is_number(v) for v in value)):
+        raise ProfileConvertError(f"{p}: {where} {key}: three numbers, got {value!r}")
+    return float(value[0]), float(value[1]), float(value[2])
+
+
+def _threshold(p: Path, where: str, params: dict) -> float:
+    key = "decoding_large_small_bs_threshold"
+    value = params.get(key)
+    if not _is_number(value):
+        raise ProfileConvertError(f"{p}: {where} {key}: a number (a batch size), got {value!r}")
+    return float(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_positive(p: Path, where: str, ms: np.ndarray, at: list[tuple[str, str]]) -> None:
+    """A fit may have a negative coefficient, but every time it gives must be > 0 ms.
+
+    ``at`` names, per sampled time, the coefficient key it came from and the point.
+    """
+    bad = np.flatnonzero(~(ms > 0))
+    if bad.size:
+        key, point = at[int(bad[0])]
+        raise ProfileConvertError(
+            f"{p}: {where} {key}: coefficients that give a time > 0 ms, got {ms[bad[0]]:.6g} ms at {point}"
+        )
+
+
+def _read_text(p: Path) -> str:
+    """The file as UTF-8 text; a byte that is not UTF-8 is reported with its line."""
+    try:
+        content = p.read_bytes()
+    except OSError as err:
+        raise ProfileConvertError(f"{p}: cannot read ({err.strerror})") from None
+    try:
+        return content.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = content.count(b"\n", 0, err.start) + 1
+        raise ProfileConvertError(f"{p}: line {line}: not UTF-8 (byte 0x{content[err.start]:02x})") from None
+
+
+def _profile(p: Path, **fields) -> ProfileData:
+    """``ProfileData`` of a converted table; a range error names the table."""
+    try:
+        return ProfileData(**fields)
+    except InvalidProfile as err:
+        raise ProfileConvertError(f"{p}: converted profile: {err}") from None
+
+
 def profile_from_spec(spec: str) -> ProfileData | None:
-    """A converted profile for ``splitwise:...`` / ``distserve:...`` specs; None otherwise."""
+    """A converted profile for ``splitwise:...`` / ``distserve:...`` specs; None otherwise.
+
+    A spec of the wrong shape gets the syntax message; a bad number in it
+    names its part (TP, MAX_KV, ...); a bad file gets the file's own error,
+    not the syntax message: the spec was right.
+    """
     kind, sep, rest = spec.partition(":")
     if not sep or kind not in ("splitwise", "distserve"):
         return None
     parts = rest.split(":")
-    try:
-        if kind == "splitwise":
-            if len(parts) not in (4, 5):
-                raise ValueError
-            path, model, hardware, tp = parts[:4]
-            return splitwise_profile(path, model, hardware, int(tp), int(parts[4]) if len(parts) == 5 else None)
-        if len(parts) not in (3, 4, 5):
-            raise ValueError
-        path, model, tp = parts[:3]
-        kv = int(parts[3]) if len(parts) >= 4 else 66_144
-        return distserve_profile(path, model, int(tp), kv, float(parts[4]) if len(parts) == 5 else 0.0)
-    except ValueError as err:
-        if isinstance(err, ProfileConvertError):
-            raise
+    if kind == "splitwise":
+        if len(parts) not in (4, 5):
+            raise _spec_syntax(spec)
+        path, model, hardware, tp = parts[:4]
+        kv = _spec_positive_int(spec, "MAX_KV", parts[4]) if len(parts) == 5 else None
+        return splitwise_profile(path, model, hardware, _spec_positive_int(spec, "TP", tp), kv)
+    if len(parts) not in (3, 4, 5):
+        raise _spec_syntax(spec)
+    path, model, tp = parts[:3]
+    kv = _spec_positive_int(spec, "MAX_KV", parts[3]) if len(parts) >= 4 else 66_144
+    if kv < _DISTSERVE_CONTEXTS[0]:
         raise ProfileConvertError(
-            f"{spec}: expected splitwise:FILE:MODEL:HARDWARE:TP[:MAX_KV] or "
-            "distserve:FILE:MODEL:TP[:MAX_KV[:HOST_MS_PER_SEQ]]"
-        ) from None
+            f"{spec}: MAX_KV: at least {_DISTSERVE_CONTEXTS[0]} tokens (one sequence at the "
+            f"shortest sampled context), got {kv}"
+        )
+    host = _spec_host_ms(spec, parts[4]) if len(parts) == 5 else 0.0
+    return distserve_profile(path, model, _spec_positive_int(spec, "TP", tp), kv, host)
+
+
+def _spec_syntax(spec: str) -> ProfileConvertError:
+    return ProfileConvertError(
+        f"{spec}: expected splitwise:FILE:MODEL:HARDWARE:TP[:MAX_KV] or "
+        "distserve:FILE:MODEL:TP[:MAX_KV[:HOST_MS_PER_SEQ]]"
+    )
+
+
+def _spec_positive_int(spec: str, name: str, text: str) -> int:
+    """A spec's TP or MAX_KV: blamed on the spec, since that is where the value came from."""
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
+        raise ProfileConvertError(f"{spec}: {name}: a positive integer, got {text!r}")
+    return int(text)
+
+
+def _spec_host_ms(spec: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ProfileConvertError(f"{spec}: HOST_MS_PER_SEQ: a finite number >= 0, got {text!r}")
+    return value
 
 
 def write_profile_json(profile: ProfileData, path: str | Path) -> Path:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from fleetplan.models.config import PlannerConfig
+from fleetplan.models.config import PlannerConfig, check_gpu_budget
 from fleetplan.models.perf import EngineLimits, ProfileData
 from fleetplan.schemas.events import Decision
 from fleetplan.sim import emitter
@@ -115,6 +115,7 @@ def make_setup(config: PlannerConfig, profile: ProfileData, options: SimOptions)
     per_engine = profile.tp or 1
     roles = ("prefill", "decode") if config.mode == "disagg" else ("agg",)
     gpus = {r: config.gpus_per_engine(r) or per_engine for r in roles}
+    check_gpu_budget(config, gpus)  # now that the profile says an engine's GPUs: else a role gets none, forever
     kv_bytes = options.kv_bytes_per_token
     if kv_bytes is None:
         kv_bytes = next(

@@ -9,7 +9,11 @@ accumulated drift.
 
 A malformed line stops the read with ``TraceFormatError`` naming the file,
 the line and the field: a replay on silently skipped rows would be a
-replay of a different workload.
+replay of a different workload. So does a file that is not what its name
+says (a ``.gz`` that is not gzip or is cut short, text that is not UTF-8),
+a token count above ``MAX_REQUEST_TOKENS`` and a trace whose arrivals span
+more than ``MAX_TRACE_SPAN_S``: those are unit or corruption errors, and
+replaying them would only exhaust memory or time.
 """
 
 from __future__ import annotations
@@ -19,15 +23,20 @@ import datetime as dt
 import gzip
 import io
 import json
+import math
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "MAX_REQUEST_TOKENS",
+    "MAX_TRACE_SPAN_S",
     "TRACE_FORMATS",
     "TraceFormatError",
     "TraceRequest",
@@ -38,6 +47,22 @@ __all__ = [
 TRACE_FORMATS = ("azure", "mooncake", "dynamo")
 DYNAMO_SCHEMA = "dynamo.request.trace.v1"
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+MAX_REQUEST_TOKENS = 10_000_000
+"""Most tokens one request may carry in (or out, or cached).
+
+Ten times the 1M-token context of today's longest-context served models
+and equal to the largest advertised (Llama 4 Scout, 10M): a count above it
+is a unit or parsing error, not a request (10**30 overflowed the capacity
+search's int64 arithmetic; 10**8 replayed as a fleet of 35 prefill engines)."""
+
+MAX_TRACE_SPAN_S = 366 * 86_400
+"""Longest span, first to last arrival, a trace may cover: a year.
+
+Published traces cover an hour (Azure 2023, Mooncake) to a week (Azure
+2024); a longer span comes from one mistyped or unit-confused timestamp
+(a year 9999, nanoseconds read as ms), and replaying it would size
+billions of empty windows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +79,24 @@ class TraceRequest:
 
 
 class TraceFormatError(ValueError):
-    """A trace line that does not parse: ``path:line: field: expected``."""
+    """A trace line that does not parse: ``path:line: field: expected``.
 
-    def __init__(self, path: str | os.PathLike[str], line: int, field: str, expected: str):
+    ``line`` and ``field`` are None for a problem of the whole file (a
+    truncated gzip stream): the message is then ``path: problem``.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], line: int | None, field: str | None, expected: str
+    ):
         self.path = str(path)
         self.line = line
         self.field = field
-        super().__init__(f"{self.path}:{line}: {field}: {expected}")
+        if line is None:
+            super().__init__(f"{self.path}: {expected}")
+        elif field is None:
+            super().__init__(f"{self.path}:{line}: {expected}")
+        else:
+            super().__init__(f"{self.path}:{line}: {field}: {expected}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +109,10 @@ class _Row:
     hash_ids: tuple[int, ...]
     cached_tokens: int
     request_id: str | None
+    # where the arrival came from, for errors found only once all rows are read
+    line: int = 0
+    arrival_field: str = ""
+    arrival_text: str = ""
 
 
 def read_trace(path: str | os.PathLike[str], fmt: str = "auto") -> list[TraceRequest]:
@@ -86,12 +126,12 @@ def read_trace(path: str | os.PathLike[str], fmt: str = "auto") -> list[TraceReq
     if fmt != "auto" and fmt not in TRACE_FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; valid: auto, {', '.join(TRACE_FORMATS)}")
     with _open_text(path) as lines:
-        numbered = enumerate(lines, start=1)
+        numbered = _numbered_lines(path, lines)
         if fmt == "auto":
             fmt, numbered = _detect(path, numbered)
         if fmt == "azure":
-            return _to_requests(list(_azure_rows(path, numbered)), _ticks_to_s)
-        return _to_requests(list(_jsonl_rows(path, numbered, fmt)), _ms_to_s)
+            return _to_requests(path, list(_azure_rows(path, numbered)), _ticks_to_s)
+        return _to_requests(path, list(_jsonl_rows(path, numbered, fmt)), _ms_to_s)
 
 
 def trace_arrivals(reqs: Iterable[TraceRequest]) -> list[tuple[float, float, float]]:
@@ -107,6 +147,40 @@ def _open_text(path: Path) -> io.TextIOBase:
     if path.name.lower().endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
     return open(path, encoding="utf-8-sig", newline="")
+
+
+def _numbered_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` pairs; a broken file raises ``TraceFormatError``.
+
+    gzip and the UTF-8 decoder fail mid-iteration with messages that name
+    neither the file nor the line (and click reads gzip's ``EOFError`` as a
+    Ctrl-D abort), so their errors are translated here, where every
+    reader's lines pass.
+    """
+    try:
+        yield from enumerate(lines, start=1)
+    except EOFError:
+        raise TraceFormatError(path, None, None, "the compressed file ends early (truncated gzip)") from None
+    except gzip.BadGzipFile as exc:
+        if str(exc).startswith("Not a gzipped file"):
+            raise TraceFormatError(path, None, None, "not a gzip file") from None
+        raise TraceFormatError(path, None, None, f"corrupt gzip data ({exc})") from None
+    except zlib.error as exc:
+        raise TraceFormatError(path, None, None, f"corrupt gzip data ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc) from None
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> TraceFormatError:
+    """Where the first undecodable byte is: the text decoder only knows its chunk offset."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as raw:
+        for lineno, line in enumerate(raw, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return TraceFormatError(path, lineno, None, f"not UTF-8 (byte 0x{line[bad.start]:02x})")
+    return TraceFormatError(path, None, None, f"not UTF-8 ({exc.reason})")  # split across lines
 
 
 def _base_suffix(path: Path) -> str:
@@ -162,10 +236,13 @@ def _ms_to_s(ms: int | Decimal) -> float:
     return float(Decimal(ms).scaleb(-3))  # exact shift, one rounding
 
 
-def _to_requests(rows: list[_Row], to_seconds: Callable[[Any], float]) -> list[TraceRequest]:
+def _to_requests(
+    path: Path, rows: list[_Row], to_seconds: Callable[[Any], float]
+) -> list[TraceRequest]:
     if not rows:
         return []
     ordered = sorted(rows, key=lambda r: r.arrival)  # stable: ties keep file order
+    _check_span(path, ordered, to_seconds)
     origin = ordered[0].arrival
     return [
         TraceRequest(
@@ -179,6 +256,29 @@ def _to_requests(rows: list[_Row], to_seconds: Callable[[Any], float]) -> list[T
         )
         for row in ordered
     ]
+
+
+def _check_span(path: Path, ordered: list[_Row], to_seconds: Callable[[Any], float]) -> None:
+    """Refuse a trace spanning more than ``MAX_TRACE_SPAN_S``, blaming the outlying row.
+
+    The row blamed is the one beside the widest gap between consecutive
+    arrivals, on the side of the gap with fewer rows: one stray timestamp
+    (far future or far past) is that row itself.
+    """
+    span_s = to_seconds(ordered[-1].arrival - ordered[0].arrival)
+    if span_s <= MAX_TRACE_SPAN_S:
+        return
+    _, i = max((b.arrival - a.arrival, i) for i, (a, b) in enumerate(pairwise(ordered)))
+    row = ordered[i] if i + 1 < len(ordered) - (i + 1) else ordered[i + 1]
+    days = span_s / 86_400
+    span = f"{days:,.0f} days" if math.isfinite(days) else "more days than a float holds"
+    raise TraceFormatError(
+        path,
+        row.line,
+        row.arrival_field,
+        f"a time within {MAX_TRACE_SPAN_S // 86_400} days of the other requests, "
+        f"got {row.arrival_text}: the trace would span {span}, an absurd span for a replay",
+    )
 
 
 # --- Azure 2023 CSV ----------------------------------------------------------
@@ -209,7 +309,16 @@ def _azure_tokens(path: Path, lineno: int, field: str, text: str) -> int:
     value = text.strip()
     if not (value.isascii() and value.isdigit()):
         raise TraceFormatError(path, lineno, field, f"a non-negative integer, got {text!r}")
-    return int(value)
+    return _bounded_tokens(path, lineno, field, int(value))
+
+
+def _bounded_tokens(path: Path, lineno: int, field: str, tokens: int) -> int:
+    """``tokens`` if at most ``MAX_REQUEST_TOKENS``: a larger count is not a request."""
+    if tokens > MAX_REQUEST_TOKENS:
+        raise TraceFormatError(
+            path, lineno, field, f"at most {MAX_REQUEST_TOKENS:,} tokens, got {tokens}"
+        )
+    return tokens
 
 
 def _azure_rows(path: Path, numbered: Iterable[tuple[int, str]]) -> Iterator[_Row]:
@@ -237,6 +346,9 @@ def _azure_rows(path: Path, numbered: Iterable[tuple[int, str]]) -> Iterator[_Ro
             hash_ids=(),
             cached_tokens=0,
             request_id=None,
+            line=lineno,
+            arrival_field="TIMESTAMP",
+            arrival_text=fields[0].strip(),
         )
 
 
@@ -313,6 +425,17 @@ class _Fields:
             raise self.fail(key, f"a finite number, got {value!r}")
         return value
 
+    def millis(self, key: str) -> int | Decimal:
+        """A time in ms that stays finite in seconds (``1e400`` parses but overflows)."""
+        value = self.number(key)
+        if not math.isfinite(_ms_to_s(value)):
+            raise self.fail(key, f"a finite number of ms, got {value}")
+        return value
+
+    def tokens(self, key: str, default: int | None = None) -> int:
+        """A token count, at most ``MAX_REQUEST_TOKENS``."""
+        return _bounded_tokens(self.path, self.lineno, self.prefix + key, self.count(key, default))
+
     def count(self, key: str, default: int | None = None) -> int:
         value = self.obj.get(key)
         if value is None and default is not None:
@@ -342,13 +465,17 @@ class _Fields:
 
 def _mooncake_row(path: Path, lineno: int, record: dict[str, Any]) -> _Row:
     row = _Fields(path, lineno, record)
+    arrival = row.millis("timestamp")
     return _Row(
-        arrival=row.number("timestamp"),
-        input_tokens=row.count("input_length"),
-        output_tokens=row.count("output_length"),
+        arrival=arrival,
+        input_tokens=row.tokens("input_length"),
+        output_tokens=row.tokens("output_length"),
         hash_ids=row.hashes("hash_ids"),
         cached_tokens=0,
         request_id=None,
+        line=lineno,
+        arrival_field="timestamp",
+        arrival_text=f"{arrival} ms",
     )
 
 
@@ -365,11 +492,13 @@ def _dynamo_row(path: Path, lineno: int, record: dict[str, Any]) -> _Row | None:
     replay = request.obj_field("replay", required=False)
 
     if request.has("request_received_ms"):
-        arrival = request.number("request_received_ms")
+        arrival_field = "event.request.request_received_ms"
+        arrival = request.millis("request_received_ms")
     elif event.has("event_time_unix_ms") and request.has("total_time_ms"):
         # the end time minus the request's duration is when it arrived
-        arrival = Decimal(event.number("event_time_unix_ms")) - Decimal(
-            request.number("total_time_ms")
+        arrival_field = "event.event_time_unix_ms"
+        arrival = Decimal(event.millis("event_time_unix_ms")) - Decimal(
+            request.millis("total_time_ms")
         )
     else:
         raise request.fail(
@@ -377,14 +506,17 @@ def _dynamo_row(path: Path, lineno: int, record: dict[str, Any]) -> _Row | None:
             "a number (or event.event_time_unix_ms with request.total_time_ms)",
         )
     if replay is not None and replay.has("input_length"):
-        input_tokens = replay.count("input_length")
+        input_tokens = replay.tokens("input_length")
     else:
-        input_tokens = request.count("input_tokens")
+        input_tokens = request.tokens("input_tokens")
     return _Row(
         arrival=arrival,
         input_tokens=input_tokens,
-        output_tokens=request.count("output_tokens"),
+        output_tokens=request.tokens("output_tokens"),
         hash_ids=() if replay is None else replay.hashes("input_sequence_hashes"),
-        cached_tokens=request.count("cached_tokens", default=0),
+        cached_tokens=request.tokens("cached_tokens", default=0),
         request_id=request.text("request_id"),
+        line=lineno,
+        arrival_field=arrival_field,
+        arrival_text=f"{arrival} ms",
     )

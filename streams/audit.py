@@ -51,6 +51,7 @@ class AuditResult:
     source: str
     inputs: int = 0
     excluded_late: int = 0
+    invalid: int = 0
     reproduced: list[int] = field(default_factory=list)
     divergence: Divergence | None = None
     beyond_horizon: int = 0
@@ -58,6 +59,8 @@ class AuditResult:
     # what the report is drawn from: the inputs folded and every tick of the re-fold
     events: list = field(default_factory=list, repr=False)
     reports: list[TickReport] = field(default_factory=list, repr=False)
+    # the bad line that ended a log's audit early ("FILE:LINE: ..."), None when read to the end
+    stopped: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -65,19 +68,29 @@ class AuditResult:
 
     def lines(self, verbose: bool = False) -> list[str]:
         out = [f"audit {self.deployment} from {self.source}: {self.inputs} input events"
-               f" ({self.excluded_late} refused as late, left out)"]
+               f" ({self.excluded_late} refused as late, left out"
+               + (f"; {self.invalid} invalid record(s) skipped, as the worker dead-lettered them"
+                  if self.invalid else "") + ")"]
+        if self.stopped is not None:
+            out.append(f"STOPPED at {self.stopped}: only the lines before it are checked")
         if verbose:
             out.extend(f"decision {i}: reproduced" for i in self.reproduced)
         if self.divergence is None:
-            out.append(f"OK: {len(self.reproduced)} decision(s) reproduced"
-                       + (f"; {self.beyond_horizon} not yet recorded (after tick {self.horizon})"
-                          if self.beyond_horizon else ""))
+            out.append(f"OK: {len(self.reproduced)} decision(s) reproduced" + self._unchecked())
         else:
             d = self.divergence
             out.append(f"DIVERGED at decision {d.decision_id}: field {d.field}: "
                        f"recorded {_show(d.recorded)}, recomputed {_show(d.recomputed)}"
                        f" ({len(self.reproduced)} reproduced before it)")
         return out
+
+    def _unchecked(self) -> str:
+        """Recomputed decisions past what was recorded: not yet written (Kafka), or lost after a bad line."""
+        if not self.beyond_horizon:
+            return ""
+        if self.stopped is not None:
+            return f"; {self.beyond_horizon} recomputed after the last recorded one not checked"
+        return f"; {self.beyond_horizon} not yet recorded (after tick {self.horizon})"
 
 
 def _show(value: object) -> str:
@@ -172,24 +185,62 @@ def compare(result: AuditResult, recorded: list[dict], reports: list[TickReport]
 # --- sources -----------------------------------------------------------------------
 
 
+class NoEvents(ValueError):
+    """The source holds nothing for the deployment: an audit of nothing proves nothing."""
+
+
 def audit_log(path: str | Path, deployment: str, *, config=None, profile=None,
               planner: Planner | None = None) -> AuditResult:
-    """Audit a ``fleetplan simulate`` JSONL log."""
+    """Audit a ``fleetplan simulate`` JSONL log.
+
+    A bad line ends the audit there: the decisions recorded before it are
+    checked against the inputs before it (``stopped`` names the line), and
+    decisions the re-fold makes after the last recorded one are counted as
+    unchecked, since their records may be the lines that were lost.
+    """
     from fleetplan.bootstrap import build_planner
-    from fleetplan.eventlog import read_events
 
     planner = planner or build_planner(config, profile)
-    inputs, recorded = [], []
-    for event in read_events(path):
-        if event.deployment != deployment:
-            continue
-        if event.type in INPUT_TYPES:
-            inputs.append(event)
-        elif event.type == "decision":
-            recorded.append(event_to_dict(event))
+    inputs, recorded, stopped = _read_log(Path(path), deployment)
     reports = refold_as_fed(planner, inputs)
-    result = AuditResult(deployment, str(path), inputs=len(inputs), events=inputs, reports=reports)
-    return compare(result, recorded, reports, horizon=None)
+    result = AuditResult(deployment, str(path), inputs=len(inputs), events=inputs, reports=reports,
+                         stopped=stopped)
+    horizon = None
+    if stopped is not None:
+        horizon = recorded[-1]["time"] if recorded else -math.inf
+    return compare(result, recorded, reports, horizon=horizon)
+
+
+def _read_log(path: Path, deployment: str) -> tuple[list, list[dict], str | None]:
+    """The deployment's inputs and recorded decisions, up to the first bad line (named, or None)."""
+    from fleetplan.eventlog import EventLogError, read_events
+
+    inputs, recorded = [], []
+    found: set[str] = set()
+    stopped = None
+    try:
+        for event in read_events(path):
+            found.add(event.deployment)
+            if event.deployment != deployment:
+                continue
+            if event.type in INPUT_TYPES:
+                inputs.append(event)
+            elif event.type == "decision":
+                recorded.append(event_to_dict(event))
+    except EventLogError as err:
+        if not found:  # unreadable, or bad from line 1: there is nothing to audit
+            raise
+        stopped = str(err)
+    if not inputs and not recorded:
+        raise NoEvents(_no_events(path, deployment, found, stopped))
+    return inputs, recorded, stopped
+
+
+def _no_events(source: object, deployment: str, found: set[str], stopped: str | None) -> str:
+    if not found:
+        return f"{source}: no events"
+    message = f"no events for deployment {deployment!r} in {source} (found: {', '.join(sorted(found))})"
+    return message if stopped is None else f"{message}; stopped at {stopped}"
 
 
 def audit_kafka(bootstrap: str, deployment: str, *, config=None, profile=None, topic_prefix: str = "",
@@ -222,12 +273,19 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
             refused.add((m["topic"], int(m["partition"]), int(m["offset"])))
 
     inputs = []
-    excluded = 0
+    excluded = invalid = 0
+    found: set[str] = set()
     for name in topics.inputs:
         logical = topics.logical(name)
         for r in slices[(name, p)]:
             event = _decode(r.value)
-            if event is None or event.type not in INPUT_TYPES or event.deployment != deployment:
+            if event is None:
+                # the worker dead-lettered it and folded nothing from it: skipping is the same fold
+                if r.key is not None and r.key.decode("utf-8", "replace") == deployment:
+                    invalid += 1
+                continue
+            found.add(event.deployment)
+            if event.type not in INPUT_TYPES or event.deployment != deployment:
                 continue
             if r.key is None or r.key.decode("utf-8", "replace") != deployment:
                 continue  # the worker dead-letters records not keyed by their deployment
@@ -255,9 +313,11 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
         horizon = last if horizon is None else max(horizon, last)
 
     source = f"kafka {bootstrap} partition {p}" + (f" prefix {topic_prefix!r}" if topic_prefix else "")
+    if not inputs and not recorded and not excluded and not invalid:
+        raise NoEvents(_no_events(source, deployment, found, None))
     reports = refold_by_event_time(planner, deployment, inputs)
-    result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, events=inputs,
-                         reports=reports)
+    result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, invalid=invalid,
+                         events=inputs, reports=reports)
     return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf)
 
 

@@ -7,19 +7,83 @@ option; no planning logic lives here.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 BOOTSTRAP_ENV = "FLEETPLAN_KAFKA_BOOTSTRAP"
+_UNABLE_CONNECT = re.compile(r'^Unable connect to "[^"]*": ')  # aiokafka's prefix; the address is in ours
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     from fleetplan.cli import fail
 
-    fail(message)
+    fail(message, code)
+
+
+def _check_finite(**options: float | None) -> None:
+    """Typer's ``min`` lets nan and inf through; a duration or an interval must be a real number."""
+    for name, value in options.items():
+        if value is not None and not math.isfinite(value):
+            _fail(f"--{name.replace('_', '-')}: must be a finite number, got {value}")
+
+
+def kafka_unreachable(bootstrap: str, err: Exception, detail: str | None = None) -> str:
+    """The one line for a broker that does not answer, naming --bootstrap.
+
+    aiokafka's exception says only "Unable to bootstrap"; the line it logs
+    just before (``detail``) says why (refused, no such host), so it is
+    preferred when there is one.
+    """
+    why = _UNABLE_CONNECT.sub("", detail) if detail else str(err).removeprefix(f"{type(err).__name__}: ")
+    return f"--bootstrap {bootstrap}: cannot reach Kafka ({why})"
+
+
+class _LastKafkaError(logging.Handler):
+    """Keeps aiokafka's last error line for the message, instead of letting it print on its own."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.last = record.getMessage()
+
+
+@contextmanager
+def _reaching_kafka(bootstrap: str) -> Iterator[None]:
+    """Turn a broker that cannot be reached into one line and exit 2, not a traceback."""
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+    logger = logging.getLogger("aiokafka")
+    handler = _LastKafkaError()
+    logger.addHandler(handler)
+    try:
+        yield
+    except (KafkaConnectionError, KafkaTimeoutError) as err:
+        _fail(kafka_unreachable(bootstrap, err, handler.last))
+    finally:
+        logger.removeHandler(handler)
+
+
+def _start_errors() -> tuple[type[Exception], ...]:
+    """What a bad --config, --profile or warm-up trace raises at start: the user's to fix, in one line."""
+    from fleetplan.models.config import ConfigError
+
+    errors: list[type[Exception]] = [ConfigError, OSError]
+    try:
+        from fleetplan.sim.profiles import ProfileError
+        from fleetplan.sim.traces import TraceFormatError
+    except ModuleNotFoundError:  # no simulator installed: profiles and warm-up traces cannot be read anyway
+        return tuple(errors)
+    return (*errors, ProfileError, TraceFormatError)
 
 
 def _bootstrap(value: str | None) -> str:
@@ -53,15 +117,24 @@ def worker(
     heartbeat: Annotated[float, typer.Option(min=0.1, help="consumer heartbeat interval, seconds")] = 1.0,
     commit_interval: Annotated[float, typer.Option(min=0.1, help="offset commit interval, seconds")] = 1.0,
     instance_id: Annotated[str | None, typer.Option(help="static group membership id (fast restarts)")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus /metrics on this port")] = None,
+    metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="serve Prometheus /metrics on this port")] = None,
     loglevel: Annotated[str, typer.Option(help="log level")] = "warning",
 ) -> None:
-    """Run the planner worker: inputs from Kafka into the core, decisions out."""
-    from fleetplan.models.config import ConfigError
+    """Run the planner worker: inputs from Kafka into the core, decisions out.
+
+    Everything checkable without a broker is checked first (options, the
+    state directory; then ``run_worker`` builds the planner from --config
+    and --profile before it creates the topics), so bad input fails at start.
+    """
+    from fleetplan.cli import ensure_output_dir
     from fleetplan.streams.app import WorkerSettings, default_store
     from fleetplan.streams.topics import TopicMismatch
     from fleetplan.streams.worker import run_worker
 
+    _check_finite(batch_within=batch_within, idle_after=idle_after, session_timeout=session_timeout,
+                  heartbeat=heartbeat, commit_interval=commit_interval)
+    if heartbeat >= session_timeout:
+        _fail(f"--heartbeat: must be below --session-timeout ({session_timeout}), got {heartbeat}")
     settings = WorkerSettings(
         bootstrap=_bootstrap(bootstrap), app_id=app_id, topic_prefix=topic_prefix,
         partitions=partitions, replication=replication, store=store or default_store(),
@@ -72,9 +145,11 @@ def worker(
     )
     if not settings.store.startswith(("memory://", "rocksdb://", "aerospike://")):
         _fail(f"--store: memory:// or rocksdb://, got {settings.store!r}")
+    ensure_output_dir("--datadir", datadir)
     try:
-        run_worker(settings)
-    except (ConfigError, TopicMismatch, OSError) as err:
+        with _reaching_kafka(settings.bootstrap):
+            run_worker(settings)
+    except (*_start_errors(), TopicMismatch) as err:
         _fail(str(err))
 
 
@@ -89,21 +164,32 @@ def audit(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every decision checked")] = False,
     report: Annotated[Path | None, typer.Option("--report", help="also write DIR/report.html: the simulator's report of the recorded run")] = None,
 ) -> None:
-    """Re-fold a deployment's inputs with the core and check every recorded decision."""
+    """Re-fold a deployment's inputs with the core and check every recorded decision.
+
+    Exits 0 when every decision is reproduced, 1 on a divergence, 2 on bad
+    input: also when a bad line ended a log's audit early, after printing
+    what the lines before it proved.
+    """
     from fleetplan.bootstrap import build_planner
+    from fleetplan.cli import ensure_output_dir
     from fleetplan.eventlog import EventLogError
     from fleetplan.models.config import ConfigError
     from fleetplan.streams.audit import audit_kafka, audit_log, write_audit_report
 
     if (bootstrap is None) == (log is None):
         _fail("give exactly one of --bootstrap (Kafka) or --log (JSONL file)")
+    if not deployment:
+        _fail("--deployment: must not be empty")
+    if report is not None:
+        ensure_output_dir("--report", report)
     try:
         planner = build_planner(config, profile)
         if log is not None:
             result = audit_log(log, deployment, planner=planner)
         else:
-            result = audit_kafka(bootstrap, deployment, topic_prefix=topic_prefix, partitions=partitions,
-                                 planner=planner)
+            with _reaching_kafka(bootstrap):
+                result = audit_kafka(bootstrap, deployment, topic_prefix=topic_prefix, partitions=partitions,
+                                     planner=planner)
     except (ConfigError, EventLogError, OSError, ValueError) as err:
         _fail(str(err))
     for line in result.lines(verbose=verbose):
@@ -114,6 +200,8 @@ def audit(
         except (OSError, ValueError) as err:
             _fail(f"--report: {err}")
         typer.echo(f"report: {path}")
+    if result.ok and result.stopped is not None:
+        _fail(f"{result.stopped} (the audit checked only the lines before it)")
     raise typer.Exit(0 if result.ok else 1)
 
 
@@ -129,7 +217,7 @@ def bridge(
     pack_within: Annotated[float, typer.Option(min=0.0, help="seconds an FPM may wait to be packed")] = 0.02,
     heartbeat: Annotated[float, typer.Option(min=0.0, help="idle seconds before a clock heartbeat (0: none)")] = 1.0,
     linger_ms: Annotated[int, typer.Option(min=0, help="producer linger")] = 5,
-    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus /metrics on this port")] = None,
+    metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="serve Prometheus /metrics on this port")] = None,
     loglevel: Annotated[str, typer.Option(help="log level")] = "warning",
 ) -> None:
     """Run the ZMQ ingress bridge: validate FPMs and request records, produce them to Kafka."""
@@ -152,8 +240,10 @@ def bridge(
         partitions=partitions, replication=replication, buffer=buffer, pack_max=pack_max,
         pack_within_s=pack_within, heartbeat_s=heartbeat, linger_ms=linger_ms, metrics_port=metrics_port,
     )
+    _check_finite(pack_within=pack_within, heartbeat=heartbeat)
     tune_gc()
-    asyncio.run(run_bridge(settings))
+    with _reaching_kafka(settings.bootstrap):
+        asyncio.run(run_bridge(settings))
 
 
 def register(app: typer.Typer) -> None:

@@ -61,3 +61,50 @@ def test_bad_config_fails_fast(tmp_path):
     result = _plan("--events", EXAMPLE, "--config", cfg)
     assert result.exit_code == 2
     assert "ttft_ms: Input should be a valid number" in result.output
+
+
+def _decisions_of(log, tmp_path, name):
+    reports = tmp_path / f"{name}.reports.jsonl"
+    result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--reports", reports)
+    return result, reports.read_bytes()
+
+
+def test_a_bad_line_keeps_the_decisions_folded_before_it(tmp_path):
+    lines = EXAMPLE.read_bytes().splitlines()
+    cut = 1200  # past the burst: decisions 0-2 are made from the lines before it
+    head = tmp_path / "head.jsonl"
+    head.write_bytes(b"\n".join(lines[:cut - 1]) + b"\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n".join([*lines[:cut - 1], lines[cut - 1][:40], *lines[cut:]]) + b"\n")
+    expected, expected_reports = _decisions_of(head, tmp_path, "head")
+    result, reports = _decisions_of(bad, tmp_path, "bad")
+    assert result.exit_code == 2
+    assert f"{bad}:{cut}: message: valid JSON" in result.stderr
+    decisions = [orjson.loads(x) for x in result.stdout.splitlines()]
+    assert len(decisions) >= 3 and result.stdout == expected.stdout  # what `head` of the file prints
+    assert reports == expected_reports and reports
+
+
+def test_a_truncated_last_line_keeps_every_decision_before_it(tmp_path):
+    data = EXAMPLE.read_bytes().rstrip(b"\n")
+    log = tmp_path / "trunc.jsonl"
+    log.write_bytes(data[: len(data) - 30])  # the writer died mid-line
+    result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b")
+    assert result.exit_code == 2
+    assert f"{log}:1949: message: valid JSON" in result.stderr
+    assert [orjson.loads(x)["decision_id"] for x in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
+
+
+def test_a_reports_path_that_cannot_be_written_fails_before_folding(tmp_path):
+    target = tmp_path / "no" / "dir" / "r.jsonl"
+    result = _plan("--events", EXAMPLE, "--config", CONFIG, "--reports", target)
+    assert result.exit_code == 2
+    assert result.stdout == ""  # nothing folded
+    assert f"fleetplan: error: --reports: cannot write {target} (No such file or directory)" in result.stderr
+    result = _plan("--events", EXAMPLE, "--config", CONFIG, "--reports", tmp_path)
+    assert result.exit_code == 2 and f"--reports: cannot write {tmp_path} (Is a directory)" in result.stderr
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(EXAMPLE.read_bytes())
+    result = _plan("--events", log, "--config", CONFIG, "--reports", log)
+    assert result.exit_code == 2 and "--reports: is the --events file" in result.stderr
+    assert log.read_bytes() == EXAMPLE.read_bytes()  # the input is not truncated

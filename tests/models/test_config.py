@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from fleetplan.cli import _register_optional, app
 from fleetplan.models.config import (
     STARTUP_FIELDS,
     ConfigError,
     PlannerConfig,
+    _check_predictor_params,
+    check_gpu_budget,
     config_from_dict,
     load_config,
 )
+from fleetplan.models.predictor_swap import build_forecaster
+from fleetplan.models.predictors import PredictorParams
+from tests.sim.sim_helpers import CODE
 
 
 def test_defaults_match_dynamo():
@@ -65,9 +72,32 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"load_predictor": "oracle"}, "load_predictor: Input should be"),
         ({"optimization_target": "load"}, "prefill_scale_{up,down}_queue_tokens"),
         ({"max_gpu_budget": 2, "min_gpu_budget": 4}, "min_gpu_budget must not exceed"),
+        # bounds that keep a tick's work finite (a set_config past them stalled the worker)
+        ({"startup_seconds": 1e300}, "startup_seconds: Input should be less than or equal to 86400"),
+        ({"target_utilization": 5e-324}, "target_utilization: Input should be greater than or equal to 0.01"),
+        ({"max_gpu_budget": -1, "min_gpu_budget": 10**6}, "min_gpu_budget: Input should be less than or equal to 100000"),
+        # no float field takes inf or nan, the SLA and the predictor parameters included
+        ({"ttft_ms": float("inf")}, "ttft_ms: Input should be a finite number"),
+        ({"kalman_r": float("inf")}, "kalman_r: Input should be a finite number"),
+        ({"decode_scale_up_kv_rate": float("nan")}, "decode_scale_up_kv_rate: Input should be a finite number"),
+        # replica bounds
+        ({"min_endpoint": 5, "max_endpoint": 2}, "min_endpoint: 5 is more than max_endpoint (2)"),
+        ({"prefill_min_endpoint": 5, "prefill_max_endpoint": 2},
+         "prefill_min_endpoint: 5 is more than prefill_max_endpoint (2)"),
+        ({"decode_min_endpoint": 3, "max_endpoint": 2}, "decode_min_endpoint: 3 is more than max_endpoint (2)"),
+        ({"max_endpoint": 0}, "max_endpoint: 0 leaves no prefill engine to serve requests"),
+        ({"mode": "agg", "decode_max_endpoint": 0, "min_endpoint": 0}, None),  # decode's ceiling is not agg's
+        # a budget under one engine of each role keeps a role at 0 engines
+        ({"max_gpu_budget": 1, "prefill_engine_num_gpu": 4},
+         "max_gpu_budget: 1 GPU is less than one prefill engine (4 GPUs)"),
+        ({"max_gpu_budget": 4, "prefill_engine_num_gpu": 4},
+         "max_gpu_budget: 4 GPUs cannot hold one engine of each role (prefill 4 GPUs + decode 1 GPU)"),
     ],
 )
 def test_invalid_config_names_the_field(data, message):
+    if message is None:
+        config_from_dict(data, source="c.yaml")
+        return
     with pytest.raises(ConfigError) as info:
         config_from_dict(data, source="c.yaml")
     assert str(info.value).startswith("c.yaml: ")
@@ -91,6 +121,98 @@ def test_load_config_files(tmp_path):
     lst.write_text("- 1\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(lst)
+
+
+def test_a_refused_predictor_parameter_names_its_config_field():
+    # pydantic's bounds are the stricter today; this check keeps make_predictor's from failing a run later
+    unchecked = PlannerConfig.model_construct(kalman_r=float("inf"))
+    with pytest.raises(ValueError, match="^kalman_r: must be a positive finite number$"):
+        _check_predictor_params(unchecked)
+    unchecked = PlannerConfig.model_construct(load_predictor_log1p="yes")
+    with pytest.raises(ValueError, match="^load_predictor_log1p: must be a bool"):
+        _check_predictor_params(unchecked)
+
+
+def test_predictor_params_are_those_the_forecaster_is_built_with():
+    cfg = config_from_dict({"load_predictor": "kalman", "kalman_r": 3.5, "load_predictor_log1p": True,
+                            "prophet_window_size": 7, "throughput_adjustment_interval_seconds": 60})
+    checked = PredictorParams.from_kwargs(**cfg.predictor_params())
+    assert {p.params for p in build_forecaster(cfg).forecaster.predictors} == {checked}
+
+
+def test_gpu_budget_is_checked_again_with_the_engine_sizes_learnt_later():
+    cfg = config_from_dict({"max_gpu_budget": 2})  # fits one 1-GPU engine of each role
+    check_gpu_budget(cfg, {"prefill": 1, "decode": 1})
+    with pytest.raises(ValueError, match=r"max_gpu_budget: 2 GPUs cannot hold one engine of each role "
+                                         r"\(prefill 2 GPUs \+ decode 2 GPUs\)"):
+        check_gpu_budget(cfg, {"prefill": 2, "decode": 2})
+
+
+@pytest.mark.parametrize(("text", "kind"), [("[]\n", "list"), ("false\n", "bool"), ("0\n", "int"), ('""\n', "str")])
+def test_a_file_that_is_not_a_mapping_is_refused(tmp_path, text, kind):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"^{path}: expected a mapping of config fields, got {kind}$"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text", ["", "# nothing set yet\n"])
+def test_an_empty_file_means_all_defaults(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_config(path) == PlannerConfig()
+
+
+def test_a_duplicate_key_names_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("# SLA\nttft_ms: 500\nitl_ms: 50\nttft_ms: 300\n")
+    with pytest.raises(ConfigError, match=f"^{path}: line 4: ttft_ms: duplicate key \\(first on line 2\\)$"):
+        load_config(path)
+    nested = tmp_path / "n.yaml"
+    nested.write_text("planner:\n  mode: agg\n  mode: disagg\n")
+    with pytest.raises(ConfigError, match="line 3: mode: duplicate key"):
+        load_config(nested)
+    as_json = tmp_path / "c.json"
+    as_json.write_text('{"ttft_ms": 500, "ttft_ms": 300}')
+    with pytest.raises(ConfigError, match=f"^{as_json}: ttft_ms: duplicate key$"):
+        load_config(as_json)
+
+
+def test_a_yaml_merge_key_may_still_be_overridden(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("planner:\n  <<: {ttft_ms: 500, itl_ms: 50}\n  ttft_ms: 300\n")
+    assert (load_config(path).ttft_ms, load_config(path).itl_ms) == (300, 50)
+
+
+def test_a_missing_warmup_trace_fails_at_load_naming_the_field(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"load_predictor_warmup_trace: {tmp_path / 'nope.csv'}\n")
+    with pytest.raises(ConfigError, match=f"^{path}: load_predictor_warmup_trace: no such file {tmp_path}/nope.csv$"):
+        load_config(path)
+    path.write_text(f"load_predictor_warmup_trace: {CODE}\n")
+    assert load_config(path).load_predictor_warmup_trace == str(CODE)
+
+
+@pytest.fixture(scope="module")
+def simulate_command():
+    _register_optional()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[]\n", "expected a mapping of config fields, got list"),
+        ("ttft_ms: 500\nttft_ms: 300\n", "line 2: ttft_ms: duplicate key (first on line 1)"),
+        ("load_predictor_warmup_trace: /nonexistent/trace.csv\n",
+         "load_predictor_warmup_trace: no such file /nonexistent/trace.csv"),
+    ],
+)
+def test_simulate_stops_at_start_on_a_bad_config_file(simulate_command, tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(CODE), "--config", str(path), "--no-baselines"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"fleetplan: error: {path}: {message}"
 
 
 def test_with_changes_validates():

@@ -86,6 +86,14 @@ def test_table_output_and_baseline_policy(tmp_path):
         (["--trace", CODE, "--initial", "prefill=x"], "--initial"),
         (["--trace", CODE, "--spread-arrivals", "soon"], "--spread-arrivals: expected auto, off or a step"),
         ([], "give exactly one of --trace FILE or --servegen FILE"),
+        (["--trace", CODE, "--goal", 2], "--goal: a fraction in (0, 1], got 2"),
+        (["--trace", CODE, "--oracle-rounds", -1], "--oracle-rounds: must be >= 0, got -1"),
+        (["--trace", CODE, "--duration", -10], "--duration: must be > 0, got -10.0"),
+        (["--trace", CODE, "--start", -5], "--start: must be a finite number of seconds >= 0, got -5.0"),
+        (["--trace", CODE, "--speed", "inf"], "--speed: must be a finite number, got inf"),
+        (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
+        (["--trace", CODE, "--out", "FILE"], "--out: cannot write"),
+        (["--trace", CODE, "--out", "FILE/sub"], "--out: cannot write"),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, args, message):
@@ -93,7 +101,10 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     bad_trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.0,-3,10\n")
     bad_config = tmp_path / "CFG.yaml"
     bad_config.write_text("ttft_ms: -5\n")
-    args = [bad_trace if a == "BAD" else bad_config if a == "CFG" else a for a in args]
+    a_file = tmp_path / "FILE"
+    a_file.write_text("not a directory")
+    named = {"BAD": bad_trace, "CFG": bad_config, "FILE": a_file, "FILE/sub": a_file / "sub"}
+    args = [named.get(a, a) if isinstance(a, str) else a for a in args]
     result = simulate(*args, "--no-baselines")
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]

@@ -109,3 +109,14 @@ def test_an_aggregated_fleet_replays_too(h200, tmp_path):
     assert out.exit_code == 0, out.output
     logged = [line for line in log.read_bytes().splitlines() if b'"type":"decision"' in line]
     assert out.stdout_bytes.splitlines() == logged
+
+
+def test_a_gpu_budget_below_one_engine_of_each_role_fails_at_setup(h200):
+    """The profile says an engine's GPUs; a budget that cannot hold one of each role would
+    leave a role at 0 engines and its requests queued forever, so the run never ends."""
+    from fleetplan.sim.runner import SimOptions, make_setup
+
+    gpus = h200.tp or 1
+    with pytest.raises(ValueError, match=r"max_gpu_budget: .* cannot hold one engine of each role"):
+        make_setup(config_from_dict({"max_gpu_budget": 2 * gpus - 1}), h200, SimOptions())
+    make_setup(config_from_dict({"max_gpu_budget": 2 * gpus}), h200, SimOptions())  # one of each fits

@@ -83,3 +83,82 @@ def test_host_cost_per_sequence_adds_to_every_decode_step(tmp_path):
     for bad in ("-1", "nan", "x"):
         with pytest.raises(ProfileConvertError, match="host_ms_per_seq|HOST_MS_PER_SEQ"):
             profile_from_spec(f"distserve:{path}:facebook/opt-13b:1:60000:{bad}")
+
+
+# --- a bad table names its file, line and field; the spec is not blamed ---------
+
+SPLITWISE_HEADER = "model,hardware,tensor_parallel,batch_size,prompt_size,token_size,prompt_time,token_time\n"
+SPLITWISE_ROW = "m,h,1,1,128,32,1.28,5.1\n"
+
+
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        ("m,h,1,1,128,32,1.28,nan\n", "line 3: token_time: a finite number > 0, got 'nan'"),
+        ("m,h,1,1,128,32,-1.28,5.1\n", "line 3: prompt_time: a finite number > 0, got '-1.28'"),
+        ("m,h,1,0,128,32,1.28,5.1\n", "line 3: batch_size: a positive integer, got '0'"),
+        ("m,h,1,1,abc,32,1.28,5.1\n", "line 3: prompt_size: a positive integer, got 'abc'"),
+    ],
+)
+def test_splitwise_bad_row_names_file_line_and_column(tmp_path, row, message):
+    path = tmp_path / "sw.csv"
+    path.write_text(SPLITWISE_HEADER + SPLITWISE_ROW + row)
+    with pytest.raises(ProfileConvertError) as err:
+        profile_from_spec(f"splitwise:{path}:m:h:1")
+    assert str(err.value) == f"{path}: {message}"
+
+
+def test_splitwise_non_utf8_names_line_and_byte(tmp_path):
+    path = tmp_path / "sw_latin1.csv"
+    path.write_bytes((SPLITWISE_HEADER + SPLITWISE_ROW + "m\xe9,h,1,1,128,32,1.28,5.1\n").encode("latin-1"))
+    with pytest.raises(ProfileConvertError) as err:
+        profile_from_spec(f"splitwise:{path}:m:h:1")
+    assert str(err.value) == f"{path}: line 3: not UTF-8 (byte 0xe9)"
+
+
+def _distserve_with(**params) -> dict:
+    block = {**DISTSERVE["facebook/opt-13b"]["1"], **params}
+    return {"facebook/opt-13b": {"1": block}}
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        ({"decoding_smallbs": [20.0, 0.0005]}, "decoding_smallbs: three numbers, got [20.0, 0.0005]"),
+        ({"prefill": ["a", "b", "c"]}, "prefill: three numbers, got ['a', 'b', 'c']"),
+        ({"prefill": None}, "prefill: three numbers, got None"),
+        ({"decoding_large_small_bs_threshold": "x"}, "decoding_large_small_bs_threshold: a number (a batch size), got 'x'"),
+        ({"prefill": [-100.0, 0, 0]}, "prefill: coefficients that give a time > 0 ms, got -100 ms at 16 tokens"),
+        ({"decoding_largebs": [-50.0, 0, 0]}, "decoding_largebs: coefficients that give a time > 0 ms, got -50 ms at batch 96 at context 64"),
+    ],
+)  # fmt: skip
+def test_distserve_bad_coefficients_name_file_model_and_key(tmp_path, params, message):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(_distserve_with(**params)))
+    with pytest.raises(ProfileConvertError) as err:
+        profile_from_spec(f"distserve:{path}:facebook/opt-13b:1")
+    assert str(err.value) == f"{path}: facebook/opt-13b tp1 {message}"
+
+
+def test_distserve_tolerates_a_negative_coefficient_whose_times_stay_positive(tmp_path):
+    path = tmp_path / "ds.json"  # DistServe's own OPT-66B TP2 fit has a negative quadratic term
+    path.write_text(json.dumps(_distserve_with(prefill=[58.38, 0.3826, -7.11e-06])))
+    assert profile_from_spec(f"distserve:{path}:facebook/opt-13b:1") is not None
+
+
+@pytest.mark.parametrize(
+    "suffix,message",
+    [
+        ("1:0", "MAX_KV: a positive integer, got '0'"),
+        ("1:-5", "MAX_KV: a positive integer, got '-5'"),
+        ("1:10", "MAX_KV: at least 64 tokens"),
+        ("two", "TP: a positive integer, got 'two'"),
+    ],
+)
+def test_a_bad_number_in_the_spec_blames_the_spec_part(tmp_path, suffix, message):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(DISTSERVE))
+    spec = f"distserve:{path}:facebook/opt-13b:{suffix}"
+    with pytest.raises(ProfileConvertError) as err:
+        profile_from_spec(spec)
+    assert str(err.value).startswith(f"{spec}: {message}")

@@ -72,8 +72,8 @@ def test_a_deployment_with_nothing_recorded_is_a_clear_error(simulated, tmp_path
         "audit", "--deployment", "nobody", "--log", str(out / "events.jsonl"), "--config", str(QUICKSTART),
         "--profile", "h200-llama3.1-8b", "--report", str(tmp_path / "audit"),
     ])
-    assert result.exit_code != 0
-    assert "--report: no events recorded for this deployment" in result.output
+    assert result.exit_code == 2
+    assert f"no events for deployment 'nobody' in {out / 'events.jsonl'} (found: code)" in result.output
 
 
 def test_gpu_seconds_integrate_the_timeline():

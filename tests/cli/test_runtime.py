@@ -1,0 +1,148 @@
+"""`fleetplan audit` and `fleetplan worker`: one-line errors naming the option or line, no broker needed."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fleetplan.cli import _register_optional, app
+from fleetplan.streams.cli import kafka_unreachable
+from tests.streams.test_stream_audit import write_log
+from tests.streams.traffic import DECIDING_CONFIG
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    _register_optional()
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "planner.yaml"
+    path.write_text(yaml.safe_dump(DECIDING_CONFIG))
+    return path
+
+
+def _run(*args):
+    return runner.invoke(app, [*map(str, args)])
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on: a broker that refuses at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fleetplan: error: "), result.output
+    return lines[0]
+
+
+# --- audit -------------------------------------------------------------------------------
+
+
+def test_audit_of_an_unknown_deployment_names_the_ones_found(tmp_path, config):
+    log = tmp_path / "events.jsonl"
+    write_log(log)
+    result = _run("audit", "--deployment", "nosuch", "--log", log, "--config", config)
+    assert result.exit_code == 2
+    assert f"no events for deployment 'nosuch' in {log} (found: alpha)" in _one_error_line(result)
+
+
+def test_audit_of_an_empty_log_fails(tmp_path, config):
+    log = tmp_path / "empty.jsonl"
+    log.write_bytes(b"")
+    result = _run("audit", "--deployment", "alpha", "--log", log, "--config", config)
+    assert result.exit_code == 2
+    assert _one_error_line(result).endswith(f"{log}: no events")
+
+
+def test_audit_stopped_by_a_bad_line_reports_what_it_proved_before_it(tmp_path, config):
+    log = tmp_path / "events.jsonl"
+    decisions = write_log(log)
+    lines = log.read_bytes().splitlines()
+    fourth = next(i for i, x in enumerate(lines) if b'"decision_id":3' in x)
+    cut = fourth + 2  # 1-based number of the line after decision 3
+    log.write_bytes(b"\n".join([*lines[:cut - 1], lines[cut - 1][:25], *lines[cut:]]) + b"\n")
+    result = _run("audit", "--deployment", "alpha", "--log", log, "--config", config)
+    assert result.exit_code == 2
+    assert f"STOPPED at {log}:{cut}: message: valid JSON" in result.stdout
+    assert "OK: 4 decision(s) reproduced" in result.stdout and len(decisions) > 4
+    assert f"{log}:{cut}:" in _one_error_line(result)
+
+
+def test_audit_checks_the_report_directory_before_auditing(tmp_path, config):
+    log = tmp_path / "events.jsonl"
+    write_log(log)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = _run("audit", "--deployment", "alpha", "--log", log, "--config", config, "--report", blocker / "r")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"--report: cannot write {blocker / 'r'} (Not a directory)" in _one_error_line(result)
+
+
+# --- worker ------------------------------------------------------------------------------
+
+
+def _worker(tmp_path, *args):
+    return _run("worker", "--bootstrap", f"127.0.0.1:{_closed_port()}", "--store", "memory://",
+                "--datadir", tmp_path / "state", *args)
+
+
+def test_worker_without_a_broker_fails_in_one_line_naming_bootstrap(tmp_path):
+    result = _worker(tmp_path)
+    assert result.exit_code == 2
+    line = _one_error_line(result)
+    assert "--bootstrap 127.0.0.1:" in line and ": cannot reach Kafka (" in line and "Connect call failed" in line
+
+
+def test_worker_checks_profile_and_config_before_kafka(tmp_path):
+    npz = tmp_path / "trunc.npz"
+    npz.write_bytes(b"PK\x03\x04 not a whole zip")
+    result = _worker(tmp_path, "--profile", npz)
+    assert result.exit_code == 2
+    assert f"{npz}: not a readable NPZ file" in _one_error_line(result)  # not the Kafka error
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ttft_msec: 100\n")
+    result = _worker(tmp_path, "--config", cfg)
+    assert result.exit_code == 2
+    assert f"{cfg}: ttft_msec: unknown field" in _one_error_line(result)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--batch-within", "inf"], "--batch-within: must be a finite number, got inf"),
+    (["--session-timeout", "inf"], "--session-timeout: must be a finite number, got inf"),
+    (["--heartbeat", "20"], "--heartbeat: must be below --session-timeout (10.0), got 20.0"),
+])
+def test_worker_numeric_options_are_named(tmp_path, args, message):
+    result = _worker(tmp_path, *args)
+    assert result.exit_code == 2
+    assert message in _one_error_line(result)
+
+
+def test_worker_state_directory_is_checked(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = _run("worker", "--bootstrap", "127.0.0.1:1", "--datadir", blocker)
+    assert result.exit_code == 2
+    assert f"--datadir: cannot write {blocker} (a file, not a directory)" in _one_error_line(result)
+
+
+def test_the_kafka_message_prefers_the_reason_aiokafka_logged():
+    from aiokafka.errors import KafkaConnectionError
+
+    err = KafkaConnectionError("Unable to bootstrap from [('h', 1, <AddressFamily.AF_INET: 2>)]")
+    logged = "Unable connect to \"h:1\": [Errno 111] Connect call failed ('h', 1)"
+    assert kafka_unreachable("h:1", err, logged) == (
+        "--bootstrap h:1: cannot reach Kafka ([Errno 111] Connect call failed ('h', 1))")
+    assert kafka_unreachable("h:1", err).startswith("--bootstrap h:1: cannot reach Kafka (Unable to bootstrap")
+
+

@@ -58,22 +58,56 @@ class BatchOrder:
         return hash(self.ids())
 
 
+class Encoding:
+    """An event's full encoding, computed only when two keys tie on everything before it.
+
+    The last resort of the order for FPMs and requests: two events with the
+    same identity fields (a frontend that reuses a request id within one
+    timestamp, an engine that repeats a counter) but different bodies would
+    otherwise tie, and the stable sort would keep them in arrival order.
+    Identical copies (a redelivery) compare equal, which is harmless.
+    """
+
+    __slots__ = ("_event", "_raw")
+
+    def __init__(self, event) -> None:
+        self._event = event
+        self._raw: bytes | None = None
+
+    def raw(self) -> bytes:
+        if self._raw is None:
+            self._raw = encode_event(self._event)
+        return self._raw
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Encoding):
+            return NotImplemented
+        return self._event is other._event or self.raw() == other.raw()
+
+    def __lt__(self, other: Encoding) -> bool:
+        return self.raw() < other.raw()
+
+    def __hash__(self) -> int:
+        return hash(self.raw())
+
+
 def canonical_key(event) -> tuple:
     """Total order of events: time, kind, then identity fields.
 
-    FPMs are identified by (worker, rank, counter); FPM batches by
+    FPMs are identified by (worker, rank, counter), requests by their id,
+    then (lazily, :class:`Encoding`) by their full encoding; FPM batches by
     :class:`BatchOrder`; other events, which are rare, by their full
-    encoding, so two different events never tie.
+    encoding at once. So two different events never tie.
     """
     kind = event.type
     if kind == "fpm":
-        return (event.time, 4, event.worker_id, event.dp_rank, event.counter_id, event.wall_time, b"")
+        return (event.time, 4, event.worker_id, event.dp_rank, event.counter_id, event.wall_time, Encoding(event))
     if kind == "fpm_batch":
         # The empty worker id sorts a batch before single FPMs of the same time
         # (worker ids are never empty), as the encoding-keyed order did.
         return (event.time, 4, "", 0, 0, 0.0, BatchOrder(event))
     if kind == "request":
-        return (event.time, 3, event.request_id, 0, 0, 0.0, b"")
+        return (event.time, 3, event.request_id, 0, 0, 0.0, Encoding(event))
     if kind == "arrival":  # before a record of the same request and time
-        return (event.time, 3, event.request_id, -1, 0, 0.0, b"")
+        return (event.time, 3, event.request_id, -1, 0, 0.0, Encoding(event))
     return (event.time, _TYPE_RANK.get(kind, 9), "", 0, 0, 0.0, encode_event(event))

@@ -243,10 +243,15 @@ class KubernetesApplier(Applier):
         return dgd, roles
 
     async def _settle(self, dgd: str, roles: dict[Role, str], decision: Decision) -> Observed:
-        services = [roles[r] for r in decision.targets]
+        targets = {roles[r]: n for r, n in decision.targets.items()}
 
         def stable(obj: Mapping[str, Any]) -> bool:
-            return is_ready(obj) and all(serving_replicas(obj, s)[1] for s in services)
+            # the spec must hold the target too: a scaling adapter's replicas reach the DGD
+            # spec only when the operator reconciles it, and until then the old spec and the
+            # old status agree with each other
+            return is_ready(obj) and all(
+                spec_replicas(obj, s) == n and serving_replicas(obj, s)[1] for s, n in targets.items()
+            )
 
         try:
             obj = await self._wait(dgd, stable, "stable")

@@ -47,6 +47,11 @@ class FakeKubernetes:
         """dgd -> GETs for which its Ready condition is still False."""
         self.reorder_before_patch: str | None = None
         """Swap the components of this DGD right before the next JSON patch lands."""
+        self.adapter_polls = 0
+        """DGD GETs after a scale patch before the operator copies the adapter's replicas
+        into the DGD spec (0: at once). Dynamo's adapter controller reconciles, so the spec lags."""
+        self._adapter_replicas: dict[str, int] = {}
+        self._adapter_lag: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -182,18 +187,26 @@ class FakeKubernetes:
             return _status(404, "NotFound", f"dynamographdeploymentscalingadapters {name!r} not found")
         if seen.content_type != "application/merge-patch+json":
             return _status(415, "UnsupportedMediaType", f"got {seen.content_type}")
+        self._adapter_replicas[name] = seen.body["spec"]["replicas"]
+        if self.adapter_polls:
+            self._adapter_lag[name] = self.adapter_polls
+        else:
+            self._reconcile_adapter(name)
+        return self._scale_reply(name)
+
+    def _reconcile_adapter(self, name: str) -> None:
+        """The operator copies an adapter's replicas into its DGD component's spec."""
         dgd, component = self.adapters[name]
         for comp in self.dgds[dgd]["spec"]["components"]:
             if comp["name"] == component:
-                comp["replicas"] = seen.body["spec"]["replicas"]
+                comp["replicas"] = self._adapter_replicas[name]
         self._changed(dgd)
-        return self._scale_reply(name)
 
     def _scale_reply(self, name: str) -> web.Response:
         if name not in self.adapters:
             return _status(404, "NotFound", f"{name!r} not found")
         dgd, component = self.adapters[name]
-        n = self.replicas(dgd)[component]
+        n = self._adapter_replicas.get(name, self.replicas(dgd)[component])
         return web.json_response({
             "apiVersion": "autoscaling/v1", "kind": "Scale",
             "metadata": {"name": name, "namespace": self.namespace},
@@ -210,6 +223,12 @@ class FakeKubernetes:
             self._sync_status(name)
 
     def _tick(self, name: str) -> None:
+        for adapter, left in list(self._adapter_lag.items()):
+            if self.adapters[adapter][0] == name:
+                self._adapter_lag[adapter] = left - 1
+                if left == 1:
+                    del self._adapter_lag[adapter]
+                    self._reconcile_adapter(adapter)
         if self.unready_polls.get(name):
             self.unready_polls[name] -= 1
         if self._lag.get(name):

@@ -118,6 +118,20 @@ async def test_waits_for_ready_before_and_stable_after(started):
     assert first_write >= 3
 
 
+async def test_settles_only_once_the_adapters_replicas_reach_the_dgd_spec(started):
+    """Dynamo's operator copies a scaling adapter's replicas into the DGD spec when it
+    reconciles: until then the old spec and the old status agree, which is not the target."""
+    server, applier = started
+    server.adapter_polls = 3
+    observed = await applier.apply(make_decision(decision_id=1, prefill=1, decode=3))
+    assert observed == {"prefill": 1, "decode": 3}  # not the old counts, reported at once
+    # the next decision reads the reconciled spec, so going back to 1 is patched, not skipped
+    observed = await applier.apply(make_decision(decision_id=2, prefill=1, decode=1))
+    assert observed == {"prefill": 1, "decode": 1}
+    assert server.replicas("llama-dgd")["VllmDecodeWorker"] == 1
+    assert [w.body for w in server.writes] == [{"spec": {"replicas": 3}}, {"spec": {"replicas": 1}}]
+
+
 async def test_not_ready_in_time_fails_without_writing(fake_k8s):
     fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1})
     fake_k8s.unready_polls["llama-dgd"] = 10_000

@@ -110,3 +110,16 @@ class HandOver(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned) -> None:
         self._log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+
+
+MAX_ACK_ERROR = 2000
+"""Characters of an ack's ``error`` kept. An orchestrator's or API server's message can be
+a whole stack trace; an ack over the broker's message size would be refused and retried
+forever, holding up its deployment's lane."""
+
+
+def ack_error(error: str | None) -> str | None:
+    """``error`` cut to ``MAX_ACK_ERROR`` characters, saying how much was cut."""
+    if error is None or len(error) <= MAX_ACK_ERROR:
+        return error
+    return f"{error[:MAX_ACK_ERROR]}... ({len(error) - MAX_ACK_ERROR} more characters)"

@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from fleetplan.connectors.base import HandOver
+from fleetplan.connectors.base import HandOver, ack_error
 from fleetplan.connectors.virtual import DEFAULT_PREFIX, VirtualKeys, last_stream_id
 from fleetplan.schemas import topics
 from fleetplan.schemas.codec import SchemaError, decode_event, encode_event
@@ -264,7 +264,7 @@ class KafkaOrchestratorClient(OrchestratorClient):
         ack = Ack(
             deployment=decision.deployment, time=max(time.time(), decision.time),
             decision_id=decision.decision_id, status=status,
-            observed=_observed(decision, status, observed), error=error,
+            observed=_observed(decision, status, observed), error=ack_error(error),
         )
         await self._producer.send_and_wait(
             self._acks_topic, encode_event(ack), key=decision.deployment.encode()

@@ -43,6 +43,7 @@ from fleetplan.connectors.base import (
     ConnectorConfigError,
     HandOver,
     Superseded,
+    ack_error,
 )
 from fleetplan.connectors.ledger import Entry, Ledger, Outcome
 from fleetplan.connectors.metrics import ConnectorMetrics
@@ -438,7 +439,7 @@ class ConnectorService:
     async def _send_ack(self, decision: Decision, outcome: Outcome) -> None:
         fields = dict(
             deployment=decision.deployment, time=max(time.time(), decision.time),
-            decision_id=decision.decision_id, status=outcome.status, error=outcome.error,
+            decision_id=decision.decision_id, status=outcome.status, error=ack_error(outcome.error),
         )
         try:
             ack = Ack(observed=outcome.observed, **fields)

@@ -192,3 +192,12 @@ async def test_revoke_commits_what_a_failed_commit_left(client, consumer, produc
 
     assert acks(producer) == [("mistral", 1, "applied")]
     assert consumer.commits == [{P1: 3}, {P1: 4}]
+
+
+def test_an_acks_error_is_cut_to_a_size_the_broker_takes():
+    """A stack trace from an orchestrator must not make an ack the broker refuses forever."""
+    from fleetplan.connectors.base import MAX_ACK_ERROR, ack_error
+
+    assert ack_error(None) is None and ack_error("short") == "short"
+    cut = ack_error("x" * (MAX_ACK_ERROR + 500))
+    assert cut == "x" * MAX_ACK_ERROR + "... (500 more characters)"

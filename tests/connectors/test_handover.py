@@ -101,3 +101,17 @@ def test_a_revoked_partition_drops_its_queued_records_and_the_commit_stops_befor
     # none of them counted as done: the commit on revoke is at the first of them, so the new owner gets all three
     assert commits == [{1: 20}] and revoked.committable() == 20
     assert revoked_tp not in service._offsets
+
+
+@pytest.mark.redis
+async def test_a_failure_with_a_huge_message_is_acked_with_it_cut(aredis, redis_key_prefix):
+    from fleetplan.connectors.base import MAX_ACK_ERROR
+
+    acks: list = []
+    applier = CountingApplier()
+    applier.fail_with = "Traceback ...\n" * 10_000  # 140 kB: the broker's limit is 1 MB by default, close enough
+    service = _service(applier, Ledger(aredis, prefix=f"{redis_key_prefix}ledger", claimant="A"), acks)
+    await service._handle_retrying(make_decision("llama", 3), None)
+    (ack,) = acks
+    assert ack.status == "failed" and len(ack.error) < MAX_ACK_ERROR + 50
+    assert ack.error.endswith("more characters)")

@@ -53,6 +53,10 @@ def _explain(err: ValidationError) -> SchemaError:
     field = ".".join(loc)
     got = first.get("input")
     detail = first["msg"]
+    if kind == "value_error" and not loc:
+        # a check across fields: its message starts with the field it names
+        field, _, detail = str(first["ctx"]["error"]).partition(": ")
+        return SchemaError(field, detail)
     if kind == "missing":
         return SchemaError(field, "a value (field is required)")
     if not isinstance(got, dict | list):

@@ -9,9 +9,10 @@ negative counts, so anything the core sees is already well formed.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -99,6 +100,37 @@ class FpmBatch(_Envelope):
 
     type: Literal["fpm_batch"] = "fpm_batch"
     fpms: list[ForwardPassMetrics] = Field(min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _one_deployment_at_its_latest_time(self) -> FpmBatch:
+        problem = batch_problem(self.deployment, self.time, self.fpms)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+_TIME = attrgetter("time")
+_DEPLOYMENT = attrgetter("deployment")
+
+
+def batch_problem(deployment: str, time: float, fpms) -> str | None:
+    """Why a batch of FPMs is not one deployment's, dated no earlier than its FPMs; None when it is.
+
+    The core folds a batch into ``deployment``'s state at the tick ``time``
+    falls in, so an FPM of another deployment would land in the wrong state,
+    and a batch dated before its latest FPM would be folded into a tick that
+    must not see that FPM yet. (A batch dated later is only folded later: the
+    bridge's packs carry their latest FPM's time, and the pieces of a split
+    batch keep the whole batch's.) The decoders of schemas/fpm_wire.py share
+    this; it runs for every record on the hot path, hence the C-level passes.
+    """
+    if set(map(_DEPLOYMENT, fpms)) != {deployment}:
+        i, other = next((i, f.deployment) for i, f in enumerate(fpms) if f.deployment != deployment)
+        return f"fpms.{i}.deployment: the batch's deployment {deployment!r}, got {other!r}"
+    latest = max(map(_TIME, fpms))
+    if time < latest:
+        return f"time: at least the latest time of the batch's FPMs ({latest!r}), got {time!r}"
+    return None
 
 
 # --- finished requests (dynamo.request.trace.v1 request_end) ----------------

@@ -39,6 +39,7 @@ from fleetplan.schemas.events import (
     QueuedRequests,
     Role,
     ScheduledRequests,
+    batch_problem,
 )
 
 # The constraints of schemas/events.py. A JSON number too large for a float
@@ -137,6 +138,11 @@ class WireFpmBatch(_Wire, tag_field="type", tag="fpm_batch"):
     time: EventTime
     fpms: Annotated[list[WireFpm], msgspec.Meta(min_length=1, max_length=10_000)]
     schema_version: Literal[1] = 1
+
+    def __post_init__(self) -> None:
+        problem = batch_problem(self.deployment, self.time, self.fpms)
+        if problem is not None:
+            raise ValueError(problem)  # msgspec refuses it; decode_event then names the field
 
     def to_model(self) -> FpmBatch:
         """The pydantic model of the batch (for encoding it; never on the hot path)."""

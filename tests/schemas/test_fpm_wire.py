@@ -28,6 +28,7 @@ from fleetplan.schemas import (
     decode_event,
     event_to_dict,
 )
+from fleetplan.schemas.events import MAX_EVENT_TIME
 from fleetplan.schemas.fpm_wire import _DECODER, WireFpm, WireFpmBatch, decode_input
 
 
@@ -132,9 +133,13 @@ def fpm_obj(draw, top: bool):
 
 @st.composite
 def batch_obj(draw):
-    fpms = draw(st.lists(fpm_obj(top=False), min_size=1, max_size=3))
-    pairs = [("deployment", draw(names)), ("time", draw(st.floats(0, 2e9, allow_nan=False))),
-             ("type", "fpm_batch"), ("fpms", fpms)]
+    """A valid batch: its FPMs are its deployment's, and its time is at least their latest."""
+    deployment = draw(names)
+    fpms = [Obj((k, deployment if k == "deployment" else v) for k, v in fpm)
+            for fpm in draw(st.lists(fpm_obj(top=False), min_size=1, max_size=3))]
+    latest = max(v for fpm in fpms for k, v in fpm if k == "time")
+    time = draw(st.sampled_from([latest, min(latest + 0.5, MAX_EVENT_TIME)]))
+    pairs = [("deployment", deployment), ("time", time), ("type", "fpm_batch"), ("fpms", fpms)]
     if draw(st.booleans()):
         pairs.append(("schema_version", 1))
     return Obj(draw(st.permutations(pairs)))

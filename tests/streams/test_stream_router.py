@@ -219,6 +219,13 @@ def test_late_event_is_dead_lettered_with_its_coordinates(planner):
     (b"alpha", b'{"type": "deadletter", "deployment": "alpha", "time": 1, "reason": "late", "detail": "x"}',
      "invalid", "input event"),
     (b"alpha", b"", "invalid", "empty"),
+    (b"alpha", b'{"type": "fpm_batch", "deployment": "alpha", "time": 5, "fpms": ['
+               b'{"deployment": "alpha", "time": 5, "role": "agg", "worker_id": "w"},'
+               b'{"deployment": "beta", "time": 5, "role": "agg", "worker_id": "w"}]}',
+     "invalid", "fpms.1.deployment: the batch's deployment 'alpha', got 'beta'"),
+    (b"alpha", b'{"type": "fpm_batch", "deployment": "alpha", "time": 4, "fpms": ['
+               b'{"deployment": "alpha", "time": 5, "role": "agg", "worker_id": "w"}]}',
+     "invalid", "time: at least the latest time of the batch's FPMs (5.0), got 4.0"),
     (b"alpha", b'{"type": "control", "deployment": "alpha", "time": 1, '
                b'"body": {"command": "set_config", "changes": {"ttft_ms": -1}}}',
      "invalid", "body.changes: set_config: ttft_ms"),

@@ -44,10 +44,11 @@ class ConnectorMetrics:
             "fleetplan_connector_observed_replicas", "Replicas observed after the last apply",
             ["deployment", "role"], registry=r,
         )
-        self.last_decision = Gauge(
-            "fleetplan_connector_last_decision_id", "decision_id of the last decision acked",
+        self._last_decision = Gauge(
+            "fleetplan_connector_last_decision_id", "highest decision_id acked",
             ["deployment"], registry=r,
         )
+        self._last_ids: dict[str, int] = {}
         self.inflight = Gauge(
             "fleetplan_connector_inflight", "Decision records received and not yet done",
             registry=r,
@@ -62,6 +63,13 @@ class ConnectorMetrics:
         )
         for outcome in OUTCOMES:
             self.decisions(backend, outcome)
+
+    def acked(self, deployment: str, decision_id: int) -> None:
+        """Note an ack; the gauge keeps the highest id, so an old decision's ack sent again
+        (a redelivery after a crash) does not move it back."""
+        if decision_id > self._last_ids.get(deployment, -1):
+            self._last_ids[deployment] = decision_id
+            self._last_decision.labels(deployment).set(decision_id)
 
     def outcome(self, outcome: str) -> None:
         self.decisions(self.backend, outcome).inc()

@@ -447,7 +447,7 @@ class ConnectorService:
             ack = Ack(**{**fields, "error": f"{outcome.error or ''} (observed dropped: {err})"})
         await self._produce(self.settings.acks_topic, decision.deployment, encode_event(ack))
         self.metrics.outcome(outcome.status)
-        self.metrics.last_decision.labels(decision.deployment).set(decision.decision_id)
+        self.metrics.acked(decision.deployment, decision.decision_id)
         self.metrics.ack_latency.observe(max(0.0, time.time() - decision.time))
         log.info("acked %s decision %d: %s%s", decision.deployment, decision.decision_id,
                  outcome.status, f" ({outcome.error})" if outcome.error else "")

@@ -201,3 +201,13 @@ def test_an_acks_error_is_cut_to_a_size_the_broker_takes():
     assert ack_error(None) is None and ack_error("short") == "short"
     cut = ack_error("x" * (MAX_ACK_ERROR + 500))
     assert cut == "x" * MAX_ACK_ERROR + "... (500 more characters)"
+
+
+def test_the_last_decision_gauge_never_moves_back():
+    """An old decision's ack sent again after a crash must not lower the gauge."""
+    from fleetplan.connectors.metrics import ConnectorMetrics
+
+    metrics = ConnectorMetrics("virtual")
+    for decision_id in (3, 5, 4):
+        metrics.acked("llama", decision_id)
+    assert metrics.registry.get_sample_value("fleetplan_connector_last_decision_id", {"deployment": "llama"}) == 5

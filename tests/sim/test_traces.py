@@ -207,6 +207,13 @@ def test_dynamo_other_event_types_are_skipped(tmp_path):
 # --- malformed lines name file:line and the field ------------------------------
 
 
+def trace_error(path) -> TraceFormatError:
+    """The error reading ``path`` raises (the test fails if it reads)."""
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(path)
+    return err.value
+
+
 @pytest.mark.parametrize(
     "name,text,line,field",
     [
@@ -232,11 +239,10 @@ def test_dynamo_other_event_types_are_skipped(tmp_path):
 )  # fmt: skip
 def test_malformed_line_names_file_line_and_field(tmp_path, name, text, line, field):
     path = write(tmp_path, name, text)
-    with pytest.raises(TraceFormatError) as err:
-        read_trace(path)
-    assert str(err.value).startswith(f"{path}:{line}: {field}: ")
-    assert (err.value.path, err.value.line, err.value.field) == (str(path), line, field)
-    assert isinstance(err.value, ValueError)
+    err = trace_error(path)
+    assert str(err).startswith(f"{path}:{line}: {field}: ")
+    assert (err.path, err.line, err.field) == (str(path), line, field)
+    assert isinstance(err, ValueError)
 
 
 def test_byte_order_mark_is_not_part_of_line_one(tmp_path):
@@ -260,9 +266,8 @@ def mooncake_line(timestamp: object = 0, input_length: object = 5, output_length
 
 def test_a_timestamp_beyond_float_range_names_its_line(tmp_path):
     path = write(tmp_path, "m.jsonl", mooncake_line(0) + mooncake_line("1e400"))
-    with pytest.raises(TraceFormatError) as err:
-        read_trace(path)
-    assert str(err.value) == f"{path}:2: timestamp: a finite number of ms, got 1E+400"
+    err = trace_error(path)
+    assert str(err) == f"{path}:2: timestamp: a finite number of ms, got 1E+400"
 
 
 @pytest.mark.parametrize(
@@ -278,9 +283,8 @@ def test_a_timestamp_beyond_float_range_names_its_line(tmp_path):
 )  # fmt: skip
 def test_a_token_count_above_the_bound_names_line_and_field(tmp_path, name, text, line, field):
     path = write(tmp_path, name, text)
-    with pytest.raises(TraceFormatError) as err:
-        read_trace(path)
-    assert str(err.value).startswith(f"{path}:{line}: {field}: at most 10,000,000 tokens, got ")
+    err = trace_error(path)
+    assert str(err).startswith(f"{path}:{line}: {field}: at most 10,000,000 tokens, got ")
 
 
 def test_an_absurd_span_blames_the_outlying_row_and_unsorted_rows_still_sort(tmp_path):
@@ -289,28 +293,24 @@ def test_an_absurd_span_blames_the_outlying_row_and_unsorted_rows_still_sort(tmp
     assert [r.input_tokens for r in ok] == [6, 5, 7]  # out of order in the file: sorted, kept
     future = rows[:2] + ["9999-12-31 23:59:59.0000000,8,5\n"] + rows[2:]
     path = write(tmp_path, "far.csv", AZURE_HEADER + "".join(future))
-    with pytest.raises(TraceFormatError) as err:
-        read_trace(path)
-    assert (err.value.line, err.value.field) == (4, "TIMESTAMP")
-    assert "within 366 days" in str(err.value) and "9999-12-31 23:59:59.0000000" in str(err.value)
+    err = trace_error(path)
+    assert (err.line, err.field) == (4, "TIMESTAMP")
+    assert "within 366 days" in str(err) and "9999-12-31 23:59:59.0000000" in str(err)
     past = [mooncake_line(t) for t in (10**13, 5_000, 10**13 + 1_000, 10**13 + 2_000)]
-    with pytest.raises(TraceFormatError) as err:
-        read_trace(write(tmp_path, "m.jsonl", "".join(past)))
-    assert (err.value.line, err.value.field) == (2, "timestamp")  # the far-past row, not the rest
+    err = trace_error(write(tmp_path, "m.jsonl", "".join(past)))
+    assert (err.line, err.field) == (2, "timestamp")  # the far-past row, not the rest
 
 
 def test_a_truncated_or_fake_gzip_names_the_file(tmp_path):
     whole = gzip.compress(("".join(mooncake_line(t) for t in range(200))).encode())
     cut = tmp_path / "x.jsonl.gz"
     cut.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(TraceFormatError, match="truncated gzip") as err:
-        read_trace(cut)
-    assert str(err.value) == f"{cut}: the compressed file ends early (truncated gzip)"
+    err = trace_error(cut)
+    assert str(err) == f"{cut}: the compressed file ends early (truncated gzip)"
     fake = tmp_path / "notgz.jsonl.gz"
     fake.write_text(mooncake_line())
-    with pytest.raises(TraceFormatError) as err:
-        read_trace(fake)
-    assert str(err.value) == f"{fake}: not a gzip file"
+    err = trace_error(fake)
+    assert str(err) == f"{fake}: not a gzip file"
 
 
 @pytest.mark.parametrize("name", ["latin1.csv", "latin1.csv.gz"])
@@ -318,6 +318,5 @@ def test_text_that_is_not_utf8_names_line_and_byte(tmp_path, name):
     text = (AZURE_HEADER + "2023-11-16 18:17:03.1,5,5 caf\xe9\n").encode("latin-1")
     path = tmp_path / name
     path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
-    with pytest.raises(TraceFormatError) as err:
-        read_trace(path)
-    assert str(err.value) == f"{path}:2: not UTF-8 (byte 0xe9)"
+    err = trace_error(path)
+    assert str(err) == f"{path}:2: not UTF-8 (byte 0xe9)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetplan.models.config import PlannerConfig, load_config
+from fleetplan.models.config import ConfigError, PlannerConfig, load_config
 from fleetplan.models.forecast import bucket_traffic
 from fleetplan.models.planner import Planner
 
@@ -20,7 +20,10 @@ def load_warmup(config: PlannerConfig):
         return []
     from fleetplan.sim.traces import read_trace, trace_arrivals
 
-    requests = read_trace(config.load_predictor_warmup_trace)
+    try:
+        requests = read_trace(config.load_predictor_warmup_trace)
+    except (ValueError, OSError) as err:  # the reader names the file, line and field
+        raise ConfigError(f"load_predictor_warmup_trace: {err}") from None
     return bucket_traffic(trace_arrivals(requests), config.throughput_adjustment_interval_seconds)
 
 

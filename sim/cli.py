@@ -291,7 +291,7 @@ def _spread_step(spread: str, requests) -> float | None:
 def _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed, spread="auto"):
     """The run's workload, and the step its arrivals were spread over (None: kept)."""
     from fleetplan.sim.servegen import servegen_workload
-    from fleetplan.sim.traces import read_trace
+    from fleetplan.sim.traces import MAX_TRACE_SPAN_S, read_trace
     from fleetplan.sim.workload import Workload, slice_trace, spread_arrivals, trace_duration
     from fleetplan.sim.workload import rate_scale as scale_rate
     from fleetplan.sim.workload import speed as speed_up
@@ -328,6 +328,9 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale, seed=seed, duration_s=window)
     if speed != 1.0:
+        if window / speed > MAX_TRACE_SPAN_S:
+            raise ValueError(f"--speed: {speed:g} stretches {window:g} s of trace to {window / speed:.3g} s, "
+                             f"past the longest replay, {MAX_TRACE_SPAN_S / 86_400:g} days")
         requests = speed_up(requests, speed)
         window = window / speed
     return Workload.from_requests(Path(trace).stem, requests, window), spread_s

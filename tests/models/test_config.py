@@ -233,3 +233,12 @@ def test_fields_built_at_start_cannot_change_at_run_time(name):
         other = getattr(c, name) + 1
     with pytest.raises(ConfigError, match=f"set_config: {name}: fixed when the deployment starts, which builds"):
         c.with_changes({name: other})
+
+
+def test_a_malformed_warmup_trace_names_the_field_and_the_line(tmp_path):
+    from fleetplan.bootstrap import build_planner
+
+    trace = tmp_path / "warm.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,x,5\n")
+    with pytest.raises(ConfigError, match=rf"^load_predictor_warmup_trace: {trace}:2: ContextTokens: "):
+        build_planner(config_from_dict({"load_predictor_warmup_trace": str(trace)}))

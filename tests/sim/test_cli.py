@@ -91,6 +91,7 @@ def test_table_output_and_baseline_policy(tmp_path):
         (["--trace", CODE, "--duration", -10], "--duration: must be > 0, got -10.0"),
         (["--trace", CODE, "--start", -5], "--start: must be a finite number of seconds >= 0, got -5.0"),
         (["--trace", CODE, "--speed", "inf"], "--speed: must be a finite number, got inf"),
+        (["--trace", CODE, "--speed", "1e-300"], "--speed: 1e-300 stretches"),
         (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
         (["--trace", CODE, "--out", "FILE"], "--out: cannot write"),
         (["--trace", CODE, "--out", "FILE/sub"], "--out: cannot write"),

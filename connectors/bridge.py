@@ -206,6 +206,17 @@ def _validate(item, raw: bytes | None):
     return event, None
 
 
+def _straddles_a_second(batch: FpmBatch) -> bool:
+    """Whether a publisher's batch holds FPMs of more than one whole second of event time.
+
+    Ticks fall on whole seconds, and the core folds a batch at the tick its
+    ``time`` falls in, so such a batch would fold its earlier FPMs a tick late
+    (and differently from the same FPMs sent one by one).
+    """
+    times = [f.time for f in batch.fpms]
+    return math.floor(min(times)) != math.floor(batch.time)
+
+
 def fpm_records(batch: FpmBatch) -> list[tuple[bytes, int]]:
     """``batch`` encoded as (record, FPMs in it), each record within ``MAX_EVENT_BYTES``.
 
@@ -459,6 +470,12 @@ class Bridge:
         self._observe(event)
         if event.type == "fpm":
             self._pack(event)
+            return
+        if _straddles_a_second(event):
+            # packed again like single FPMs, so each lands in the tick its own time falls in, as
+            # the bridge's own packs (cut at whole seconds) do: a batch is folded at its time
+            for fpm in event.fpms:
+                self._pack(fpm)
             return
         self._send_fpms(event)
         self._touch(event.deployment, self.topics.fpm, event.time)

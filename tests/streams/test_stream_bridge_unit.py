@@ -291,6 +291,26 @@ async def test_a_publishers_batch_that_re_encodes_too_big_is_split_keeping_its_t
     assert bridge.buffered == 0
 
 
+async def test_a_publishers_batch_across_a_second_is_packed_again_by_second():
+    """Ticks fall on whole seconds and a batch is folded at its time: one that straddles a
+    second goes out as the bridge's own packs would, one record per second of its FPMs."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(), producer=producer)
+    await bridge.start()
+    times = [T0 + 0.2, T0 + 0.9, T0 + 1.1, T0 + 1.4]
+    fpms = [{"deployment": "alpha", "time": t, "role": "decode", "worker_id": "w", "counter_id": i}
+            for i, t in enumerate(times)]
+    try:
+        assert await bridge.accept([orjson.dumps({"type": "fpm_batch", "deployment": "alpha",
+                                                  "time": T0 + 1.4, "fpms": fpms})]) == 1
+    finally:
+        await bridge.stop()
+    records = [_decoded_by_the_worker(v) for t, v in producer.delivered if t.endswith("fpm.v1")]
+    packs = [r for r in records if r.type == "fpm_batch"]
+    assert [(p.time, [f.counter_id for f in p.fpms]) for p in packs] == [(T0 + 0.9, [0, 1]), (T0 + 1.4, [2, 3])]
+
+
 async def test_a_request_that_re_encodes_too_big_is_dead_lettered_not_accepted():
     producer = FakeProducer()
     producer.auto = True

@@ -93,6 +93,27 @@ def _raise_toward(
     return fitted
 
 
+def _restore_toward(
+    fitted: dict[Role, int], current: Mapping[Role, int], down: list[Role], gpus: Mapping[Role, int],
+    floor: int, ceiling: int,
+) -> dict[Role, int]:
+    """Undo the ``down`` roles' moves one replica at a time, in turn, until ``floor`` GPUs are used.
+
+    A downward move is the one a floor budget can shorten without reversing
+    anything: each role still ends between its current count and its proposal.
+    """
+    progress = True
+    while progress and gpu_total(fitted, gpus) < floor:
+        progress = False
+        for role in down:
+            if gpu_total(fitted, gpus) >= floor:
+                break
+            if fitted[role] < current[role] and (ceiling < 0 or gpu_total(fitted, gpus) + gpus[role] <= ceiling):
+                fitted[role] += 1
+                progress = True
+    return fitted
+
+
 def fit_gpu_budget(
     current: Mapping[Role, int],
     proposed: Mapping[Role, int],
@@ -126,11 +147,19 @@ def fit_gpu_budget(
         if up and moved_down and not moved_up:
             # an opposing rebalance whose upward leg cannot move: hold both legs
             return dict(current), "gpu_budget_guard_hold"
+        if min_budget >= 0 and gpu_total(fitted, gpus) < min_budget <= gpu_total(current, gpus):
+            # the full downward legs left too little: shorten them, never below the floor budget
+            down = sorted(r for r in target if target[r] < current[r])
+            fitted = _restore_toward(fitted, current, down, gpus, min_budget, max_budget)
         return fitted, "gpu_budget_guard_hold"
     if min_budget >= 0 and gpu_total(target, gpus) < min_budget:
-        ceiling = max_budget
-        if gpu_total(current, gpus) < min_budget and gpu_total(target, gpus) < gpu_total(current, gpus):
+        if gpu_total(current, gpus) >= min_budget:
+            # inside the band: shorten the downward legs to the floor budget; no role that was
+            # not proposed to move is moved
+            down = sorted(r for r in target if target[r] < current[r])
+            return _restore_toward(target, current, down, gpus, min_budget, max_budget), "gpu_budget_guard_hold"
+        if gpu_total(target, gpus) < gpu_total(current, gpus):
             target = {r: max(current[r], target[r]) for r in target}
-        grown = _grow_to_fit(target, gpus, min_budget, ceiling, maximums)
+        grown = _grow_to_fit(target, gpus, min_budget, max_budget, maximums)
         return grown, "gpu_budget_reconcile"
     return target, None

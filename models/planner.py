@@ -267,6 +267,12 @@ class Planner:
             first = state.first_traffic
             if first is not None and first - start > PARTIAL_WINDOW_SHARE * interval:
                 start = first
+                if now - start < PARTIAL_WINDOW_SHARE * interval:
+                    # too little to be a rate (one request a millisecond before the tick would
+                    # read as 1,000 a second): the first full window is the first one fed
+                    _start_window(state, now)
+                    scratch.throughput_reason = "no_traffic_data"
+                    return
         duration = min(max(now - start, 1e-9), interval)
         obs = state.window.observation(
             duration, by_arrival=state.seen_arrivals, last_osl=state.forecaster.forecaster.last_osl,
@@ -339,6 +345,15 @@ class Planner:
             engines, coverage = _engines_of(state, role)
             if not engines:
                 scratch.load_reasons[role] = "no_fpm_data"
+                if _measures_floor(cfg):
+                    # no engine to take a snapshot of, but the traffic still needs some: a role
+                    # at 0 engines would otherwise never come back
+                    held = _hold_measured_floor(cfg, LoadSignal(0, "no_fpm_data"), role, baseline,
+                                                _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch))
+                    if held.step > 0:
+                        scratch.signals[role] = held
+                        scratch.load_reasons[role] = held.reason
+                        targets[role] = baseline[role] + held.step
                 continue
             if not coverage:
                 scratch.load_reasons[role] = "worker_count_mismatch"

@@ -83,3 +83,23 @@ def test_traffic_that_starts_mid_window_is_counted_as_a_rate(make_fleet):
            ClockEvent(deployment="d", time=T0 + 181)]
     (tick,) = [o for o in make_fleet(sizing="fleetplan").run(evs) if o.observed is not None]
     assert tick.observed.num_req == 1790.0
+
+
+def test_a_first_window_too_short_to_be_a_rate_is_not_fed(make_fleet):
+    """One request a millisecond before the first tick must not read as 1,000 a second."""
+    from fleetplan.schemas.events import RequestArrival
+
+    fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=32)
+    tick = T0 + 180
+    events = [ready("p0", "prefill", tick - 100), ready("d0", "decode", tick - 100),
+              RequestArrival(deployment="d", time=tick - 0.001, request_id="a0", input_tokens=3000)]
+    events += [RequestArrival(deployment="d", time=tick + 1 + i / 2, request_id=f"b{i}", input_tokens=3000)
+               for i in range(2 * 360)]
+    events += requests(2, tick + 1, tick + 361, tag="b")
+    ticks = [o for o in fleet.run(sorted(events, key=lambda e: e.time))
+             if getattr(o, "throughput_reason", "not_due") not in ("not_due", "disabled")]
+    first, second = ticks[0], ticks[1]
+    assert first.time == tick and first.throughput_reason == "no_traffic_data" and first.observed is None
+    # the first full window is the first one the forecast sees: 2 requests a second, one engine each
+    assert second.observed.num_req == pytest.approx(358, abs=2)
+    assert second.targets == {"prefill": 1, "decode": 1}

@@ -75,3 +75,30 @@ def test_budget_never_exceeded_and_direction_kept(cp, cd, pp, pd, budget):
         for r in out:  # between current and proposal
             lo, hi = sorted((current[r], proposed[r]))
             assert lo <= out[r] <= hi
+
+
+@given(sizes, sizes, sizes, sizes, st.integers(0, 40), st.integers(0, 40))
+def test_a_fleet_inside_the_band_stays_inside_and_keeps_direction(cp, cd, pp, pd, low, width):
+    """Inside [min, max] a fleet stays inside it, each role between its current count and its
+    proposal: the floor budget shortens downward moves, never grows a role nobody moved."""
+    high = low + width
+    current = {"prefill": cp, "decode": cd}
+    proposed = {"prefill": pp, "decode": pd}
+    if not low <= gpu_total(current, G) <= high:
+        return
+    out, _ = fit_gpu_budget(current, proposed, G, high, min_budget=low)
+    assert low <= gpu_total(out, G) <= high
+    for r in out:
+        lo, hi = sorted((current[r], proposed[r]))
+        assert lo <= out[r] <= hi, (current, proposed, out)
+
+
+def test_the_floor_budget_shortens_a_downward_leg_instead_of_growing_another_role():
+    # the reviewer's case: one GPU each, band [4, 8], prefill proposed down from 3 to 1
+    one = {"prefill": 1, "decode": 1}
+    out, reason = fit_gpu_budget({"prefill": 3, "decode": 1}, {"prefill": 1, "decode": 1}, one, 8, min_budget=4)
+    assert out == {"prefill": 3, "decode": 1} and reason == "gpu_budget_guard_hold"
+    # and the ceiling branch: 2- and 4-GPU engines, band [11, 13], P4/D1 proposed to P1/D3
+    two_four = {"prefill": 2, "decode": 4}
+    out, _ = fit_gpu_budget({"prefill": 4, "decode": 1}, {"prefill": 1, "decode": 3}, two_four, 13, min_budget=11)
+    assert out == {"prefill": 2, "decode": 2} and gpu_total(out, two_four) == 12

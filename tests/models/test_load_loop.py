@@ -172,6 +172,17 @@ def test_the_floor_raises_a_fleet_short_of_the_measured_traffic(make_fleet):
     assert up.targets["prefill"] == 4 and up.load_reason == "scale_up_to_measured_rate"
 
 
+def test_the_floor_brings_back_a_role_with_no_engine(make_fleet):
+    """A role at 0 engines sends no FPMs, so no snapshot; the measured traffic still needs it."""
+    rate = 0.5 * _prefill_rps(make_fleet)
+    events = [e for e in _with_traffic(rate, T0 + 100)
+              if getattr(e, "worker_id", None) != "d0"]  # no decode engine, and so no decode FPMs
+    fleet = _load_only(make_fleet, sizing="fleetplan", min_endpoint=0)
+    (up,) = decisions(fleet.run(events))
+    assert up.time == T0 + 65 and up.targets["decode"] >= 1
+    assert up.load_reason == "scale_up_to_measured_rate"
+
+
 def test_with_no_traffic_the_snapshots_decide(make_fleet):
     out = decisions(_load_only(make_fleet, sizing="fleetplan").run(_idle_fleet(T0 + 200)))
     assert out[0].time == T0 + 5 and out[0].targets["prefill"] == 2  # as Dynamo: nothing measured to hold

@@ -416,10 +416,23 @@ def _changelog_writes(buffer):
         del buffer.put  # the class's own again
 
 
-async def _durable(producer, written: list) -> None:
+DURABLE_TIMEOUT_S = 120.0
+"""How long the states may take to be acknowledged. aiokafka retries a send for its own
+delivery timeout and then fails its future; this bounds the wait if a future is never settled
+at all, so a stuck producer stops the worker (to be restarted and recover) instead of hanging it."""
+
+
+async def _durable(producer, written: list, timeout_s: float = DURABLE_TIMEOUT_S) -> None:
     """Wait until every collected changelog message is on the broker (or raise its error)."""
     await producer.flush()
-    await asyncio.gather(*written)
+    _, pending = await asyncio.wait(written, timeout=timeout_s)
+    if pending:
+        raise RuntimeError(
+            f"{len(pending)} of {len(written)} state writes to the changelog not acknowledged within "
+            f"{timeout_s:g} s; stopping so a restart recovers from the changelog"
+        )
+    for fut in written:
+        fut.result()  # a write the broker refused raises its error here
 
 
 def _digest(raw: bytes) -> bytes:

@@ -119,3 +119,19 @@ def test_the_states_are_acknowledged_before_persisting_goes_on():
         await asyncio.wait_for(waiting, 1)
 
     asyncio.run(main())
+
+
+def test_state_writes_never_acknowledged_stop_the_worker_instead_of_hanging_it():
+    from fleetplan.streams.worker import _durable
+
+    class Producer:
+        async def flush(self):
+            return None
+
+    async def main():
+        never = [asyncio.get_running_loop().create_future() for _ in range(3)]
+        never[0].set_result("meta")
+        with pytest.raises(RuntimeError, match="2 of 3 state writes to the changelog not acknowledged within 0.05 s"):
+            await _durable(Producer(), never, timeout_s=0.05)
+
+    asyncio.run(main())

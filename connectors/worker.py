@@ -200,13 +200,8 @@ class ConnectorService:
 
     async def _shutdown(self) -> None:
         lanes = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        busy = [asyncio.ensure_future(lane.idle.wait()) for lane in self._lanes.values()
-                if not lane.idle.is_set()]
-        if busy:
-            # Let in-flight applies finish; a cut-off one is settled by recover() next time.
-            await asyncio.wait(busy, timeout=self.settings.stop_grace_s)
-            for waiter in busy:
-                waiter.cancel()
+        # Let in-flight applies finish; a cut-off one is settled by recover() next time.
+        await self._let_finish([lane for lane in self._lanes.values() if not lane.idle.is_set()])
         for task in lanes + self._tasks:
             task.cancel()
         await asyncio.gather(*lanes, *self._tasks, return_exceptions=True)
@@ -216,6 +211,14 @@ class ConnectorService:
             log.warning("final commit failed: %s", err)
         await self._close_clients()
         log.info("connector stopped")
+
+    async def _let_finish(self, lanes: list[_Lane]) -> None:
+        """Wait up to ``stop_grace_s`` for these lanes to finish the decision they are handling."""
+        busy = [asyncio.ensure_future(lane.idle.wait()) for lane in lanes]
+        if busy:
+            await asyncio.wait(busy, timeout=self.settings.stop_grace_s)
+            for waiter in busy:
+                waiter.cancel()
 
     async def _close_clients(self) -> None:
         if self._consumer is not None:
@@ -509,12 +512,8 @@ class ConnectorService:
         for lane in self._lanes.values():
             for _ in range(lane.drop(partitions)):
                 self._record_done()  # not done in its partition: the commit stops before it
-        busy = [asyncio.ensure_future(lane.idle.wait()) for lane in self._lanes.values()
-                if lane.current is not None and any(lane.current.offsets is p for p in partitions)]
-        if busy:
-            await asyncio.wait(busy, timeout=self.settings.stop_grace_s)
-            for waiter in busy:
-                waiter.cancel()
+        await self._let_finish([lane for lane in self._lanes.values()
+                                if lane.current is not None and any(lane.current.offsets is p for p in partitions)])
         try:
             await self._commit(set(revoked))
         except KafkaError as err:

@@ -14,50 +14,6 @@ from fleetplan.schemas.codec import encode_event
 _TYPE_RANK = {"inventory": 0, "ack": 1, "control": 2, "arrival": 3, "request": 3, "fpm": 4, "fpm_batch": 4, "clock": 5}
 
 
-class BatchOrder:
-    """Orders ``FpmBatch`` records of equal time without encoding them up front.
-
-    Encoding a whole batch costs microseconds per FPM, and batches rarely
-    share a time, so the tie-break is computed only when a comparison needs
-    it: first the FPMs' identities (what identifies a single FPM), then, for
-    two batches with the same identities, their full encodings.
-    """
-
-    __slots__ = ("_batch", "_ids", "_raw")
-
-    def __init__(self, batch) -> None:
-        self._batch = batch
-        self._ids: tuple | None = None
-        self._raw: bytes | None = None
-
-    def ids(self) -> tuple:
-        if self._ids is None:
-            self._ids = tuple((f.time, f.worker_id, f.dp_rank, f.counter_id, f.wall_time)
-                              for f in self._batch.fpms)
-        return self._ids
-
-    def raw(self) -> bytes:
-        if self._raw is None:
-            self._raw = encode_event(self._batch)
-        return self._raw
-
-    def _key(self) -> tuple:
-        return self.ids(), self.raw()
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BatchOrder):
-            return NotImplemented
-        return self._batch is other._batch or (self.ids() == other.ids() and self.raw() == other.raw())
-
-    def __lt__(self, other: BatchOrder) -> bool:
-        if self.ids() != other.ids():
-            return self.ids() < other.ids()
-        return self.raw() < other.raw()
-
-    def __hash__(self) -> int:
-        return hash(self.ids())
-
-
 class Encoding:
     """An event's full encoding, computed only when two keys tie on everything before it.
 
@@ -89,6 +45,41 @@ class Encoding:
 
     def __hash__(self) -> int:
         return hash(self.raw())
+
+
+class BatchOrder(Encoding):
+    """Orders ``FpmBatch`` records of equal time without encoding them up front.
+
+    Encoding a whole batch costs microseconds per FPM, and batches rarely
+    share a time, so the tie-break is computed only when a comparison needs
+    it: first the FPMs' identities (what identifies a single FPM), then, for
+    two batches with the same identities, their full encodings.
+    """
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, batch) -> None:
+        super().__init__(batch)
+        self._ids: tuple | None = None
+
+    def ids(self) -> tuple:
+        if self._ids is None:
+            self._ids = tuple((f.time, f.worker_id, f.dp_rank, f.counter_id, f.wall_time)
+                              for f in self._event.fpms)
+        return self._ids
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BatchOrder):
+            return NotImplemented
+        return self._event is other._event or (self.ids() == other.ids() and self.raw() == other.raw())
+
+    def __lt__(self, other: BatchOrder) -> bool:
+        if self.ids() != other.ids():
+            return self.ids() < other.ids()
+        return self.raw() < other.raw()
+
+    def __hash__(self) -> int:
+        return hash(self.ids())
 
 
 def canonical_key(event) -> tuple:

@@ -300,7 +300,7 @@ class PlannerConfig(BaseModel):
     def predictor_params(self) -> dict[str, object]:
         """The load predictor's parameters (``PredictorParams``) as this config sets them.
 
-        ``build_forecaster`` passes the same values, so checking them here at
+        ``build_forecaster`` passes exactly these, so checking them here at
         load is checking what ``make_predictor`` will be given.
         """
         return {

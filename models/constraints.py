@@ -80,35 +80,24 @@ def _grow_to_fit(
 
 def _raise_toward(
     fitted: dict[Role, int], target: Mapping[Role, int], up: list[Role], gpus: Mapping[Role, int],
-    ceiling: int,
+    ceiling: int, enough: int | None = None,
 ) -> dict[Role, int]:
-    """Step the ``up`` roles toward ``target`` one replica at a time, in turn, under ``ceiling``."""
+    """Step the ``up`` roles toward ``target`` one replica at a time, in turn, under ``ceiling``
+    (negative: none), stopping once ``enough`` GPUs are used when it is given.
+
+    With ``target`` the current counts and ``up`` the roles proposed to go down, this shortens
+    downward moves: the one change a floor budget can make without reversing anything.
+    """
+    def full() -> bool:
+        return enough is not None and gpu_total(fitted, gpus) >= enough
+
     progress = True
-    while progress:
+    while progress and not full():
         progress = False
         for role in up:
-            if fitted[role] < target[role] and gpu_total(fitted, gpus) + gpus[role] <= ceiling:
-                fitted[role] += 1
-                progress = True
-    return fitted
-
-
-def _restore_toward(
-    fitted: dict[Role, int], current: Mapping[Role, int], down: list[Role], gpus: Mapping[Role, int],
-    floor: int, ceiling: int,
-) -> dict[Role, int]:
-    """Undo the ``down`` roles' moves one replica at a time, in turn, until ``floor`` GPUs are used.
-
-    A downward move is the one a floor budget can shorten without reversing
-    anything: each role still ends between its current count and its proposal.
-    """
-    progress = True
-    while progress and gpu_total(fitted, gpus) < floor:
-        progress = False
-        for role in down:
-            if gpu_total(fitted, gpus) >= floor:
+            if full():
                 break
-            if fitted[role] < current[role] and (ceiling < 0 or gpu_total(fitted, gpus) + gpus[role] <= ceiling):
+            if fitted[role] < target[role] and (ceiling < 0 or gpu_total(fitted, gpus) + gpus[role] <= ceiling):
                 fitted[role] += 1
                 progress = True
     return fitted
@@ -150,14 +139,14 @@ def fit_gpu_budget(
         if min_budget >= 0 and gpu_total(fitted, gpus) < min_budget <= gpu_total(current, gpus):
             # the full downward legs left too little: shorten them, never below the floor budget
             down = sorted(r for r in target if target[r] < current[r])
-            fitted = _restore_toward(fitted, current, down, gpus, min_budget, max_budget)
+            fitted = _raise_toward(fitted, current, down, gpus, max_budget, enough=min_budget)
         return fitted, "gpu_budget_guard_hold"
     if min_budget >= 0 and gpu_total(target, gpus) < min_budget:
         if gpu_total(current, gpus) >= min_budget:
             # inside the band: shorten the downward legs to the floor budget; no role that was
             # not proposed to move is moved
             down = sorted(r for r in target if target[r] < current[r])
-            return _restore_toward(target, current, down, gpus, min_budget, max_budget), "gpu_budget_guard_hold"
+            return _raise_toward(target, current, down, gpus, max_budget, enough=min_budget), "gpu_budget_guard_hold"
         if gpu_total(target, gpus) < gpu_total(current, gpus):
             target = {r: max(current[r], target[r]) for r in target}
         grown = _grow_to_fit(target, gpus, min_budget, max_budget, maximums)

@@ -27,15 +27,7 @@ __all__ = ["build_forecaster", "predictor_changed", "rebuild_forecaster", "remem
 def build_forecaster(cfg: PlannerConfig) -> QuantileForecaster:
     """An empty forecaster for ``cfg``'s load predictor."""
     return QuantileForecaster(
-        cfg.load_predictor,
-        adapt_rate=cfg.sizing_quantile_adapt_rate,
-        log1p=cfg.load_predictor_log1p,
-        prophet_window_size=cfg.prophet_window_size,
-        kalman_q_level=cfg.kalman_q_level,
-        kalman_q_trend=cfg.kalman_q_trend,
-        kalman_r=cfg.kalman_r,
-        kalman_min_points=cfg.kalman_min_points,
-        prophet_interval_s=float(cfg.throughput_adjustment_interval_seconds),
+        cfg.load_predictor, adapt_rate=cfg.sizing_quantile_adapt_rate, **cfg.predictor_params(),
     )
 
 

@@ -102,3 +102,10 @@ def test_the_floor_budget_shortens_a_downward_leg_instead_of_growing_another_rol
     two_four = {"prefill": 2, "decode": 4}
     out, _ = fit_gpu_budget({"prefill": 4, "decode": 1}, {"prefill": 1, "decode": 3}, two_four, 13, min_budget=11)
     assert out == {"prefill": 2, "decode": 2} and gpu_total(out, two_four) == 12
+
+
+def test_an_opposing_rebalance_that_cannot_land_in_a_narrow_band_is_held():
+    # found by hypothesis in CI: decode (2 GPUs) down from 3, prefill (1 GPU) up from 0, band
+    # [6, 6]; shortening decode reaches 5 and the next replica would make 7, so both legs wait
+    out, reason = fit_gpu_budget({"prefill": 0, "decode": 3}, {"prefill": 1, "decode": 0}, G, 6, min_budget=6)
+    assert out == {"prefill": 0, "decode": 3} and reason == "gpu_budget_guard_hold"

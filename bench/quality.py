@@ -201,10 +201,12 @@ def run_planner_config(spec: Spec, sla, loops: str, predictor: str, sizing: str 
 
 
 def _row(spec, sla, policy, result, wall, rounds=None, setup=None) -> dict:
+    from fleetplan.sim import REVISION
     from fleetplan.sim.experiment import feasible_attainment
 
     s = result.summary
     row = {
+        "sim_revision": REVISION,
         "workload": spec.name, "scale": spec.scale, "profile": spec.profile, "sla": list(sla),
         "policy": policy, "attainment": s.sla_attainment, "gpu_hours": s.gpu_hours,
         "ttft_p90_ms": s.ttft_p90_ms, "itl_p90_ms": s.itl_p90_ms, "requests": s.requests,

@@ -1,0 +1,17 @@
+"""The simulator: a workload replayed against simulated engines and a controller.
+
+``REVISION`` names the simulator's behaviour, not the package version. It is
+raised by every change that moves a simulated figure (routing, batching,
+sizing of the baselines), so a benchmark row that records it says which
+simulator measured it, and a committed row from an older revision is known
+to be stale (bench/remeasure.py runs such a file again).
+
+- 1: until 2026-12-02.
+- 2: from 2026-12-02 (docs/simulate.md, "Revision 2"): the prompt router
+  counts the pass in flight, the decode router counts KV transfers in
+  flight, requests arriving at one instant share an idle engine's first
+  pass, the hindsight sizing reads the last partial window at its own
+  length, and the warm initial fleet covers the startup span and no more.
+"""
+
+REVISION = 2

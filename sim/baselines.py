@@ -65,15 +65,15 @@ class SchedulePolicy:
         self._last: dict[str, int] | None = None
 
     def target_at(self, t: float) -> dict[str, int]:
-        """What must be up or starting at ``t``: the max over windows until ``t + lookahead``."""
+        """What must be up or starting at ``t``: the max over windows until ``t + lookahead``.
+
+        The window that starts at ``t + lookahead`` counts: a worker started at
+        ``t`` is ready just as it begins.
+        """
         n = len(self.needs)
         first = min(int(t // self.window_s), n - 1)
         last = min(int((t + self.lookahead_s) // self.window_s), n - 1)
-        out: dict[str, int] = {}
-        for need in self.needs[first:last + 1]:
-            for role, v in need.items():
-                out[role] = max(out.get(role, 0), v)
-        return out
+        return most_needed(self.needs[first:last + 1])
 
     def initial(self) -> dict[str, int]:
         return self.target_at(0.0)
@@ -83,6 +83,21 @@ class SchedulePolicy:
         if target == dict(view.expected):
             return None
         return target
+
+
+def most_needed(needs: list[dict[str, int]]) -> dict[str, int]:
+    """Each role's largest count over ``needs``."""
+    out: dict[str, int] = {}
+    for need in needs:
+        for role, v in need.items():
+            out[role] = max(out.get(role, 0), v)
+    return out
+
+
+def needs_before(needs: list[dict[str, int]], window_s: float, end_s: float) -> dict[str, int]:
+    """Each role's largest count over the windows that start before ``end_s``."""
+    last = max(1, math.ceil(end_s / window_s))
+    return most_needed(needs[:last])
 
 
 def static_targets(needs: list[dict[str, int]], how: str) -> dict[str, int]:

@@ -443,6 +443,7 @@ def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, roun
 
 
 def _summary_json(run, sizing, results, out) -> dict:
+    from fleetplan.sim import REVISION
     from fleetplan.sim.forecast_check import run_coverage
 
     setup = run["setup"]
@@ -450,6 +451,7 @@ def _summary_json(run, sizing, results, out) -> dict:
     main = results[0]
     wall = sum(r.wall_s for r in results)
     return {
+        "sim_revision": REVISION,
         "trace": str(run["trace"]), "workload": run["workload"].name, "profile": run["profile"],
         "config": None if run["config_path"] is None else str(run["config_path"]),
         "mode": cfg.mode, "rate_scale": run["rate_scale"], "speed": run["speed"],

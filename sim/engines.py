@@ -122,6 +122,7 @@ class Engine:
         self.prefill_first = prefill_first and role == "agg"
         self.piggyback = role == "agg" and not self.prefill_first  # decode steps ride in prompt passes
         self.inbound = 0        # KV transfers on their way here (a draining engine waits for them)
+        self.inbound_context = 0   # isl + osl of those transfers (router load)
         # the pass (or macro-step) in flight
         self.busy = False
         self._version = 0
@@ -132,6 +133,7 @@ class Engine:
         self._seg_kv0 = 0
         self._seg_decodes = True  # False for a prompt-only pass: running sequences wait
         self._chunk: list[tuple[SimRequest, int]] = []
+        self._chunk_tokens = 0  # prompt tokens of the pass in flight (router load)
         self._idle_reported = False
         # prefix cache (hash block -> None), LRU
         self._prefix: OrderedDict[int, None] = OrderedDict()
@@ -156,12 +158,19 @@ class Engine:
         )
 
     def prefill_load(self) -> int:
-        """Fresh prompt tokens not yet scheduled: what a new prompt waits behind."""
-        return self.prefill_backlog
+        """Prompt tokens not yet computed: what a new prompt waits behind.
+
+        The pass in flight counts until it ends, so an engine mid-pass does not
+        tie with an idle one.
+        """
+        return self.prefill_backlog + self._chunk_tokens
 
     def decode_load(self) -> int:
-        """KV reserved by admitted requests plus that of requests waiting for a slot."""
-        return self.kv_reserved + self.waiting_context
+        """The contexts (``isl + osl``) this engine holds or will hold: admitted,
+        waiting for a slot, or still on their way as KV transfers, so the prompts
+        of one prefill pass spread over the decode engines instead of piling
+        onto the one that looked emptiest when the first was routed."""
+        return self.kv_reserved + self.waiting_context + self.inbound_context
 
     def cached_prefix_tokens(self, req: SimRequest) -> int:
         """Tokens of ``req``'s prompt whose leading blocks this engine has cached."""
@@ -192,15 +201,16 @@ class Engine:
         self.waiting.append(req)
         self._idle_reported = False
         if not self.busy:
-            # Start on the next turn of the clock, so requests arriving at the same
-            # instant share the first pass, as they would in a real scheduler.
+            # Start at the end of this instant, so every request arriving at the same
+            # time shares the first pass, as it would in a real scheduler.
             self.busy = True
             self._seg_k = 0
             self._seg_b = 0
             self._seg_d = 0.0
             self._chunk = []
+            self._chunk_tokens = 0
             self._version += 1
-            self.clock.at(now, self._boundary, self._version)
+            self.clock.at_end(now, self._boundary, self._version)
         elif self._seg_k > 1 and self._admissible():
             self._cut_segment(now)
 
@@ -275,6 +285,7 @@ class Engine:
             else:
                 d = self.timing.prefill_s(tokens)
             self._chunk = chunk
+            self._chunk_tokens = tokens
             self._start(now, d, 1, piggyback)
             return
         running = self.running
@@ -325,6 +336,7 @@ class Engine:
         chunk = self._chunk
         if chunk:
             self._chunk = []
+            self._chunk_tokens = 0
             for req, take in chunk:
                 req.prefilled += take
                 if req.prefilled >= req.prefill_tokens:

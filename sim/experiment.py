@@ -15,7 +15,13 @@ from typing import IO
 
 import numpy as np
 
-from fleetplan.sim.baselines import SchedulePolicy, StaticPolicy, refine_needs, static_targets
+from fleetplan.sim.baselines import (
+    SchedulePolicy,
+    StaticPolicy,
+    needs_before,
+    refine_needs,
+    static_targets,
+)
 from fleetplan.sim.metrics import sla_met
 from fleetplan.sim.realtime import LiveRun
 from fleetplan.sim.runner import (
@@ -54,8 +60,8 @@ def size_workload(workload: Workload, setup: FleetSetup) -> Sizing:
     capacity = EngineCapacity(setup.timing, setup.limits, cfg.ttft_ms, cfg.itl_ms)
     peak = EngineCapacity(setup.timing, setup.limits, None, None)
     minimums = {r: max(cfg.min_endpoints(r), 1) for r in setup.roles}
-    needs = window_needs(traffic, capacity, setup.roles, window, minimums)
-    floor = window_needs(traffic, peak, setup.roles, window, minimums)
+    needs = window_needs(traffic, capacity, setup.roles, minimums)
+    floor = window_needs(traffic, peak, setup.roles, minimums)
     busy = [w for w in traffic if w.num_req]
     engine_rps = {}
     if busy:
@@ -92,7 +98,8 @@ def initial_fleet(
     first_tick = (cfg.throughput_adjustment_interval_seconds if cfg.throughput_enabled
                   else cfg.load_adjustment_interval_seconds)
     span = setup.startup().upper() + first_tick
-    fleet = SchedulePolicy(sizing.capacity_needs, sizing.window_s, span).initial()
+    # the windows that start before the span ends: from then on, the first decision's engines serve
+    fleet = needs_before(sizing.capacity_needs, sizing.window_s, span)
     if workload is None:
         return fleet
     return _replayed_warm_fleet(workload, setup, sizing.window_s, span, fleet, goal, rounds)

@@ -187,6 +187,7 @@ class SimFleet:
         engine = self.router.pick(role, engines, req)
         if role == "decode":
             engine.inbound += 1
+            engine.inbound_context += req.isl + req.osl
             self.clock.after(self.transfer.seconds(req.isl), self._kv_landed, engine, req)
         else:
             engine.enqueue(req)
@@ -202,6 +203,7 @@ class SimFleet:
     def _kv_landed(self, engine: Engine, req: SimRequest) -> None:
         req.first_token = self.clock.now
         engine.inbound -= 1
+        engine.inbound_context -= req.isl + req.osl
         engine.enqueue(req)
 
     def _single_token_done(self, req: SimRequest) -> None:

@@ -3,9 +3,9 @@
 Three policies, as a frontend would run them:
 
 - ``round-robin``: the next engine in turn, blind to load;
-- ``least-loaded``: prompts go to the engine with the fewest fresh prompt
-  tokens not yet scheduled, transferred KV to the decode engine with the
-  least KV reserved plus waiting;
+- ``least-loaded``: prompts go to the engine with the fewest prompt tokens
+  not yet computed (queued, plus the pass in flight), transferred KV to the
+  decode engine with the least context reserved, waiting or in transfer;
 - ``prefix``: prefix-aware (KV-cache-aware) routing for prompts: the cost of
   an engine is its prompt backlog plus the tokens this prompt would still
   have to compute there after its cached leading blocks (``hash_ids``

@@ -37,10 +37,16 @@ class WindowTraffic:
     num_req: int
     isl: float
     osl: float
+    duration_s: float  # the window's length; the last one is shorter when the workload ends inside it
 
 
 def window_traffic(workload: Workload, window_s: float) -> list[WindowTraffic]:
-    """Arrivals per window of ``window_s`` over the workload's duration."""
+    """Arrivals per window of ``window_s`` over the workload's duration.
+
+    The last window ends with the workload, so its rate is its arrivals over
+    the time it covers: read as a full window, a 46-s tail would look like
+    three quarters of its real rate and be sized short.
+    """
     n = max(1, math.ceil(workload.duration_s / window_s))
     count = np.zeros(n, dtype=np.int64)
     isl = np.zeros(n)
@@ -52,9 +58,16 @@ def window_traffic(workload: Workload, window_s: float) -> list[WindowTraffic]:
         osl[j] += r.output_tokens
     return [
         WindowTraffic(j * window_s, int(count[j]), isl[j] / count[j] if count[j] else 0.0,
-                      osl[j] / count[j] if count[j] else 0.0)
+                      osl[j] / count[j] if count[j] else 0.0, _covered(workload.duration_s, j, window_s))
         for j in range(n)
     ]
+
+
+def _covered(duration_s: float, j: int, window_s: float) -> float:
+    """Seconds of window ``j`` inside the workload (a full window when the
+    workload has no length, or a request arrives after it ends)."""
+    covered = min(window_s, duration_s - j * window_s)
+    return covered if covered > 0 else window_s
 
 
 class _PassTimes:
@@ -108,15 +121,14 @@ class EngineCapacity:
             cap = agg_capacity(fit, self.limits, isl, osl, self.ttft_ms, self.itl_ms, None, None)
         return cap.rps if cap is not None and cap.rps > 0 else math.inf
 
-    def need(self, role: str, traffic: WindowTraffic, window_s: float, minimum: int) -> int:
+    def need(self, role: str, traffic: WindowTraffic, minimum: int) -> int:
         if traffic.num_req == 0:
             return minimum
-        rps = traffic.num_req / window_s
+        rps = traffic.num_req / traffic.duration_s
         return max(minimum, math.ceil(rps / self.rps(role, traffic.isl, traffic.osl) - 1e-9))
 
 
 def window_needs(
-    traffic: list[WindowTraffic], capacity: EngineCapacity, roles: tuple[str, ...],
-    window_s: float, minimums: dict[str, int],
+    traffic: list[WindowTraffic], capacity: EngineCapacity, roles: tuple[str, ...], minimums: dict[str, int],
 ) -> list[dict[str, int]]:
-    return [{r: capacity.need(r, w, window_s, minimums[r]) for r in roles} for w in traffic]
+    return [{r: capacity.need(r, w, minimums[r]) for r in roles} for w in traffic]

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fleetplan.cli import _register_optional, app
+from fleetplan.sim import REVISION
 from tests.sim.sim_helpers import CODE, ROOT
 
 QUICKSTART = ROOT / "examples" / "configs" / "quickstart.yaml"
@@ -38,6 +39,7 @@ def test_simulate_writes_log_summary_and_report(tmp_path):
     assert planner["requests"] == summary["requests"] > 0
     assert 0.0 <= planner["sla_attainment"] <= 1.0 and planner["gpu_hours"] > 0
     assert summary["late_events"] == 0
+    assert summary["sim_revision"] == REVISION  # which simulator measured it (sim/__init__.py)
     # the forecasts are scored against what then arrived (sim/forecast_check.py)
     forecast = summary["forecast"]
     assert forecast["point"]["scored"] >= 1 and forecast["point"]["mape_pct"] >= 0.0

@@ -176,3 +176,67 @@ def test_connector_starts_drains_and_acks_when_ready(timing, limits):
     clock.at(310.0, lambda: connector.apply(3, {"prefill": 1, "decode": 1}))
     run_all(clock)
     assert [a[1:3] for a in acks[-2:]] == [(2, "superseded"), (3, "applied")]
+
+
+def test_a_prompt_is_not_routed_behind_a_pass_in_flight(timing, limits):
+    """Two long prompts 10 ms apart on two idle prefill engines each get one:
+    the first engine is mid-pass, and that counts as load until the pass ends."""
+    fleet, clock, log = make_fleet(timing, limits)
+    first, second = fleet.add_ready("prefill"), fleet.add_ready("prefill")
+    fleet.add_ready("decode")
+    submit_at(fleet, clock, 0.0, 0, isl=4000, osl=2)
+    submit_at(fleet, clock, 0.01, 1, isl=4000, osl=2)
+    run_all(clock)
+    by_index = {r.index: r for r in log.finished}
+    assert by_index[0].prefill_engine is first and by_index[1].prefill_engine is second
+    ttft = [by_index[i].first_token - by_index[i].arrival for i in (0, 1)]
+    assert ttft[0] == pytest.approx(ttft[1])
+
+
+def test_one_passs_prompts_spread_over_the_decode_engines(timing, limits):
+    """Eight prompts finish in one prefill pass; their KV transfers are all in
+    flight at once, and the decode router counts them, so each of four idle
+    decode engines takes two."""
+    fleet, clock, log = make_fleet(timing, limits)
+    fleet.add_ready("prefill")
+    decodes = [fleet.add_ready("decode") for _ in range(4)]
+    for i in range(8):
+        submit_at(fleet, clock, 0.0, i, isl=500, osl=20)
+    run_all(clock)
+    placed = [sum(r.decode_engine is e for r in log.finished) for e in decodes]
+    assert placed == [2, 2, 2, 2]
+    assert all(e.inbound == 0 and e.inbound_context == 0 for e in decodes)
+
+
+def test_requests_arriving_at_one_instant_share_the_first_pass(timing, limits):
+    """Four prompts at t = 0 start one prefill pass together, whatever order the
+    arrivals and the engine's start were scheduled in."""
+    fleet, clock, log = make_fleet(timing, limits)
+    prefill = fleet.add_ready("prefill")
+    fleet.add_ready("decode")
+
+    def arrive(i):
+        fleet.submit(SimRequest(i, clock.now, 1000, 2))
+        if i < 3:
+            clock.at(0.0, arrive, i + 1)  # as the runner does: the next arrival after the submit
+
+    clock.at(0.0, arrive, 0)
+    run_all(clock)
+    assert prefill.iterations == 1
+    assert [r.prefill_start for r in log.finished] == [0.0] * 4
+    assert [r.prefill_end for r in log.finished] == [pytest.approx(timing.prefill_s(4000))] * 4
+
+
+def test_end_of_instant_callbacks_run_after_everything_due_then():
+    """``at_end`` runs after every ordinary callback at its time, even those
+    scheduled after it, and in the order it was called among its kind."""
+    clock = VirtualClock()
+    order = []
+    clock.at(1.0, order.append, "a")
+    clock.at_end(1.0, order.append, "end-1")
+    clock.at_end(1.0, order.append, "end-2")
+    clock.at(1.0, lambda: (order.append("b"), clock.at(1.0, order.append, "c")))
+    clock.at(0.5, order.append, "early")
+    clock.at(2.0, order.append, "later")
+    run_all(clock)
+    assert order == ["early", "a", "b", "c", "end-1", "end-2", "later"]

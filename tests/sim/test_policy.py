@@ -117,3 +117,29 @@ def test_bind_receives_the_run_context(policy_module, make_setup_for):
     assert context.roles == ("prefill", "decode")
     assert context.config.ttft_ms == 300 and context.startup_s == 120.0
     assert context.gpus_per_engine == {"prefill": 1, "decode": 1}
+
+
+def test_the_last_partial_window_is_sized_at_its_own_rate(make_setup_for):
+    """A 150-s workload at 20 requests a second has a last window of 30 s: its
+    rate is its arrivals over those 30 s, so it needs what the full ones need."""
+    from fleetplan.sim.experiment import size_workload
+    from fleetplan.sim.sizing import window_traffic
+    from tests.sim.sim_helpers import synthetic
+
+    workload = synthetic(20.0, 150.0, isl=2000, osl=100)
+    traffic = window_traffic(workload, 60.0)
+    assert [w.duration_s for w in traffic] == [60.0, 60.0, 30.0]
+    assert [w.num_req / w.duration_s for w in traffic] == [pytest.approx(20.0)] * 3
+    sizing = size_workload(workload, make_setup_for())
+    assert sizing.capacity_needs[2] == sizing.capacity_needs[0]
+
+
+def test_the_warm_fleet_covers_the_span_until_the_first_decision_is_ready():
+    """Startup 120 s, first tick at 60 s: the span is [0, 180) s, windows 0–2
+    at 60 s. Window 3 starts when the first decision's engines are ready."""
+    from fleetplan.sim.baselines import needs_before
+
+    needs = [{"prefill": 1}, {"prefill": 2}, {"prefill": 2}, {"prefill": 5}]
+    assert needs_before(needs, 60.0, 180.0) == {"prefill": 2}
+    assert needs_before(needs, 60.0, 181.0) == {"prefill": 5}
+    assert needs_before(needs, 60.0, 10.0) == {"prefill": 1}

@@ -1,0 +1,88 @@
+"""Run every row of a bench/sizing.py --json file again, on the simulator as it is now.
+
+Usage:
+
+    .venv/bin/python bench/remeasure.py --data /work/shared/data \
+        bench/results/verdicts/azure-conv-500-50.json [--jobs 2] [--out new.json] [--only-policies A,B]
+
+The verdict files (bench/results/verdicts/) hold the runs that
+bench/frontier.py reads its verdicts from. When the simulator changes, every
+one of those runs is stale at once; this re-runs each row (the same
+workload, rate scale, SLA and variant, through ``bench/sizing.py``'s
+``run_variant``) and writes the file back with the new figures, in the same
+order, so the verdicts can be read again with nothing else changed. It
+prints each row's attainment and GPU-hours before and after.
+
+Without ``--out`` the file is rewritten in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from quality import Spec, specs
+from sizing import VARIANTS, run_variant
+
+
+def _workloads(data: Path) -> dict[str, Spec]:
+    """Every workload bench/sizing.py knows, by the name its rows carry (at scale 1)."""
+    keys = {"conv", "code", "mooncake", "mooncake-spread", "m-large", "m-mid"}
+    return {s.name: s for s in specs(data, keys, 10, 24, 24.0, choose=False)}
+
+
+def _task(args):
+    index, spec, sla, policy = args
+    return index, run_variant(spec, sla, policy)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--only-policies", default="",
+                        help="re-run only these policies (comma-separated); the other rows are kept as they are")
+    args = parser.parse_args()
+    doc = json.loads(args.file.read_text())
+    sla = tuple(doc["sla"])
+    workloads = _workloads(args.data)
+    only = {p.strip() for p in args.only_policies.split(",") if p.strip()}
+    rows = doc["rows"]
+    tasks = []
+    copies: dict[tuple, list[int]] = {}  # a run is deterministic: a row repeated in the file runs once
+    for i, row in enumerate(rows):
+        if only and row["policy"] not in only:
+            continue
+        key = (row["workload"], row["scale"], row["policy"])
+        if key in copies:
+            copies[key].append(i)
+            continue
+        copies[key] = [i]
+        if row["workload"] not in workloads:
+            parser.error(f"{args.file}: row {i}: workload {row['workload']!r} is not one bench/sizing.py runs")
+        if row["policy"] != "oracle" and row["policy"] not in VARIANTS:
+            parser.error(f"{args.file}: row {i}: policy {row['policy']!r} is not a bench/sizing.py variant")
+        spec = workloads[row["workload"]]
+        tasks.append((i, Spec(**{**spec.__dict__, "scale": row["scale"]}), sla, row["policy"]))
+    started = time.time()
+    new_rows = list(rows)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for i, row in pool.map(_task, tasks):
+            old = rows[i]
+            for j in copies[(row["workload"], row["scale"], row["policy"])]:
+                new_rows[j] = row
+            print(f"[{time.time() - started:5.0f}s] {row['workload']} x{row['scale']:g} {row['policy']}: "
+                  f"{old['attainment']:.2%} {old['gpu_hours']:.2f} -> {row['attainment']:.2%} "
+                  f"{row['gpu_hours']:.2f} GPU-h", flush=True)
+    out = args.out or args.file
+    out.write_text(json.dumps({**doc, "rows": new_rows}, indent=1))
+    print(f"{len(tasks)} runs for {sum(map(len, copies.values()))} rows in {time.time() - started:.0f} s; written to {out}")
+
+
+if __name__ == "__main__":
+    main()

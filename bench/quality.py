@@ -227,6 +227,10 @@ def _task(args):
     return run_planner_config(spec, sla, *extra)
 
 
+EVERY_WORKLOAD = frozenset({"conv", "code", "mooncake", "mooncake-spread", "m-large", "m-mid"})
+"""What ``specs`` can be asked for (its ``only``)."""
+
+
 def specs(
     data: Path, only: set[str], min_engines: int, servegen_engines: int, hours: float, choose: bool = True,
 ) -> list[Spec]:

@@ -22,16 +22,16 @@ import argparse
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
-from quality import Spec, specs
+from quality import EVERY_WORKLOAD, Spec, specs
 from sizing import VARIANTS, run_variant
 
 
 def _workloads(data: Path) -> dict[str, Spec]:
     """Every workload bench/sizing.py knows, by the name its rows carry (at scale 1)."""
-    keys = {"conv", "code", "mooncake", "mooncake-spread", "m-large", "m-mid"}
-    return {s.name: s for s in specs(data, keys, 10, 24, 24.0, choose=False)}
+    return {s.name: s for s in specs(data, EVERY_WORKLOAD, 10, 24, 24.0, choose=False)}
 
 
 def _task(args):
@@ -68,7 +68,7 @@ def main() -> None:
         if row["policy"] != "oracle" and row["policy"] not in VARIANTS:
             parser.error(f"{args.file}: row {i}: policy {row['policy']!r} is not a bench/sizing.py variant")
         spec = workloads[row["workload"]]
-        tasks.append((i, Spec(**{**spec.__dict__, "scale": row["scale"]}), sla, row["policy"]))
+        tasks.append((i, replace(spec, scale=row["scale"]), sla, row["policy"]))
     started = time.time()
     new_rows = list(rows)
     with ProcessPoolExecutor(args.jobs) as pool:

@@ -22,6 +22,7 @@ import argparse
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from quality import REFERENCE_FORECAST, Spec, _row, build_workload, make_setup, predictors, specs
@@ -165,7 +166,7 @@ def main() -> None:
     sla = tuple(float(x) for x in args.sla.split(","))
     chosen = []
     for s in specs(args.data, set(args.only.split(",")), 10, 24, 24.0, choose=False):
-        chosen += [Spec(**{**s.__dict__, "scale": SCALES.get(s.name, s.scale) * f}) for f in factors]
+        chosen += [replace(s, scale=SCALES.get(s.name, s.scale) * f) for f in factors]
     asked = [v.strip() for v in args.variants.split(",") if v.strip()]
     asked = [name for v in asked for name in GROUPS.get(v, [v])]
     unknown = [v for v in asked if v not in VARIANTS]

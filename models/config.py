@@ -139,6 +139,11 @@ class PlannerConfig(BaseModel):
     # once the sizing quantile is conformal it carries the forecast's error, so less headroom
     # is kept for it; None keeps target_utilization throughout (docs/sizing.md)
     calibrated_utilization: float | None = Field(0.9, ge=MIN_UTILIZATION, le=1, allow_inf_nan=False)
+    # before that, the quantile is the largest of m past errors, which covers a new window with
+    # probability m/(m+1): "coverage" moves the share from target_utilization toward
+    # calibrated_utilization as that grows from a point forecast's 1/2 to sizing_quantile;
+    # "full" keeps target_utilization until the quantile is conformal (docs/sizing.md)
+    uncalibrated_headroom: Literal["full", "coverage"] = "coverage"
     hold_scale_down_until_floor: bool = True
     throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)

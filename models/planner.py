@@ -83,6 +83,8 @@ PARTIAL_WINDOW_SHARE = 0.1
 """A first throughput window whose traffic began later than this share of it is partial."""
 MEASURED_RATE_MIN_SECONDS = 60.0
 """Without the throughput loop, the load loop's floor measures the current window once it is this long."""
+POINT_COVERAGE = 0.5
+"""The share of windows a point forecast covers (a median at best): what ``target_utilization``'s headroom is for."""
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ class Planner:
             # never below the point forecast (an uncalibrated quantile is the point)
             sized = max(forecast[0], state.forecaster.quantile(cfg.sizing_quantile, horizon))
             calibrated = state.forecaster.calibrated(cfg.sizing_quantile, horizon)
-            utilization = _sizing_utilization(cfg, calibrated)
+            utilization = _sizing_utilization(cfg, state.forecaster.coverage(cfg.sizing_quantile, horizon))
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
@@ -759,19 +761,32 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
     return dict(proposal.needed)
 
 
-def _sizing_utilization(cfg: PlannerConfig, calibrated: bool) -> float:
+def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:
     """The share of each engine's rate the throughput loop sizes for.
 
     ``target_utilization`` is headroom for everything the sized load does
     not cover: the engine's queueing near its peak rate, and the forecast's
-    own error. Once the sizing quantile is conformal, it covers the error
-    (its misses are held at 1 - q), so only the queueing share is left and
+    own error. It is the headroom of a point forecast, which covers about
+    half the windows (``POINT_COVERAGE``). Once the sizing quantile is
+    conformal (``coverage`` reaches ``sizing_quantile``), its misses are held
+    at 1 - q, so only the queueing share is left and
     ``calibrated_utilization`` applies. Before that the quantile is the
-    largest value seen, which promises nothing, and the full headroom stays.
+    largest of the m errors seen, which covers a new window with probability
+    m / (m + 1): with ``uncalibrated_headroom: coverage`` the share moves
+    from ``target_utilization`` toward ``calibrated_utilization`` as that
+    coverage goes from a point forecast's to q (2 errors seen: a third of the
+    way for the P90; 8: 97 %); with ``full`` it stays at
+    ``target_utilization`` until the quantile is conformal.
     """
-    if cfg.calibrated_utilization is None or not calibrated:
+    if cfg.calibrated_utilization is None:
         return cfg.target_utilization
-    return cfg.calibrated_utilization
+    q = cfg.sizing_quantile
+    if coverage >= q:
+        return cfg.calibrated_utilization
+    if cfg.uncalibrated_headroom == "full" or coverage <= POINT_COVERAGE:
+        return cfg.target_utilization
+    share = (coverage - POINT_COVERAGE) / (q - POINT_COVERAGE)
+    return cfg.target_utilization + (cfg.calibrated_utilization - cfg.target_utilization) * share
 
 
 def _size_mix(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float):

@@ -233,14 +233,35 @@ class QuantileForecaster:
         before that the quantiles are the largest values seen, or the
         recent counts themselves.
         """
-        q, horizon = _check(q, horizon_windows)
+        m = self._origins(q, horizon_windows)
+        return m > 0 and _rank(m, q) <= m
+
+    def coverage(self, q: float = 0.9, horizon_windows: int = 1) -> float:
+        """The share of new windows ``quantile(q, horizon_windows)`` covers, by its construction.
+
+        ``q`` once it is conformal. Before that it is the largest of the m
+        past errors in its pool, and the largest of m exchangeable values
+        exceeds a new one with probability m / (m + 1): that is its
+        coverage (1/2 after one origin, 8/9 after eight). 0 while the pool
+        is empty and the quantile is the raw counts or the point forecast,
+        which carry none of the forecaster's error. The planner's headroom
+        follows it (``uncalibrated_headroom: coverage``).
+        """
+        q, _ = _check(q, horizon_windows)
+        m = self._origins(q, horizon_windows)
+        if m == 0:
+            return 0.0
+        return q if _rank(m, q) <= m else m / (m + 1)
+
+    def _origins(self, q: float, horizon_windows: int) -> int:
+        """Past origins spanning the horizon in the pool that matches the current forecast."""
+        _, horizon = _check(q, horizon_windows)
         zero = self.forecast()[0] == 0.0
-        m = sum(
+        return sum(
             1
             for s in range(len(self._forecasts) - horizon + 1)
             if (self._forecasts[s] == 0.0) == zero
         )
-        return m > 0 and _rank(m, q) <= m
 
     def quantile(self, q: float, horizon_windows: int = 1) -> float:
         """The q-quantile of the largest request count in the next ``horizon_windows`` windows."""

@@ -297,8 +297,9 @@ class RoleEstimate(_Model):
     measured_floor: Count | None = None
     utilization: Annotated[float, Field(gt=0, le=1)] | None = Field(
         None, description="the share of one engine's SLA-bound rate that rate_replicas sized for: "
-        "target_utilization, or once the sizing quantile is conformal calibrated_utilization "
-        "(decode: no more than its concurrent sequences' quantile leaves room for)",
+        "target_utilization, moving toward calibrated_utilization as the sizing quantile's coverage "
+        "grows and reaching it once that quantile is conformal (decode: no more than its concurrent "
+        "sequences' quantile leaves room for)",
     )
 
 

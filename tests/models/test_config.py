@@ -70,6 +70,7 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"fpm_sample_bucket_size": 15}, "perfect square"),
         ({"load_adjustment_interval_seconds": 200}, "must be less than throughput_adjustment_interval_seconds"),
         ({"load_predictor": "oracle"}, "load_predictor: Input should be"),
+        ({"uncalibrated_headroom": "half"}, "uncalibrated_headroom: Input should be 'full' or 'coverage'"),
         ({"optimization_target": "load"}, "prefill_scale_{up,down}_queue_tokens"),
         ({"max_gpu_budget": 2, "min_gpu_budget": 4}, "min_gpu_budget must not exceed"),
         # bounds that keep a tick's work finite (a set_config past them stalled the worker)

@@ -110,6 +110,40 @@ def test_no_data_and_uncalibrated_answers():
     assert qf.quantile(0.9) >= qf.forecast()[0]  # the worst miss seen, not less
 
 
+def test_coverage_is_what_the_largest_of_m_errors_promises_until_the_quantile_is_conformal():
+    """0 before any origin spans the horizon; m / (m + 1) after m origins (the largest of m
+    exchangeable errors is above a new one with that probability); q from the 9th on (P90)."""
+    qf = QuantileForecaster("ensemble")
+    found = []
+    for n in lognormal_counts(14, seed=6):
+        found.append(qf.coverage(0.9, 2))
+        qf.observe(window(n))
+    found.append(qf.coverage(0.9, 2))
+    # the first window has no forecast before it, and two windows span a 2-window horizon
+    assert found == [0.0] * 3 + [m / (m + 1) for m in range(1, 9)] + [0.9] * 4
+    assert [c == 0.9 for c in found[-5:]] == [False, True, True, True, True]
+    assert qf.calibrated(0.9, 2) and not qf.calibrated(0.95, 2)  # 19 origins for the P95
+    assert qf.coverage(0.95, 2) == 12 / 13  # 12 origins span two of the 14 windows
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 3.0, 40.0, 500.0, 520.0, 2000.0]), min_size=0, max_size=30),
+    st.sampled_from([0.5, 0.8, 0.9, 0.95]),
+    st.integers(1, 4),
+)
+def test_coverage_reaches_q_exactly_when_the_quantile_is_conformal(counts, q, horizon):
+    qf = QuantileForecaster("ensemble")
+    for n in counts:
+        qf.observe(window(n))
+    coverage = qf.coverage(q, horizon)
+    assert 0.0 <= coverage <= q
+    assert (coverage == q) == qf.calibrated(q, horizon)
+    if 0.0 < coverage < q:  # the largest of m errors: m / (m + 1) for a whole m
+        m = round(coverage / (1.0 - coverage))
+        assert coverage == m / (m + 1)
+
+
 def test_after_an_idle_window_the_idle_regime_calibrates():
     # Zero forecasts (after idle windows) are followed by idle windows here:
     # their ratios must not inflate busy quantiles, nor busy ones the idle answer.

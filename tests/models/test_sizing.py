@@ -144,28 +144,55 @@ def _steady_ticks(fleet, rate: float, windows: int):
     return ticks
 
 
-def test_headroom_drops_to_calibrated_utilization_once_the_quantile_is_conformal(make_fleet):
+def _share_of_m_errors(m: int) -> float:
+    """``uncalibrated_headroom: coverage`` at 0.8 -> 0.9 for the P90 after m origins (m < 9)."""
+    coverage = m / (m + 1)
+    return 0.8 + 0.1 * max(0.0, (coverage - 0.5) / (0.9 - 0.5))
+
+
+# the P90 over a 2-window horizon, tick by tick (180 .. 3060 s): no origin spans the horizon at the
+# first two ticks, then one more each tick, conformal from the 9th origin on (the 11th tick)
+SHARES = {
+    "full": [0.8] * 10 + [0.9] * 7,
+    "coverage": [0.8, *[_share_of_m_errors(m) for m in range(0, 9)], *[0.9] * 7],
+}
+
+
+@pytest.mark.parametrize("headroom", ["full", "coverage"])
+def test_headroom_moves_to_calibrated_utilization_as_the_quantile_calibrates(make_fleet, headroom):
     # 26 rps of 3000/150 over 15.44 rps per prefill engine: 3 engines at 0.8, 2 at 0.9
     kw = {"throughput_sizing": "startup_quantile", "target_utilization": 0.8,
           "max_throughput_scaling_replicas": 20}
-    fleet = make_fleet(calibrated_utilization=0.9, **kw)
+    fleet = make_fleet(calibrated_utilization=0.9, uncalibrated_headroom=headroom, **kw)
     ticks = _steady_ticks(fleet, 26, 16)
     shares = [t.estimates["prefill"].utilization for t in ticks]
     assert len(ticks) == 17  # ticks at 180 .. 3060 s
-    # the P90 over a 2-window horizon is conformal after 9 origins that span it: 10 windows
-    assert shares == [0.8] * 10 + [0.9] * (len(ticks) - 10), shares
+    assert shares == pytest.approx(SHARES[headroom], abs=1e-12), shares
     # the decision says which it was: the quantile conformal from the same tick on
     assert [t.predicted.quantile_calibrated for t in ticks] == [False] * 10 + [True] * (len(ticks) - 10)
-    assert [t.estimates["prefill"].rate_replicas for t in ticks[9:11]] == [3, 2]
+    assert [t.estimates["prefill"].rate_replicas for t in ticks[9:11]] == [3 if headroom == "full" else 2, 2]
     assert _state(fleet).forecaster.calibrated(0.9, 2)
     for t in ticks:  # the count is the sized rate at the share the tick reports
         cap = t.estimates["prefill"].engine_capacity_rps
         share = t.estimates["prefill"].utilization
         assert t.estimates["prefill"].rate_replicas == math.ceil(t.predicted.sized_rps / (cap * share))
     # None keeps the configured headroom throughout, as before the field existed
-    held = _steady_ticks(make_fleet(calibrated_utilization=None, **kw), 26, 16)
+    held = _steady_ticks(make_fleet(calibrated_utilization=None, uncalibrated_headroom=headroom, **kw), 26, 16)
     assert {t.estimates["prefill"].utilization for t in held} == {0.8}
     assert {t.estimates["prefill"].rate_replicas for t in held[2:]} == {3}
+
+
+def test_headroom_by_coverage_never_asks_for_more_engines_than_the_full_headroom(make_fleet):
+    """The same traffic and forecasts: the share only rises, so the counts only fall, and they do
+    before the quantile is conformal: 2 prefill engines from the 3rd origin (a share of 0.86), where
+    the full headroom keeps 3 until the 9th."""
+    kw = {"throughput_sizing": "startup_quantile", "target_utilization": 0.8, "calibrated_utilization": 0.9,
+          "max_throughput_scaling_replicas": 20}
+    full, coverage = (_steady_ticks(make_fleet(uncalibrated_headroom=h, **kw), 26, 16) for h in ("full", "coverage"))
+    assert [t.predicted.sized_rps for t in full] == [t.predicted.sized_rps for t in coverage]
+    counts = [[t.estimates["prefill"].rate_replicas for t in run] for run in (full, coverage)]
+    assert all(c <= f for f, c in zip(*counts, strict=True))
+    assert counts == [[3] * 10 + [2] * 7, [3] * 4 + [2] * 13]
 
 
 def test_the_worker_exports_the_sized_quantile_and_whether_it_was_conformal(make_fleet):

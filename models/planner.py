@@ -775,8 +775,9 @@ def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:
     m / (m + 1): with ``uncalibrated_headroom: coverage`` the share moves
     from ``target_utilization`` toward ``calibrated_utilization`` as that
     coverage goes from a point forecast's to q (2 errors seen: a third of the
-    way for the P90; 8: 97 %); with ``full`` it stays at
-    ``target_utilization`` until the quantile is conformal.
+    way for the P90; 8: 97 %), where ``calibrated_utilization`` is the
+    larger; with ``full``, or a ``calibrated_utilization`` no larger, it
+    stays at ``target_utilization`` until the quantile is conformal.
     """
     if cfg.calibrated_utilization is None:
         return cfg.target_utilization
@@ -785,6 +786,8 @@ def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:
         return cfg.calibrated_utilization
     if cfg.uncalibrated_headroom == "full" or coverage <= POINT_COVERAGE:
         return cfg.target_utilization
+    if cfg.calibrated_utilization <= cfg.target_utilization:
+        return cfg.target_utilization  # a quantile that covers more never asks for more headroom
     share = (coverage - POINT_COVERAGE) / (q - POINT_COVERAGE)
     return cfg.target_utilization + (cfg.calibrated_utilization - cfg.target_utilization) * share
 

@@ -195,6 +195,27 @@ def test_headroom_by_coverage_never_asks_for_more_engines_than_the_full_headroom
     assert counts == [[3] * 10 + [2] * 7, [3] * 4 + [2] * 13]
 
 
+@pytest.mark.parametrize(("config", "coverage", "share"), [
+    ({}, 0.0, 0.8),                    # no error seen: the point forecast's headroom
+    ({}, 1 / 2, 0.8),                  # one error covers what the point forecast covers
+    ({}, 3 / 4, 0.8 + 0.1 * 0.625),    # three: 5/8 of the way to the P90's
+    ({}, 0.9, 0.9),                    # conformal
+    ({"uncalibrated_headroom": "full"}, 8 / 9, 0.8),
+    ({"calibrated_utilization": None}, 0.9, 0.8),
+    # a calibrated share below target_utilization is not approached before it applies
+    ({"target_utilization": 0.95}, 8 / 9, 0.95),
+    ({"target_utilization": 0.95}, 0.9, 0.9),
+    # a median sizing quantile: conformal after one error, target_utilization before
+    ({"sizing_quantile": 0.5}, 0.0, 0.8),
+    ({"sizing_quantile": 0.5}, 0.5, 0.9),
+])
+def test_the_uncalibrated_share_follows_the_quantiles_coverage(config, coverage, share):
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.planner import _sizing_utilization
+
+    assert _sizing_utilization(config_from_dict(config), coverage) == pytest.approx(share, abs=1e-12)
+
+
 def test_the_worker_exports_the_sized_quantile_and_whether_it_was_conformal(make_fleet):
     """Prometheus sees the P90 beside the point, its horizon, the headroom and the startup it plans with."""
     from fleetplan.streams.metrics import WorkerMetrics

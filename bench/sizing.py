@@ -43,6 +43,8 @@ VARIANTS: dict[str, dict] = {
     # as it was when docs/sizing.md measured them (before calibrated_utilization, 2026-12-02)
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},  # the defaults
     "fleetplan (ensemble) -calibrated": {"load_predictor": "ensemble", **C},  # until 2026-12-02
+    # the full headroom until the P90 is conformal (the default until 2026-12-04)
+    "fleetplan (ensemble) -coverage": {"load_predictor": "ensemble", "uncalibrated_headroom": "full"},
     **{f"fleetplan (ensemble) calibrated{u:g}": {"load_predictor": "ensemble", "calibrated_utilization": u}
        for u in (0.85, 0.95, 1.0)},
     "fleetplan (arima)": {**C},
@@ -96,7 +98,10 @@ RETUNE: dict[str, dict] = {
         "load_predictor": [{"load_predictor": "ensemble"}, {"load_predictor": "constant"},
                            {"load_predictor": "kalman"}]},
 }
-VARIANTS.update({name: {"load_predictor": "ensemble"} for name in RETUNE})
+# the hourly retune as the ServeGen file measured it, on the default before 2026-12-04
+RETUNE["fleetplan (ensemble) -coverage +retune1h"] = RETUNE["fleetplan (ensemble) +retune1h"]
+VARIANTS.update({name: {**VARIANTS["fleetplan (ensemble) -coverage" if "-coverage" in name else "fleetplan (ensemble)"]}
+                 for name in RETUNE})
 GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER}
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
 

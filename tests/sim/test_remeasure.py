@@ -1,0 +1,72 @@
+"""bench/remeasure.py: the rows asked for are run again in place, the others kept, a bad row named.
+
+It runs on a data folder laid out like the shared one, holding only the
+first 30 requests of the Azure code trace (tests/data/traces), so a run takes
+a second or two.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetplan.sim import REVISION
+
+ROOT = Path(__file__).parents[2]
+CODE_HEAD = ROOT / "tests" / "data" / "traces" / "azure2023_code_head30.csv"
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    folder = tmp_path / "data" / "traces" / "azure2023"
+    folder.mkdir(parents=True)
+    shutil.copy(CODE_HEAD, folder / "AzureLLMInferenceTrace_code_first30min.csv")
+    return tmp_path / "data"
+
+
+def _row(policy: str, **fields) -> dict:
+    return {"workload": "azure-code-30min", "scale": 1.0, "sla": [500.0, 50.0], "policy": policy,
+            "attainment": 0.5, "gpu_hours": 99.0, **fields}
+
+
+def _remeasure(data: Path, runs: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "remeasure.py"), str(runs), "--data", str(data), *args],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )
+
+
+def test_the_policies_asked_for_are_run_again_and_the_rest_kept(data, tmp_path):
+    runs = tmp_path / "runs.json"
+    rows = [
+        _row("fleetplan (ensemble)"),
+        _row("reference forecast (constant) util0.8", note="kept as it was"),
+        _row("fleetplan (ensemble)"),  # a repeated row runs once and both copies take its figures
+    ]
+    runs.write_text(json.dumps({"sla": [500.0, 50.0], "rows": rows}))
+    out = tmp_path / "new.json"
+    done = _remeasure(data, runs, "--only-policies", "fleetplan (ensemble)", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "1 runs for 2 rows" in done.stdout
+    assert json.loads(runs.read_text())["rows"] == rows  # --out leaves the file alone
+    new = json.loads(out.read_text())["rows"]
+    assert new[1] == rows[1]
+    assert new[0] == new[2]
+    assert new[0]["policy"] == "fleetplan (ensemble)" and new[0]["sim_revision"] == REVISION
+    assert new[0]["requests"] == 30 and 0.0 <= new[0]["attainment"] <= 1.0
+    assert 0.0 < new[0]["gpu_hours"] < 99.0
+
+
+def test_a_row_it_cannot_run_is_named_before_anything_runs(data, tmp_path):
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"sla": [500.0, 50.0], "rows": [
+        _row("fleetplan (ensemble)"), _row("fleetplan (nonsense)")]}))
+    done = _remeasure(data, runs)
+    assert done.returncode == 2
+    assert "row 1: policy 'fleetplan (nonsense)' is not a bench/sizing.py variant" in done.stderr
+    assert json.loads(runs.read_text())["rows"][0]["attainment"] == 0.5  # nothing was rewritten

@@ -314,8 +314,9 @@ class Planner:
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
             sized = max(forecast[0], state.forecaster.quantile(cfg.sizing_quantile, horizon))
-            calibrated = state.forecaster.calibrated(cfg.sizing_quantile, horizon)
-            utilization = _sizing_utilization(cfg, state.forecaster.coverage(cfg.sizing_quantile, horizon))
+            coverage = state.forecaster.coverage(cfg.sizing_quantile, horizon)
+            calibrated = coverage >= cfg.sizing_quantile  # conformal: it covers q by construction
+            utilization = _sizing_utilization(cfg, coverage)
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,

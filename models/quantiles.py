@@ -233,8 +233,7 @@ class QuantileForecaster:
         before that the quantiles are the largest values seen, or the
         recent counts themselves.
         """
-        m = self._origins(q, horizon_windows)
-        return m > 0 and _rank(m, q) <= m
+        return self.coverage(q, horizon_windows) >= q
 
     def coverage(self, q: float = 0.9, horizon_windows: int = 1) -> float:
         """The share of new windows ``quantile(q, horizon_windows)`` covers, by its construction.
@@ -247,21 +246,13 @@ class QuantileForecaster:
         which carry none of the forecaster's error. The planner's headroom
         follows it (``uncalibrated_headroom: coverage``).
         """
-        q, _ = _check(q, horizon_windows)
-        m = self._origins(q, horizon_windows)
+        q, horizon = _check(q, horizon_windows)
+        zero = self.forecast()[0] == 0.0
+        # past origins spanning the horizon in the pool that matches the current forecast
+        m = sum(1 for s in range(len(self._forecasts) - horizon + 1) if (self._forecasts[s] == 0.0) == zero)
         if m == 0:
             return 0.0
         return q if _rank(m, q) <= m else m / (m + 1)
-
-    def _origins(self, q: float, horizon_windows: int) -> int:
-        """Past origins spanning the horizon in the pool that matches the current forecast."""
-        _, horizon = _check(q, horizon_windows)
-        zero = self.forecast()[0] == 0.0
-        return sum(
-            1
-            for s in range(len(self._forecasts) - horizon + 1)
-            if (self._forecasts[s] == 0.0) == zero
-        )
 
     def quantile(self, q: float, horizon_windows: int = 1) -> float:
         """The q-quantile of the largest request count in the next ``horizon_windows`` windows."""

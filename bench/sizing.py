@@ -32,7 +32,8 @@ from fleetplan.models.config import REFERENCE_SIZING
 Q = {"throughput_sizing": "startup_quantile"}
 B = {"capacity_mix": "buckets"}
 U = {"target_utilization": 0.8}
-C = {"calibrated_utilization": None}  # target_utilization throughout, calibrated or not
+W = {"burst_sizing": "both"}  # the busiest burst in prefill's rate count too (until 2026-12-04)
+C = {"calibrated_utilization": None, **W}  # target_utilization throughout, calibrated or not
 VARIANTS: dict[str, dict] = {
     # Dynamo's sizing, then fleetplan's departures added one at a time
     "dynamo": dict(REFERENCE_SIZING),
@@ -40,12 +41,15 @@ VARIANTS: dict[str, dict] = {
     "dynamo+util0.8+quantile": {**REFERENCE_SIZING, **U, **Q},
     "dynamo+util0.8+quantile+buckets": {**REFERENCE_SIZING, **U, **Q, **B},
     # fleetplan's defaults, then each departure taken away; all but the first pin the headroom
-    # as it was when docs/sizing.md measured them (before calibrated_utilization, 2026-12-02)
+    # as it was when docs/sizing.md measured them (before calibrated_utilization, 2026-12-02),
+    # and all but the first two the burst sizing (W)
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},  # the defaults
+    # the rate count sized for the busiest burst too, as the queueing floor is (until 2026-12-04)
+    "fleetplan (ensemble) -windowrate": {"load_predictor": "ensemble", **W},
     "fleetplan (ensemble) -calibrated": {"load_predictor": "ensemble", **C},  # until 2026-12-02
     # the full headroom until the P90 is conformal (the default until 2026-12-04)
-    "fleetplan (ensemble) -coverage": {"load_predictor": "ensemble", "uncalibrated_headroom": "full"},
-    **{f"fleetplan (ensemble) calibrated{u:g}": {"load_predictor": "ensemble", "calibrated_utilization": u}
+    "fleetplan (ensemble) -coverage": {"load_predictor": "ensemble", "uncalibrated_headroom": "full", **W},
+    **{f"fleetplan (ensemble) calibrated{u:g}": {"load_predictor": "ensemble", "calibrated_utilization": u, **W}
        for u in (0.85, 0.95, 1.0)},
     "fleetplan (arima)": {**C},
     "fleetplan (ensemble) -slots": {"load_predictor": "ensemble", "decode_sizing": "rate", **C},  # until 2026-12-01

@@ -150,6 +150,10 @@ class PlannerConfig(BaseModel):
     sizing_quantile_adapt_rate: float = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
     startup_seconds: float = Field(120.0, ge=0, le=MAX_STARTUP_SECONDS, allow_inf_nan=False)
     burst_window_seconds: int = Field(60, ge=0)
+    # which of prefill's counts sizes for that busiest burst: "queueing" leaves it to the queueing
+    # floor, the model of waiting, and sizes the rate count for the window's own count's quantile;
+    # "both" (until 2026-12-04) sizes the rate count for the burst as well (docs/sizing.md)
+    burst_sizing: Literal["both", "queueing"] = "queueing"
     capacity_mix: Literal["mean", "buckets"] = "buckets"
     prefill_sizing: Literal["rate", "queueing"] = "queueing"
     prefill_time_model: Literal["linear", "quadratic"] = "quadratic"

@@ -309,7 +309,7 @@ class Planner:
         state.forecaster.observe(full, peak=peak)
         remember_window(state.traffic_history, full, peak, cfg.predictor_history_windows)
         forecast = state.forecaster.forecast()
-        sized = horizon = utilization = calibrated = None
+        sized = horizon = utilization = calibrated = window = None
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
@@ -317,12 +317,16 @@ class Planner:
             coverage = state.forecaster.coverage(cfg.sizing_quantile, horizon)
             calibrated = coverage >= cfg.sizing_quantile  # conformal: it covers q by construction
             utilization = _sizing_utilization(cfg, coverage)
+            if _bursts_to_queueing(cfg):
+                # each series has its own adaptive level: the window's is held under the burst's
+                window = min(sized, max(forecast[0], state.forecaster.quantile(
+                    cfg.sizing_quantile, horizon, of="window")))
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, quantile_calibrated=calibrated, mix_factor=factors,
             arrival_dispersion=_queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
-            queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization,
+            queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization, window_num_req=window,
         )
         scratch.predicted = proposal.predicted
         scratch.proposal = proposal
@@ -760,6 +764,22 @@ def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> di
     if proposal.targets is None:
         return {}
     return dict(proposal.needed)
+
+
+def _bursts_to_queueing(cfg: PlannerConfig) -> bool:
+    """Whether prefill's rate count sizes for the window's count, its queueing floor for the burst.
+
+    The busiest ``burst_window_seconds`` sub-window is a burst, and how long
+    prompts wait in one is what the queueing floor models (with the
+    arrivals' measured dispersion). The rate count is the engines the
+    window's work needs at ``utilization``, whose headroom is already there
+    for rate swings within the window; sizing it for the burst too counts
+    that swing twice, which on smooth traffic buys an engine nothing needs.
+    Needs the floor and a burst window; decode has no such split (its slot
+    model takes the burst).
+    """
+    return (cfg.burst_sizing == "queueing" and cfg.burst_seconds > 0
+            and cfg.prefill_sizing == "queueing" and "prefill" in cfg.roles)
 
 
 def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:

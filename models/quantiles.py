@@ -47,12 +47,20 @@ share of misses comes back to 1 − q whatever the errors do. The level
 moves only on quantiles that were conformal when issued (the uncalibrated
 fallbacks are already the largest values), and stays in [0, 1];
 ``adapt_rate=0`` is plain split conformal.
+
+Two series are calibrated on the same origins. With a ``peak`` fed to
+:meth:`QuantileForecaster.observe` (the window's busiest burst sub-window),
+``of="peak"`` quantiles bound the busiest burst in the horizon, and
+``of="window"`` ones the window's own count: the planner sizes its rate
+count for the second and leaves the bursts inside a window to its queueing
+floor (``burst_sizing: queueing``, docs/sizing.md). Each series keeps its
+own adaptive levels; without a peak the two are the same.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from fleetplan.models import ensemble  # noqa: F401  (registers DEFAULT_KIND)
 from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
@@ -62,6 +70,9 @@ __all__ = ["QuantileForecaster"]
 DEFAULT_KIND = "ensemble"
 DEFAULT_HISTORY = 256
 DEFAULT_ADAPT_RATE = 0.01
+
+Series = Literal["peak", "window"]
+SERIES: tuple[Series, ...] = ("peak", "window")
 
 
 def _count(value: float) -> float:
@@ -96,15 +107,22 @@ def _check(q: float, horizon_windows: int) -> tuple[float, int]:
     return q, horizon
 
 
-def _key_text(key: tuple[float, int]) -> str:
-    """An adaptive level's key in the state: JSON-safe, exact for any float q."""
-    q, h = key
-    return f"{q!r}@{h}"
+def _key_text(key: tuple[float, int, Series]) -> str:
+    """An adaptive level's key in the state: JSON-safe, exact for any float q.
+
+    ``q@h`` for the peak series (as states before the window series wrote
+    it), ``q@h@window`` for the window's.
+    """
+    q, h, of = key
+    return f"{q!r}@{h}" if of == "peak" else f"{q!r}@{h}@{of}"
 
 
-def _key_of(text: str) -> tuple[float, int]:
-    q, h = text.split("@")
-    return float(q), int(h)
+def _key_of(text: str) -> tuple[float, int, Series]:
+    q, h, *of = text.split("@")
+    series = of[0] if of else "peak"
+    if series not in SERIES:
+        raise ValueError(f"quantile state: unknown series {series!r} in level key {text!r}")
+    return float(q), int(h), series
 
 
 class QuantileForecaster:
@@ -130,13 +148,14 @@ class QuantileForecaster:
         self._next: tuple[float, float, float] | None = None
         self.history = history
         self.adapt_rate = _adapt_rate(adapt_rate)
-        # (forecast made before the window, requests that arrived), oldest first
+        # (forecast made before the window, its busiest burst as a count, its own count), oldest first
         self._forecasts: list[float] = []
         self._actuals: list[float] = []
+        self._counts: list[float] = []
         self._seen = 0  # windows observed since the start: the origins' clock
-        # per (q, h): the adaptive level, and the log1p quantiles issued at origins not yet resolved
-        self._levels: dict[tuple[float, int], float] = {}
-        self._issued: dict[tuple[float, int], dict[int, float]] = {}
+        # per (q, h, series): the adaptive level, and the log1p quantiles issued at origins not yet resolved
+        self._levels: dict[tuple[float, int, Series], float] = {}
+        self._issued: dict[tuple[float, int, Series], dict[int, float]] = {}
 
     @classmethod
     def wrapping(
@@ -151,6 +170,7 @@ class QuantileForecaster:
             "history": history,
             "forecasts": [],
             "actuals": [],
+            "counts": [],
         }
         qf = cls.from_state(state)
         qf._forecaster = forecaster  # the caller's object, not a copy
@@ -163,19 +183,21 @@ class QuantileForecaster:
         """Feed one closed window, scoring the forecast that was made for it.
 
         ``peak`` (the window's busiest sub-window, scaled to a window count)
-        is what the quantiles calibrate against when given: the point
-        forecast still learns the window's count, and the upper quantile
-        learns how far above that forecast the peaks run.
+        is what the peak quantiles calibrate against when given: the point
+        forecast and the window quantiles still learn the window's count,
+        and the peak quantiles learn how far above that forecast the peaks run.
         """
         forecast = self.forecast()[0]  # usually the one the planner sized with: cached
         self._forecasts.append(forecast)
         self._actuals.append(_count(obs.num_req if peak is None else max(peak, obs.num_req)))
+        self._counts.append(_count(obs.num_req))
         self._seen += 1
         self._resolve()
         excess = len(self._forecasts) - self.history
         if excess > 0:
             del self._forecasts[:excess]
             del self._actuals[:excess]
+            del self._counts[:excess]
         self._forecaster.observe(obs)
         self._next = None
 
@@ -184,14 +206,14 @@ class QuantileForecaster:
         latest = self._seen - 1  # origin index of the window just observed
         first = self._seen - len(self._actuals)  # origin index of the oldest kept window
         for key, issued in self._issued.items():
-            q, h = key
+            q, h, of = key
             origin = latest - h + 1
             value = issued.pop(origin, None)
             for stale in [o for o in issued if o < origin]:
                 del issued[stale]
             if value is None or origin < first:
                 continue
-            peak = max(math.log1p(a) for a in self._actuals[origin - first :])
+            peak = max(math.log1p(a) for a in self._series(of)[origin - first :])
             miss = 1.0 if peak > value else 0.0
             level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
             self._levels[key] = min(1.0, max(0.0, level))
@@ -254,41 +276,52 @@ class QuantileForecaster:
             return 0.0
         return q if _rank(m, q) <= m else m / (m + 1)
 
-    def quantile(self, q: float, horizon_windows: int = 1) -> float:
-        """The q-quantile of the largest request count in the next ``horizon_windows`` windows."""
-        return self.quantiles(q, horizon_windows)[-1]
+    def quantile(self, q: float, horizon_windows: int = 1, *, of: Series = "peak") -> float:
+        """The q-quantile of the largest request count in the next ``horizon_windows`` windows.
 
-    def quantiles(self, q: float, horizon_windows: int) -> list[float]:
-        """``quantile(q, h)`` for h = 1 .. horizon_windows, in one pass (non-decreasing)."""
+        ``of="peak"``: counted at each window's busiest burst, as fed to
+        :meth:`observe`; ``of="window"``: each window's own count.
+        """
+        return self.quantiles(q, horizon_windows, of=of)[-1]
+
+    def quantiles(self, q: float, horizon_windows: int, *, of: Series = "peak") -> list[float]:
+        """``quantile(q, h, of=of)`` for h = 1 .. horizon_windows, in one pass (non-decreasing)."""
         q, horizon = _check(q, horizon_windows)
+        if of not in SERIES:
+            raise ValueError(f"of must be one of {SERIES}, got {of!r}")
         point = self.forecast()[0]
         zero = point == 0.0
         base = math.log1p(point)
-        matching, counts = self._spreads(horizon, zero)
+        matching, counts = self._spreads(horizon, zero, self._series(of))
         out: list[float] = []
         level = -math.inf
         for h in range(1, horizon + 1):
             pool = matching[h - 1]
             conformal = bool(pool) and _rank(len(pool), q) <= len(pool)
             if pool:
-                value = base + _conformal(pool, self._levels.get((q, h), q) if conformal else q)
+                value = base + _conformal(pool, self._levels.get((q, h, of), q) if conformal else q)
             elif counts[h - 1]:
                 value = _conformal(counts[h - 1], q)  # no matching origin: the counts themselves
             else:
                 value = base  # nothing observed spans h windows yet
             level = max(level, value)
             if conformal and self.adapt_rate > 0.0:
-                self._issued.setdefault((q, h), {})[self._seen] = level
+                self._issued.setdefault((q, h, of), {})[self._seen] = level
             out.append(max(0.0, math.expm1(level)))
         return out
 
-    def _spreads(self, horizon: int, zero: bool) -> tuple[list[list[float]], list[list[float]]]:
+    def _series(self, of: Series) -> list[float]:
+        return self._actuals if of == "peak" else self._counts
+
+    def _spreads(
+        self, horizon: int, zero: bool, actuals: list[float],
+    ) -> tuple[list[list[float]], list[list[float]]]:
         """Per h = 1 .. horizon (index h - 1), over past origins s:
 
         - r_h(s) for the origins whose forecast was zero iff ``zero``;
-        - log1p of the largest count in h windows from every origin.
+        - log1p of the largest of ``actuals`` in h windows from every origin.
         """
-        forecasts, actuals = self._forecasts, self._actuals
+        forecasts = self._forecasts
         m = len(forecasts)
         logs = [math.log1p(a) for a in actuals]
         matching: list[list[float]] = [[] for _ in range(horizon)]
@@ -312,6 +345,7 @@ class QuantileForecaster:
             "history": self.history,
             "forecasts": list(self._forecasts),
             "actuals": list(self._actuals),
+            "counts": list(self._counts),
             "adapt_rate": self.adapt_rate,
             "seen": self._seen,
             "levels": {_key_text(k): v for k, v in self._levels.items()},
@@ -328,8 +362,10 @@ class QuantileForecaster:
             raise ValueError("quantile state needs history >= 2")
         qf._forecasts = [float(v) for v in state["forecasts"]]
         qf._actuals = [float(v) for v in state["actuals"]]
-        if len(qf._forecasts) != len(qf._actuals):
-            raise ValueError("quantile state has unequal forecast and actual histories")
+        # states written before the window series calibrate it on their peaks until these pass
+        qf._counts = [float(v) for v in state.get("counts", qf._actuals)]
+        if not len(qf._forecasts) == len(qf._actuals) == len(qf._counts):
+            raise ValueError("quantile state has unequal forecast, actual and count histories")
         # states written before the adaptive levels existed start them afresh
         qf.adapt_rate = _adapt_rate(state.get("adapt_rate", DEFAULT_ADAPT_RATE))
         qf._seen = int(state.get("seen", len(qf._actuals)))

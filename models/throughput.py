@@ -165,6 +165,7 @@ def propose_throughput(
     queue_budgets: Budgets | None = None,
     osl_classes: list[tuple[float, float]] | None = None,
     utilization: float | None = None,
+    window_num_req: float | None = None,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -178,7 +179,10 @@ def propose_throughput(
     (``(share, mean OSL)`` per bucket of the mix; the forecast's mean OSL
     without one) gives decode's slot-wait budgets. ``utilization`` is the
     share of each engine's rate sized for (``config.target_utilization``
-    when not given).
+    when not given). ``window_num_req`` (the window count's quantile, where
+    ``sized_num_req`` is the busiest burst's) is what prefill's rate count
+    sizes for when its queueing floor applies: the floor, which models
+    waiting, sizes for the burst, and the rate count for the window's work.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -190,6 +194,7 @@ def propose_throughput(
         num_req=num_req, isl=isl, osl=osl, rps=num_req / interval,
         kv_hit_rate=kv_hit_rate, accept_length=accept_length,
         sized_rps=None if sized_num_req is None else demand_rps,
+        window_sized_rps=None if window_num_req is None or not floored else window_num_req / interval,
         horizon_windows=horizon_windows, quantile_calibrated=quantile_calibrated,
         arrival_dispersion=dispersion_points(arrival_dispersion) if floored else None,
     )
@@ -212,8 +217,10 @@ def propose_throughput(
             # Sizing at 100% of the SLA-bound rate leaves no room for bursts
             # within the window; target_utilization < 1 keeps headroom.
             shares[role] = rate_share(config, role, share, cap.batch)
-            desired = by_rate[role] = replicas_for(demand_rps, capacity[role] * shares[role], minimums[role])
-            if role == "prefill" and config.prefill_sizing == "queueing" and cap.ttft_ms is not None:
+            queue_floor = role == "prefill" and floored and cap.ttft_ms is not None
+            rate_rps = window_num_req / interval if queue_floor and window_num_req is not None else demand_rps
+            desired = by_rate[role] = replicas_for(rate_rps, capacity[role] * shares[role], minimums[role])
+            if queue_floor:
                 # a floor: where one prompt's pass is a large part of the TTFT,
                 # random arrivals need more engines than any fixed utilisation gives
                 budgets = queue_budgets if queue_budgets else (config.ttft_ms - cap.ttft_ms) / 1000.0

@@ -260,6 +260,11 @@ class PredictedLoad(_Model):
     sized_rps: NonNegative | None = Field(
         None, description="the rate the fleet was sized for (an upper quantile), when not rps"
     )
+    window_sized_rps: NonNegative | None = Field(
+        None, description="the rate prefill's rate count was sized for when its queueing floor takes the "
+        "busiest burst (burst_sizing: queueing): the window count's quantile, where sized_rps is the burst's; "
+        "null otherwise",
+    )
     horizon_windows: Annotated[int, Field(ge=1)] | None = Field(
         None, description="throughput windows the sized rate covers (startup horizon)"
     )

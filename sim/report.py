@@ -55,11 +55,13 @@ def write_report(
     ), row=1, col=1)
     main = results[0]
     # the planner's view of the load; "sized-for" is what the throughput loop sized the fleet
-    # for: the upper quantile of the busiest burst window over the startup horizon, above the point
+    # for: the upper quantile of the busiest burst window over the startup horizon, above the point;
+    # "window sized-for" the window count's, which prefill's rate count sizes for (burst_sizing: queueing)
     for key, name, color, dash in (
         ("observed_rps", "observed rps (planner)", "#444444", "dot"),
         ("predicted_rps", "predicted rps (planner)", "#1f77b4", "dash"),
         ("sized_rps", "sized-for rps (planner)", "#d62728", "dash"),
+        ("window_sized_rps", "window sized-for rps (prefill rate count)", "#ff7f0e", "dot"),
     ):
         pts = [(t["t"], t[key]) for t in main.ticks if key in t]
         if pts:

@@ -231,8 +231,9 @@ def tick_row(report) -> dict:
         row["predicted_rps"] = report.predicted.rps
         row["predicted_isl"] = report.predicted.isl
         row["predicted_osl"] = report.predicted.osl
-        if report.predicted.sized_rps is not None:
-            row["sized_rps"] = report.predicted.sized_rps
+        for name in ("sized_rps", "window_sized_rps"):
+            if getattr(report.predicted, name) is not None:
+                row[name] = getattr(report.predicted, name)
         if report.predicted.horizon_windows is not None:
             row["horizon_windows"] = report.predicted.horizon_windows
         if report.predicted.quantile_calibrated is not None:

@@ -129,8 +129,10 @@ class WorkerMetrics:
     def _observe_predicted(self, dep: str, predicted) -> None:
         for name in PREDICTED_FIELDS:
             self.predicted.labels(dep, name).set(getattr(predicted, name))
-        if predicted.sized_rps is not None:  # the upper quantile, beside the point's rps
-            self.predicted.labels(dep, "sized_rps").set(predicted.sized_rps)
+        # the upper quantiles beside the point's rps: the busiest burst's, and the window's
+        for name in ("sized_rps", "window_sized_rps"):
+            if getattr(predicted, name) is not None:
+                self.predicted.labels(dep, name).set(getattr(predicted, name))
         if predicted.horizon_windows is not None:
             self.horizon.labels(dep).set(predicted.horizon_windows)
         if predicted.quantile_calibrated is not None:

@@ -71,6 +71,7 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"load_adjustment_interval_seconds": 200}, "must be less than throughput_adjustment_interval_seconds"),
         ({"load_predictor": "oracle"}, "load_predictor: Input should be"),
         ({"uncalibrated_headroom": "half"}, "uncalibrated_headroom: Input should be 'full' or 'coverage'"),
+        ({"burst_sizing": "rate"}, "burst_sizing: Input should be 'both' or 'queueing'"),
         ({"optimization_target": "load"}, "prefill_scale_{up,down}_queue_tokens"),
         ({"max_gpu_budget": 2, "min_gpu_budget": 4}, "min_gpu_budget must not exceed"),
         # bounds that keep a tick's work finite (a set_config past them stalled the worker)

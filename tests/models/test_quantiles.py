@@ -255,23 +255,79 @@ def test_quantiles_are_never_negative_and_finite(values, q, horizon):
         assert all(a <= b for a, b in zip(upper, upper[1:], strict=False))
 
 
+count = st.one_of(st.just(0.0), st.floats(1.0, 1e5))
+burst = st.one_of(st.none(), st.floats(0.0, 2e5))  # a window's busiest burst as a count, or none
+
+
 @settings(max_examples=40, deadline=None)
 @given(
-    values=st.lists(st.one_of(st.just(0.0), st.floats(1.0, 1e5)), min_size=1, max_size=40),
-    rest=st.lists(st.floats(0.0, 1e5), max_size=10),
+    values=st.lists(st.tuples(count, burst), min_size=1, max_size=40),
+    rest=st.lists(st.tuples(st.floats(0.0, 1e5), burst), max_size=10),
 )
 def test_state_round_trips_exactly_and_continues_bit_for_bit(values, rest):
     a = QuantileForecaster("ensemble", history=24, adapt_rate=0.05)
-    for v in values:
-        a.quantiles(0.9, 4)  # issued quantiles and adaptive levels are state too
-        a.observe(window(v))
+    for v, peak in values:
+        a.quantiles(0.9, 4)  # issued quantiles and adaptive levels are state too, per series
+        a.quantiles(0.9, 4, of="window")
+        a.observe(window(v), peak=peak)
     b = QuantileForecaster.from_state(json.loads(json.dumps(a.to_state(), allow_nan=False)))
     assert b.to_state() == a.to_state()
-    for v in rest:
-        assert [bits(x) for x in a.quantiles(0.9, 4)] == [bits(x) for x in b.quantiles(0.9, 4)]
-        a.observe(window(v))
-        b.observe(window(v))
+    for v, peak in rest:
+        for of in ("peak", "window"):
+            assert [bits(x) for x in a.quantiles(0.9, 4, of=of)] == [bits(x) for x in b.quantiles(0.9, 4, of=of)]
+        a.observe(window(v), peak=peak)
+        b.observe(window(v), peak=peak)
     assert a.to_state() == b.to_state()
+
+
+# --- the window's own count beside its busiest burst -----------------------------
+
+
+def test_window_quantiles_are_those_of_a_forecaster_never_shown_the_bursts():
+    """Fed bursts 30-80 % above each window's count, the window series calibrates, level and all,
+    exactly as a forecaster fed the counts alone; the peak series sizes for the bursts."""
+    counts = lognormal_counts(120, seed=5)
+    bursts = [n * (1.3 + 0.5 * (i % 2)) for i, n in enumerate(counts)]
+    with_bursts, counts_only = QuantileForecaster("ensemble", history=64), QuantileForecaster("ensemble", history=64)
+    for i, (n, peak) in enumerate(zip(counts, bursts, strict=True)):
+        for h in (1, 2):
+            assert bits(with_bursts.quantile(0.9, h, of="window")) == bits(counts_only.quantile(0.9, h))
+        if i >= 3:  # once an origin spans the horizon
+            assert with_bursts.quantile(0.9, 2) > 1.2 * with_bursts.quantile(0.9, 2, of="window")
+        with_bursts.observe(window(n), peak=peak)
+        counts_only.observe(window(n))
+    assert with_bursts.calibrated(0.9, 2)
+    levels = with_bursts.to_state()["levels"]
+    assert set(levels) == {"0.9@1", "0.9@2", "0.9@1@window", "0.9@2@window"}
+    assert levels["0.9@2@window"] == counts_only.to_state()["levels"]["0.9@2"]
+
+
+def test_without_bursts_the_two_series_are_one():
+    qf = QuantileForecaster("ensemble", history=32)
+    for n in lognormal_counts(40, seed=6):
+        assert bits(qf.quantile(0.9, 3)) == bits(qf.quantile(0.9, 3, of="window"))
+        qf.observe(window(n))
+
+
+def test_a_state_from_before_the_window_series_calibrates_it_on_its_peaks():
+    qf = QuantileForecaster("constant", history=16)
+    for n in (10.0, 20.0, 30.0):
+        qf.observe(window(n), peak=2 * n)
+    old = {k: v for k, v in qf.to_state().items() if k != "counts"}
+    restored = QuantileForecaster.from_state(old)
+    assert restored.to_state()["counts"] == old["actuals"] == [20.0, 40.0, 60.0]
+    assert bits(restored.quantile(0.9, 2, of="window")) == bits(qf.quantile(0.9, 2))
+
+
+def test_a_bad_series_is_refused_by_name():
+    qf = QuantileForecaster("constant")
+    with pytest.raises(ValueError, match="of must be one of"):
+        qf.quantile(0.9, 1, of="burst")
+    state = {**qf.to_state(), "levels": {"0.9@1@burst": 0.9}}
+    with pytest.raises(ValueError, match="unknown series 'burst' in level key '0.9@1@burst'"):
+        QuantileForecaster.from_state(state)
+    with pytest.raises(ValueError, match="unequal forecast, actual and count"):
+        QuantileForecaster.from_state({**qf.to_state(), "forecasts": [1.0], "actuals": [1.0], "counts": []})
 
 
 def test_wrapping_keeps_the_callers_forecaster():

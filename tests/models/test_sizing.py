@@ -410,6 +410,54 @@ def test_quantile_sizes_for_the_busiest_minute_not_the_window_mean(make_fleet):
     assert all(t.predicted.sized_rps < 25 for t in by_window[-5:])
 
 
+def _minute_burst_run(make_fleet, **config):
+    """fleetplan's sizing on ``_minute_bursts``: the tick reports, and the fleet."""
+    fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=20, **config)
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *_minute_bursts(16)]
+    return [o for o in fleet.run(evs) if o.predicted is not None], fleet
+
+
+def test_the_queueing_floor_takes_the_busiest_minute_and_the_rate_count_the_window(make_fleet):
+    """``burst_sizing: queueing``: prefill's rate count sizes the window's P90 (20 rps), its
+    queueing floor the busiest minute's (40 rps); ``both`` sizes the rate count for the minute too.
+    The forecasts, the floor and decode are the same either way, and the count only falls."""
+    (split, fleet), (both, _) = (_minute_burst_run(make_fleet, burst_sizing=b) for b in ("queueing", "both"))
+    assert len(split) == len(both) == 15  # ticks at 180 .. 2700 s
+    for s, b in zip(split, both, strict=True):
+        assert s.predicted.sized_rps == b.predicted.sized_rps and b.predicted.window_sized_rps is None
+        assert s.predicted.window_sized_rps <= s.predicted.sized_rps
+        pre_s, pre_b = s.estimates["prefill"], b.estimates["prefill"]
+        assert pre_s.queueing_replicas == pre_b.queueing_replicas
+        assert s.estimates["decode"] == b.estimates["decode"]
+        per_engine = pre_s.engine_capacity_rps * pre_s.utilization
+        assert pre_s.rate_replicas == max(1, math.ceil(s.predicted.window_sized_rps / per_engine))
+        assert pre_b.rate_replicas == max(1, math.ceil(b.predicted.sized_rps / per_engine))
+    assert all(t.predicted.window_sized_rps < 20.5 and t.predicted.sized_rps >= 39 for t in split)
+    # 20 rps needs 2 engines of 15.4 at 80-90 %; the busiest minute's 40 needs 4, then 3 at 84 %;
+    # the floor asks for 4 on the minute either way, so here both run 4
+    assert [t.estimates["prefill"].rate_replicas for t in split] == [2] * 15
+    assert [t.estimates["prefill"].rate_replicas for t in both] == [4] * 3 + [3] * 12
+    assert {t.estimates["prefill"].queueing_replicas for t in split + both} == {4}
+    # Prometheus sees the window's quantile beside the burst's
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics()
+    metrics.observe_tick(split[-1], _state(fleet))
+    for name in ("sized_rps", "window_sized_rps"):
+        sample = metrics.registry.get_sample_value("fleetplan_predicted_load", {"deployment": "d", "quantity": name})
+        assert sample == getattr(split[-1].predicted, name)
+
+
+@pytest.mark.parametrize("config", [
+    {"prefill_sizing": "rate"},       # no floor to take the burst: the rate count keeps it
+    {"burst_window_seconds": 0},      # no burst: the one quantile is the window's
+    {"throughput_sizing": "point"},   # no quantile at all
+])
+def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rate(make_fleet, config):
+    for t in _minute_burst_run(make_fleet, **config)[0]:
+        assert t.predicted.window_sized_rps is None
+
+
 def test_state_written_before_the_newer_fields_still_restores(make_fleet):
     """A worker upgraded in place reads the changelog its predecessor wrote: fields added
     since (arrival burstiness, first traffic time) take their starting values."""

@@ -110,13 +110,17 @@ BEFORE_COVERAGE = {
     ("servegen-m-large-24h", 0.1885, (500.0, 50.0)): "won",
 }
 SERVEGEN = {key for key in BEFORE_COVERAGE if key[0].startswith("servegen")}
+# headroom by the P90's coverage: conv at 0.9x and 0.95x go from lost to a tie
+BEFORE_WINDOW_RATE = {
+    **BEFORE_COVERAGE,
+    ("azure-conv-30min", 30.6, (500.0, 50.0)): "tie",
+    ("azure-conv-30min", 32.3, (500.0, 50.0)): "tie",
+}
 DOCUMENTED = {
-    # headroom by the P90's coverage: conv at 0.9x and 0.95x go from lost to a tie
-    "fleetplan (ensemble)": {
-        **BEFORE_COVERAGE,
-        ("azure-conv-30min", 30.6, (500.0, 50.0)): "tie",
-        ("azure-conv-30min", 32.3, (500.0, 50.0)): "tie",
-    },
+    # prefill's rate count on the window's P90, the busiest minute left to the queueing floor:
+    # conv at 1x goes from lost to a tie
+    "fleetplan (ensemble)": {**BEFORE_WINDOW_RATE, ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie"},
+    "fleetplan (ensemble) -windowrate": BEFORE_WINDOW_RATE,
     "fleetplan (ensemble) -coverage": BEFORE_COVERAGE,
     "fleetplan (ensemble) -calibrated": BEFORE_COVERAGE,
     "fleetplan (ensemble) util0.9": {
@@ -126,13 +130,13 @@ DOCUMENTED = {
         ("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won",
         ("servegen-m-mid-24h", 0.0667, (500.0, 50.0)): "won",
     },
-    # with replay-based retune of the headroom (docs/retune.md): conv at 0.9x and 0.95x are
-    # ties; conv at 1x is still lost. On revision 1 conv at 200/20 was won at every level; on
-    # revision 2 only at 1x
+    # with replay-based retune of the headroom (docs/retune.md): conv at 0.9x, 0.95x and (with
+    # the window's rate count) 1x are ties. On revision 1 conv at 200/20 was won at every level;
+    # on revision 2 only at 1x
     "fleetplan (ensemble) +retune": {
         ("azure-conv-30min", 30.6, (500.0, 50.0)): "tie",
         ("azure-conv-30min", 32.3, (500.0, 50.0)): "tie",
-        ("azure-conv-30min", 34.0, (500.0, 50.0)): "lost",
+        ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie",
         ("azure-conv-30min", 35.7, (500.0, 50.0)): "lost",
         ("azure-conv-30min", 37.4, (500.0, 50.0)): "tie",
         ("azure-code-30min", 45.0, (500.0, 50.0)): "lost",
@@ -143,6 +147,7 @@ DOCUMENTED = {
         ("azure-conv-30min", 34.0, (200.0, 20.0)): "won",
         ("azure-conv-30min", 37.4, (200.0, 20.0)): "tie",
         ("mooncake-conv-30min", 6.0, (200.0, 20.0)): "tie",
+        ("mooncake-conv-30min-spread", 6.0, (200.0, 20.0)): "lost",  # the default ties it
     },
 }
 # what the revision-1 ServeGen file says (its reference rows read with its own defaults' rows)
@@ -203,7 +208,7 @@ def test_headroom_by_coverage_spends_less_only_where_prefill_is_sized_by_rate():
     """The same attainment on every 30-minute row; fewer GPU-hours on conv, whose prefill the
     rate sets (at 500/50 every level, at 200/20 all but 1x), and the same run elsewhere, where
     the queueing floor sets prefill and decode is sized by its slots (docs/sizing.md)."""
-    now = read_runs(RECORDED, "fleetplan (ensemble)")
+    now = read_runs(RECORDED, "fleetplan (ensemble) -windowrate")  # the default of 2026-12-04 morning
     before = read_runs(RECORDED, "fleetplan (ensemble) -coverage")
     assert set(now) == set(before) and len(now) == 24
     keys = {key for key in now if not key[0].startswith("servegen")}
@@ -220,6 +225,26 @@ def test_headroom_by_coverage_spends_less_only_where_prefill_is_sized_by_rate():
     conv_500 = {("azure-conv-30min", s, (500.0, 50.0)) for s in (30.6, 32.3, 34.0, 35.7, 37.4)}
     conv_200 = {("azure-conv-30min", s, (200.0, 20.0)) for s in (30.6, 37.4)}
     assert {(w, round(s, 1), sla) for w, s, sla in cheaper} == conv_500 | conv_200
+
+
+def test_the_windows_rate_count_spends_less_only_where_the_rate_count_sets_prefill():
+    """The same attainment on every row, days included (at conv 1.05x within 0.001 points); fewer
+    GPU-hours on conv at 500/50 from 0.95x to 1.1x, where the busiest minute's P90 in the rate count asked for a 7th prefill
+    engine the floor did not; the same run wherever the queueing floor sets prefill (docs/sizing.md)."""
+    now = read_runs(RECORDED, "fleetplan (ensemble)")
+    before = read_runs(RECORDED, "fleetplan (ensemble) -windowrate")
+    assert set(now) == set(before) and len(now) == 24
+    cheaper = set()
+    for key in now:
+        (gpu, att), (gpu0, att0) = now[key]["default"], before[key]["default"]
+        assert abs(att - att0) < 1e-5, key  # to the digit but at conv 1.05x: 0.0003 points fewer
+        assert gpu <= gpu0, key
+        if gpu < gpu0:
+            cheaper.add((key[0], round(key[1], 1), key[2]))
+        else:
+            assert att == att0, key
+    # at 1.1x by 0.001 GPU-hours
+    assert cheaper == {("azure-conv-30min", s, (500.0, 50.0)) for s in (32.3, 34.0, 35.7, 37.4)}
 
 
 def test_pooling_sums_over_the_defaults_levels_and_drops_a_policy_missing_one(tmp_path):

@@ -149,6 +149,12 @@ DOCUMENTED = {
         ("mooncake-conv-30min", 6.0, (200.0, 20.0)): "tie",
         ("mooncake-conv-30min-spread", 6.0, (200.0, 20.0)): "lost",  # the default ties it
     },
+    # the hourly retune of calibrated_utilization on the days, run on revision 2 (2026-12-04):
+    # 0.19 points above the default on m-large for the same GPU-hours
+    "fleetplan (ensemble) +retune1h": {
+        ("servegen-m-large-24h", 0.1714, (500.0, 50.0)): "won",
+        ("servegen-m-mid-24h", 0.0667, (500.0, 50.0)): "won",
+    },
 }
 # what the revision-1 ServeGen file says (its reference rows read with its own defaults' rows)
 DOCUMENTED_REVISION1 = {

@@ -21,7 +21,8 @@ from fleetplan.sim import REVISION
 
 VERDICTS = Path(__file__).parents[2] / "bench" / "results" / "verdicts"
 RECORDED = sorted(VERDICTS.glob("*.json"))
-# the ServeGen file as simulator revision 1 measured it, +retune1h rows included (not re-run)
+# the ServeGen file as simulator revision 1 measured it, its -coverage +retune1h rows included
+# (revision 2's +retune1h rows, on today's default, are in the main file)
 REVISION1 = sorted((VERDICTS / "revision1").glob("*.json"))
 
 # (GPU-hours, attainment, utilisation): a sweep from 0.9 down to 0.5

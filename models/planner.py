@@ -775,10 +775,12 @@ def _bursts_to_queueing(cfg: PlannerConfig) -> bool:
     window's work needs at ``utilization``, whose headroom is already there
     for rate swings within the window; sizing it for the burst too counts
     that swing twice, which on smooth traffic buys an engine nothing needs.
-    Needs the floor and a burst window; decode has no such split (its slot
+    Needs the floor and a burst window shorter than the throughput window
+    (one as long is the window itself); decode has no such split (its slot
     model takes the burst).
     """
-    return (cfg.burst_sizing == "queueing" and cfg.burst_seconds > 0
+    return (cfg.burst_sizing == "queueing"
+            and 0 < cfg.burst_seconds < cfg.throughput_adjustment_interval_seconds
             and cfg.prefill_sizing == "queueing" and "prefill" in cfg.roles)
 
 

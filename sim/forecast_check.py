@@ -13,7 +13,9 @@ tick, so it can score both without hindsight leaking into the run:
   of the time under-provisions; one never exceeded is paying for headroom
   it does not need. Ticks whose quantile was conformal (``calibrated``)
   are counted apart: before that the quantile is the largest ratio seen,
-  which promises nothing (models/quantiles.py).
+  which promises nothing (models/quantiles.py);
+- with ``burst_sizing: queueing``, the window's own P90 (what prefill's
+  rate count sized for) against the busiest window of the horizon.
 
 Sub-windows are aligned to multiples of the burst length on the run's
 clock, as the core's are; ticks whose horizon runs past the end of the
@@ -48,7 +50,7 @@ def forecast_coverage(
     times = sorted(arrivals)
     point_errors: list[float] = []
     under = 0
-    sized = {"scored": 0, "exceeded": 0, "calibrated_scored": 0, "calibrated_exceeded": 0}
+    sized, window = _Misses(), _Misses()
     for row in ticks:
         t = row["t"]
         if "predicted_rps" in row and t + interval_s <= end_s:
@@ -59,14 +61,11 @@ def forecast_coverage(
         horizon = row.get("horizon_windows")
         if "sized_rps" not in row or horizon is None or t + horizon * interval_s > end_s:
             continue
-        peak = _peak(times, burst, t, t + horizon * interval_s) / burst
-        missed = peak > row["sized_rps"]
-        sized["scored"] += 1
-        sized["exceeded"] += missed
-        if row.get("quantile_calibrated"):
-            sized["calibrated_scored"] += 1
-            sized["calibrated_exceeded"] += missed
-    if not point_errors and not sized["scored"]:
+        end = t + horizon * interval_s
+        sized.add(_peak(times, burst, t, end) / burst > row["sized_rps"], row)
+        if "window_sized_rps" in row:
+            window.add(_peak(times, interval_s, t, end, aligned_at=t) / interval_s > row["window_sized_rps"], row)
+    if not point_errors and not sized.counts["scored"]:
         return None
     out: dict = {
         "interval_s": interval_s,
@@ -76,15 +75,33 @@ def forecast_coverage(
             "under_share": under / len(point_errors) if point_errors else None,
         },
     }
-    if sized["scored"]:
-        out["sized"] = {
-            "quantile": quantile, "burst_s": burst, **sized,
-            "exceeded_share": sized["exceeded"] / sized["scored"],
-            "calibrated_exceeded_share": (
-                sized["calibrated_exceeded"] / sized["calibrated_scored"] if sized["calibrated_scored"] else None
-            ),
-        }
+    if sized.counts["scored"]:
+        out["sized"] = {"quantile": quantile, "burst_s": burst, **sized.summary()}
+    if window.counts["scored"]:
+        out["window"] = {"quantile": quantile, **window.summary()}
     return out
+
+
+class _Misses:
+    """How often a sized rate was exceeded, over all scored ticks and over the conformal ones."""
+
+    def __init__(self) -> None:
+        self.counts = {"scored": 0, "exceeded": 0, "calibrated_scored": 0, "calibrated_exceeded": 0}
+
+    def add(self, missed: bool, row: dict) -> None:
+        self.counts["scored"] += 1
+        self.counts["exceeded"] += missed
+        if row.get("quantile_calibrated"):
+            self.counts["calibrated_scored"] += 1
+            self.counts["calibrated_exceeded"] += missed
+
+    def summary(self) -> dict:
+        c = self.counts
+        return {
+            **c, "exceeded_share": c["exceeded"] / c["scored"],
+            "calibrated_exceeded_share": c["calibrated_exceeded"] / c["calibrated_scored"]
+            if c["calibrated_scored"] else None,
+        }
 
 
 def run_coverage(result, workload, config) -> dict | None:
@@ -110,26 +127,34 @@ def coverage_line(coverage: dict | None) -> str | None:
     sized = coverage.get("sized")
     if sized:
         q = "the sized rate" if sized["quantile"] is None else f"the P{100 * sized['quantile']:g}"
-        text = (
-            f"{q} of the busiest {sized['burst_s']:g} s over the startup horizon exceeded on "
-            f"{sized['exceeded']} of {sized['scored']} ticks"
-        )
-        if sized["calibrated_scored"]:
-            text += f" ({sized['calibrated_exceeded']} of the {sized['calibrated_scored']} conformal ones)"
-        else:
-            text += " (none conformal yet)"
-        parts.append(text)
+        parts.append(_misses_text(f"{q} of the busiest {sized['burst_s']:g} s over the startup horizon", sized))
+    window = coverage.get("window")
+    if window:
+        parts.append(_misses_text(f"the window's own P{100 * window['quantile']:g} (prefill's rate count)", window))
     return "forecast: " + "; ".join(parts)
+
+
+def _misses_text(what: str, misses: dict) -> str:
+    text = f"{what} exceeded on {misses['exceeded']} of {misses['scored']} ticks"
+    if misses["calibrated_scored"]:
+        return text + f" ({misses['calibrated_exceeded']} of the {misses['calibrated_scored']} conformal ones)"
+    return text + " (none conformal yet)"
 
 
 def _count(times: list[float], start: float, end: float) -> int:
     return bisect_left(times, end) - bisect_left(times, start)
 
 
-def _peak(times: list[float], burst: float, start: float, end: float) -> int:
-    """Arrivals in the busiest burst sub-window (key floor(t / burst), as the core keys them) of [start, end)."""
-    best, k = 0, math.floor(start / burst)
-    while k * burst < end:
-        best = max(best, _count(times, max(start, k * burst), min(end, (k + 1) * burst)))
+def _peak(times: list[float], burst: float, start: float, end: float, aligned_at: float = 0.0) -> int:
+    """Arrivals in the busiest ``burst``-long sub-window of [start, end).
+
+    Sub-windows are keyed floor((t - aligned_at) / burst): on the run's
+    clock for burst sub-windows, as the core keys them; at the tick for the
+    throughput windows that follow it.
+    """
+    best, k = 0, math.floor((start - aligned_at) / burst)
+    while aligned_at + k * burst < end:
+        lo, hi = aligned_at + k * burst, aligned_at + (k + 1) * burst
+        best = max(best, _count(times, max(start, lo), min(end, hi)))
         k += 1
     return best

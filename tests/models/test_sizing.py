@@ -451,6 +451,7 @@ def test_the_queueing_floor_takes_the_busiest_minute_and_the_rate_count_the_wind
 @pytest.mark.parametrize("config", [
     {"prefill_sizing": "rate"},       # no floor to take the burst: the rate count keeps it
     {"burst_window_seconds": 0},      # no burst: the one quantile is the window's
+    {"burst_window_seconds": 180},    # a burst window as long as the window is the window
     {"throughput_sizing": "point"},   # no quantile at all
 ])
 def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rate(make_fleet, config):

@@ -43,6 +43,26 @@ def test_the_point_is_scored_on_the_next_window_and_the_quantile_on_the_busiest_
     assert _score(ticks, arrivals)["sized"]["exceeded"] == 0
 
 
+def test_the_windows_p90_is_scored_on_the_busiest_window_of_its_horizon():
+    """``burst_sizing: queueing``: the rate count's P90 is of the window's own count, so it is
+    scored on the windows after the tick, not on their busiest minute."""
+    arrivals = _steady(10, 0, 240) + _steady(40, 240, 300) + _steady(10, 300, 600)
+    # the horizon [180, 540): the window [180, 360) at 20 rps, then [360, 540) at 10
+    tick = {"t": 180.0, "predicted_rps": 20.0, "sized_rps": 41.0, "window_sized_rps": 20.5,
+            "horizon_windows": 2, "quantile_calibrated": True}
+    out = _score([tick], arrivals)
+    assert out["sized"]["exceeded"] == 0 and out["window"]["exceeded"] == 0
+    assert (out["window"]["scored"], out["window"]["calibrated_scored"]) == (1, 1)
+    tick["window_sized_rps"] = 19.5
+    out = _score([tick], arrivals)
+    assert (out["window"]["exceeded"], out["window"]["calibrated_exceeded_share"]) == (1, 1.0)
+    assert "the window's own P90 (prefill's rate count) exceeded on 1 of 1 ticks (1 of the 1 conformal ones)" \
+        in coverage_line(out)
+    # without the window's quantile there is nothing to score for it
+    del tick["window_sized_rps"]
+    assert "window" not in _score([tick], arrivals)
+
+
 def test_conformal_ticks_are_counted_apart():
     arrivals = _steady(10, 0, 1200)
     ticks = [{"t": 180.0 * k, "predicted_rps": 10.0, "sized_rps": 10.5 if k % 2 else 9.5,

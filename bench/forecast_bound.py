@@ -27,7 +27,10 @@ variance of the changes (the last value's error) says how much any
 model, daily cycle and all, can gain on the count over the last value.
 Only on the long ServeGen series (over 1,000 windows; the trace series
 have 10-30): its standard error is ``pi / sqrt(6 m)`` in log variance for
-``m`` periodogram ordinates, about 3 % on the RMS ratio there. With ``--scores`` (its ``--json`` output) each
+``m`` periodogram ordinates, about 3 % on the RMS ratio there. The same
+bound is given for the two token series the loss weighs most, n·ISL and
+n·OSL (0.4 each): a model of the products could gain where the count and
+the lengths move against each other. With ``--scores`` (its ``--json`` output) each
 loss is also given as a ratio to the frozen-order ARIMA's and to the best
 reference kind's on that series, the two ratios the goal bounds. Not a test:
 nothing asserts.
@@ -119,12 +122,22 @@ EULER = 0.5772156649015329
 SPECTRAL_MIN_WINDOWS = 200
 
 
-def spectral_bound(series: Series) -> tuple[float, float] | None:
-    """RMS one-step error of the best linear predictor of log1p(count) over the last value's, and its s.e.
+SPECTRAL_SERIES = {
+    "count": lambda n, isl, osl: n,
+    "prefill tokens": lambda n, isl, osl: n * isl,
+    "decode tokens": lambda n, isl, osl: n * osl,
+}
+"""What the linear bound is taken of: the count, and the n·ISL and n·OSL the loss weighs 0.4 each."""
 
-    None for a series too short to estimate a spectrum from.
+
+def spectral_bound(series: Series, of: str = "count") -> tuple[float, float] | None:
+    """RMS one-step error of the best linear predictor of log1p(``of``) over the last value's, and its s.e.
+
+    ``of`` names a :data:`SPECTRAL_SERIES` entry. None for a series too
+    short to estimate a spectrum from.
     """
-    z = np.log1p(np.array([w.num_req for w in series.windows], dtype=float))
+    columns = np.array([[w.num_req, w.isl, w.osl] for w in series.windows], dtype=float).T
+    z = np.log1p(SPECTRAL_SERIES[of](*columns))
     changes = np.diff(z)
     if len(changes) < SPECTRAL_MIN_WINDOWS:
         return None
@@ -156,7 +169,7 @@ def main() -> None:
         return f"{loss / frozen[name]:.2f} / {loss / best_ref[name]:.2f}" if name in frozen else ""
 
     print("| series | scored | hindsight EWMA loss | alphas (count, lengths) | vs arima_frozen / best ref "
-          "| sees the next window | vs arima_frozen / best ref | best linear count RMS / last value's |")
+          "| sees the next window | vs arima_frozen / best ref | best linear RMS / last value's: count (tokens) |")
     print("|---|---:|---:|---|---:|---:|---:|---:|")
     for series in test_series(args.data):
         loss, a_n, a_l = hindsight_ewma(series)
@@ -166,6 +179,8 @@ def main() -> None:
         if bound is not None:
             known, day_ago = last_value_with(series, "known"), last_value_with(series, "day_ago")
             spectral += f" (last value's count: {known:.4f} with the lengths known, {day_ago:.4f} a day ago)"
+            tokens = [spectral_bound(series, of) for of in ("prefill tokens", "decode tokens")]
+            spectral += "; n·ISL, n·OSL: " + ", ".join(f"{b[0]:.3f} ± {b[1]:.3f}" for b in tokens if b)
         print(f"| {series.name} | {len(series.windows) - series.warm} | {loss:.4f} | {a_n:g}, {a_l:g} | "
               f"{versus(loss, series.name)} | {nxt:.4f} | {versus(nxt, series.name)} | {spectral} |")
 

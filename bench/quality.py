@@ -50,7 +50,7 @@ import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SLAS = ((500.0, 50.0), (200.0, 20.0))
@@ -73,6 +73,8 @@ class Spec:
     router: str = "least-loaded"
     key: str = ""  # what --only calls it
     spread: bool = False  # arrival times spread over the trace's timestamp step
+    start_day: int = 0  # ServeGen: the day of the week the run replays
+    warm_days: int = 0  # ServeGen: days before it fed to the planner's forecaster first (sim/warm.py)
 
 
 SIZINGS = ("dynamo", "fleetplan")
@@ -116,7 +118,8 @@ def build_workload(spec: Spec):
     )
 
     if spec.kind == "servegen":
-        return servegen_workload(spec.path, spec.model, duration_s=spec.hours * 3600, rate_scale=spec.scale, seed=0)
+        return servegen_workload(spec.path, spec.model, start_s=spec.start_day * DAY_S, duration_s=spec.hours * 3600,
+                                 rate_scale=spec.scale, seed=0)
     reqs = read_trace(spec.path)
     duration = trace_duration(reqs)
     if spec.spread:
@@ -125,6 +128,36 @@ def build_workload(spec: Spec):
             raise ValueError(f"{spec.path}: arrival times are not rounded to a step; nothing to spread")
         reqs = spread_arrivals(reqs, step, seed=0)
     return Workload.from_requests(spec.name, rate_scale(reqs, spec.scale, seed=0, duration_s=duration), duration)
+
+
+DAY_S = 86_400.0
+
+
+def warm_state(spec: Spec, cfg) -> dict | None:
+    """The forecaster state ``spec.warm_days`` of traffic before its day leave (None: start cold).
+
+    A deployed planner keeps its forecaster across restarts, so a run on
+    day 4 of a week is the planner's fifth day, not its first.
+    """
+    if not spec.warm_days:
+        return None
+    from fleetplan.sim.servegen import servegen_workload
+    from fleetplan.sim.warm import warm_forecaster_state
+
+    span = spec.warm_days * DAY_S
+    history = servegen_workload(spec.path, spec.model, start_s=spec.start_day * DAY_S - span, duration_s=span,
+                                rate_scale=spec.scale, seed=0)
+    return warm_forecaster_state(cfg, history.requests(), span)
+
+
+def on_day(spec: Spec, day: int, warm_days: int) -> Spec:
+    """``spec`` (a ServeGen day) moved to ``day`` of the week, its forecaster warmed on the ``warm_days`` before."""
+    if spec.kind != "servegen":
+        raise ValueError(f"{spec.name}: --day and --warm-days are for ServeGen days, not traces")
+    if not 0 <= warm_days <= day:
+        raise ValueError(f"--warm-days: 0 to --day ({day}) days of the week before the run, got {warm_days}")
+    name = f"{spec.name}-day{day}" + (f"-warm{warm_days}d" if warm_days else "")
+    return replace(spec, name=name, start_day=day, warm_days=warm_days)
 
 
 def make_setup(spec: Spec, sla, overrides=None):
@@ -248,7 +281,7 @@ def specs(
     clients = str(data / "rates" / "servegen" / "clients_rate_10min_week1.csv.gz")
     gen = [
         Spec(f"servegen-{m}-{hours:g}h", "servegen", clients, "h100-llama3.3-70b", 0.1, m, hours)
-        for m in ("m-large", "m-mid")
+        for m in ("m-large", "m-mid")  # m-small: 34 M requests a day at this rule, ~45 min a run here
     ]
     out = []
     for s in base:

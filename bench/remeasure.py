@@ -25,13 +25,20 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from quality import EVERY_WORKLOAD, Spec, specs
+from quality import EVERY_WORKLOAD, Spec, on_day, specs
 from sizing import VARIANTS, run_variant
 
 
 def _workloads(data: Path) -> dict[str, Spec]:
-    """Every workload bench/sizing.py knows, by the name its rows carry (at scale 1)."""
-    return {s.name: s for s in specs(data, EVERY_WORKLOAD, 10, 24, 24.0, choose=False)}
+    """Every workload bench/sizing.py knows, by the name its rows carry (at scale 1), with
+    each ServeGen day of the week, cold or warmed on the days before (``--day``, ``--warm-days``)."""
+    base = {s.name: s for s in specs(data, EVERY_WORKLOAD, 10, 24, 24.0, choose=False)}
+    moved = [on_day(s, day, warm) for s in base.values() if s.kind == "servegen"
+             for day in range(WEEK_DAYS) for warm in range(day + 1)]
+    return {**base, **{s.name: s for s in moved}}
+
+
+WEEK_DAYS = 7  # the ServeGen curves are one week
 
 
 def _task(args):

@@ -4,7 +4,7 @@ Usage:
 
     .venv/bin/python bench/sizing.py --data /work/shared/data \
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
-        [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--json out.json]
+        [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--day 4 --warm-days 4] [--json out.json]
         # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept
 
 Runs the oracle and each variant of ``VARIANTS`` (config overrides on top
@@ -25,7 +25,17 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from quality import REFERENCE_FORECAST, Spec, _row, build_workload, make_setup, predictors, specs
+from quality import (
+    REFERENCE_FORECAST,
+    Spec,
+    _row,
+    build_workload,
+    make_setup,
+    on_day,
+    predictors,
+    specs,
+    warm_state,
+)
 
 from fleetplan.models.config import REFERENCE_SIZING
 
@@ -87,6 +97,9 @@ FORECAST_FRONTIER: dict[str, dict] = {
     for p in predictors("reference-forecast") for u in (0.9, 0.8, 0.7, 0.6, 0.55, 0.5)
 }  # constant, arima_frozen, kalman, and prophet where the extra is installed
 VARIANTS.update(FORECAST_FRONTIER)
+# past the frontier's half, where the default spends more than the reference at 0.5 (m-mid's day 4)
+VARIANTS.update({f"reference forecast (constant) util{u:g}": {**REFERENCE_FORECAST, "load_predictor": "constant",
+                                                             "target_utilization": u} for u in (0.45, 0.4)})
 # The defaults with replay-based retune (sim/retune.py, docs/retune.md): every window, the
 # headroom that served the last one best is chosen by replaying it, not read with hindsight.
 # A 30-minute trace never calibrates its P90, so target_utilization is its headroom; a day
@@ -132,7 +145,8 @@ def run_variant(spec: Spec, sla, name: str) -> dict:
     else:
         retune = Retuner(load_retune(RETUNE[name]), setup, setup.profile) if name in RETUNE else None
         result = run_planner(workload, setup, Planner(cfg, profile=setup.profile),
-                             initial_fleet("warm", setup, sizing, workload), retune=retune)
+                             initial_fleet("warm", setup, sizing, workload), retune=retune,
+                             forecaster_state=warm_state(spec, cfg))
     row = _row(spec, sla, name, result, time.perf_counter() - t0, setup=setup)
     if name != "oracle":
         row["forecast"] = run_coverage(result, workload, cfg)  # the point's error, the sized quantile's misses
@@ -164,6 +178,11 @@ def main() -> None:
     parser.add_argument("--load-factors", default="1",
                         help="multiples of each workload's recorded rate scale to run it at, comma-separated "
                              "(e.g. 0.9,1,1.1: is a verdict a property of the policy or of one load level?)")
+    parser.add_argument("--day", type=int, default=None,
+                        help="ServeGen: run day D of the week (0-6) instead of day 0")
+    parser.add_argument("--warm-days", type=int, default=0,
+                        help="ServeGen: feed the planner's forecaster the W days before --day first, "
+                             "as a deployment that has been running (sim/warm.py)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     try:
@@ -175,7 +194,13 @@ def main() -> None:
     sla = tuple(float(x) for x in args.sla.split(","))
     chosen = []
     for s in specs(args.data, set(args.only.split(",")), 10, 24, 24.0, choose=False):
-        chosen += [replace(s, scale=SCALES.get(s.name, s.scale) * f) for f in factors]
+        scaled = [replace(s, scale=SCALES.get(s.name, s.scale) * f) for f in factors]
+        if args.day is not None or args.warm_days:
+            try:
+                scaled = [on_day(x, args.day or 0, args.warm_days) for x in scaled]
+            except ValueError as err:
+                parser.error(str(err))
+        chosen += scaled
     asked = [v.strip() for v in args.variants.split(",") if v.strip()]
     asked = [name for v in asked for name in GROUPS.get(v, [v])]
     unknown = [v for v in asked if v not in VARIANTS]

@@ -21,6 +21,9 @@ from fleetplan.sim import REVISION
 
 VERDICTS = Path(__file__).parents[2] / "bench" / "results" / "verdicts"
 RECORDED = sorted(VERDICTS.glob("*.json"))
+# the files that carry the default's ablation copies (-windowrate, -coverage, -calibrated); the
+# day-4 file, run after them, holds the default and the reference's sweep only
+ABLATED = [path for path in RECORDED if path.name != "servegen-day4-500-50.json"]
 # the ServeGen file as simulator revision 1 measured it, its -coverage +retune1h rows included
 # (revision 2's +retune1h rows, on today's default, are in the main file)
 REVISION1 = sorted((VERDICTS / "revision1").glob("*.json"))
@@ -120,7 +123,10 @@ BEFORE_WINDOW_RATE = {
 DOCUMENTED = {
     # prefill's rate count on the window's P90, the busiest minute left to the queueing floor:
     # conv at 1x goes from lost to a tie
-    "fleetplan (ensemble)": {**BEFORE_WINDOW_RATE, ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie"},
+    "fleetplan (ensemble)": {**BEFORE_WINDOW_RATE, ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie",
+                             # day 4 of the week, every forecaster warmed on days 0-3
+                             ("servegen-m-large-24h-day4-warm4d", 0.1714, (500.0, 50.0)): "won",
+                             ("servegen-m-mid-24h-day4-warm4d", 0.0667, (500.0, 50.0)): "won"},
     "fleetplan (ensemble) -windowrate": BEFORE_WINDOW_RATE,
     "fleetplan (ensemble) -coverage": BEFORE_COVERAGE,
     "fleetplan (ensemble) -calibrated": BEFORE_COVERAGE,
@@ -200,8 +206,8 @@ def test_calibrated_headroom_moves_only_the_runs_long_enough_to_calibrate():
     """A 30-minute trace never has the 9 origins the P90 needs, so with the full headroom until
     then its rows are the ones before calibrated_utilization; the ServeGen days spend 3-5 % less
     for at most 0.53 points (docs/sizing.md)."""
-    now = read_runs(RECORDED, "fleetplan (ensemble) -coverage")
-    before = read_runs(RECORDED, "fleetplan (ensemble) -calibrated")
+    now = read_runs(ABLATED, "fleetplan (ensemble) -coverage")
+    before = read_runs(ABLATED, "fleetplan (ensemble) -calibrated")
     assert set(now) == set(before) and len(now) == 24
     for key in now:
         (gpu, att), (gpu0, att0) = now[key]["default"], before[key]["default"]
@@ -215,8 +221,8 @@ def test_headroom_by_coverage_spends_less_only_where_prefill_is_sized_by_rate():
     """The same attainment on every 30-minute row; fewer GPU-hours on conv, whose prefill the
     rate sets (at 500/50 every level, at 200/20 all but 1x), and the same run elsewhere, where
     the queueing floor sets prefill and decode is sized by its slots (docs/sizing.md)."""
-    now = read_runs(RECORDED, "fleetplan (ensemble) -windowrate")  # the default of 2026-12-04 morning
-    before = read_runs(RECORDED, "fleetplan (ensemble) -coverage")
+    now = read_runs(ABLATED, "fleetplan (ensemble) -windowrate")  # the default of 2026-12-04 morning
+    before = read_runs(ABLATED, "fleetplan (ensemble) -coverage")
     assert set(now) == set(before) and len(now) == 24
     keys = {key for key in now if not key[0].startswith("servegen")}
     cheaper = set()
@@ -238,8 +244,8 @@ def test_the_windows_rate_count_spends_less_only_where_the_rate_count_sets_prefi
     """The same attainment on every row, days included (at conv 1.05x within 0.001 points); fewer
     GPU-hours on conv at 500/50 from 0.95x to 1.1x, where the busiest minute's P90 in the rate count asked for a 7th prefill
     engine the floor did not; the same run wherever the queueing floor sets prefill (docs/sizing.md)."""
-    now = read_runs(RECORDED, "fleetplan (ensemble)")
-    before = read_runs(RECORDED, "fleetplan (ensemble) -windowrate")
+    now = read_runs(ABLATED, "fleetplan (ensemble)")
+    before = read_runs(ABLATED, "fleetplan (ensemble) -windowrate")
     assert set(now) == set(before) and len(now) == 24
     cheaper = set()
     for key in now:

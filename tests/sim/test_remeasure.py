@@ -70,3 +70,15 @@ def test_a_row_it_cannot_run_is_named_before_anything_runs(data, tmp_path):
     assert done.returncode == 2
     assert "row 1: policy 'fleetplan (nonsense)' is not a bench/sizing.py variant" in done.stderr
     assert json.loads(runs.read_text())["rows"][0]["attainment"] == 0.5  # nothing was rewritten
+
+
+def test_a_servegen_day_of_the_week_warmed_or_not_is_a_workload_it_knows(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import remeasure
+
+    known = remeasure._workloads(tmp_path)
+    warm = known["servegen-m-large-24h-day4-warm4d"]
+    assert (warm.model, warm.start_day, warm.warm_days) == ("m-large", 4, 4)
+    assert known["servegen-m-mid-24h-day6"].start_day == 6
+    assert "servegen-m-mid-24h-day2-warm3d" not in known  # more days of warm-up than the week has before it
+    assert known["azure-code-30min"].kind == "trace"

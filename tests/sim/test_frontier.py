@@ -22,8 +22,8 @@ from fleetplan.sim import REVISION
 VERDICTS = Path(__file__).parents[2] / "bench" / "results" / "verdicts"
 RECORDED = sorted(VERDICTS.glob("*.json"))
 # the files that carry the default's ablation copies (-windowrate, -coverage, -calibrated); the
-# day-4 file, run after them, holds the default and the reference's sweep only
-ABLATED = [path for path in RECORDED if path.name != "servegen-day4-500-50.json"]
+# warm days' file, run after them, holds the default and the reference's sweep only
+ABLATED = [path for path in RECORDED if path.name != "servegen-warm-500-50.json"]
 # the ServeGen file as simulator revision 1 measured it, its -coverage +retune1h rows included
 # (revision 2's +retune1h rows, on today's default, are in the main file)
 REVISION1 = sorted((VERDICTS / "revision1").glob("*.json"))
@@ -124,9 +124,12 @@ DOCUMENTED = {
     # prefill's rate count on the window's P90, the busiest minute left to the queueing floor:
     # conv at 1x goes from lost to a tie
     "fleetplan (ensemble)": {**BEFORE_WINDOW_RATE, ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie",
-                             # day 4 of the week, every forecaster warmed on days 0-3
+                             # the week's scored days, every forecaster warmed on the days before
                              ("servegen-m-large-24h-day4-warm4d", 0.1714, (500.0, 50.0)): "won",
-                             ("servegen-m-mid-24h-day4-warm4d", 0.0667, (500.0, 50.0)): "won"},
+                             ("servegen-m-large-24h-day5-warm5d", 0.1714, (500.0, 50.0)): "won",
+                             ("servegen-m-large-24h-day6-warm6d", 0.1714, (500.0, 50.0)): "won",
+                             ("servegen-m-mid-24h-day4-warm4d", 0.0667, (500.0, 50.0)): "won",
+                             ("servegen-m-mid-24h-day5-warm5d", 0.0667, (500.0, 50.0)): "tie"},
     "fleetplan (ensemble) -windowrate": BEFORE_WINDOW_RATE,
     "fleetplan (ensemble) -coverage": BEFORE_COVERAGE,
     "fleetplan (ensemble) -calibrated": BEFORE_COVERAGE,

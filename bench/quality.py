@@ -45,6 +45,7 @@ at their own counts.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -141,13 +142,23 @@ def warm_state(spec: Spec, cfg) -> dict | None:
     """
     if not spec.warm_days:
         return None
+    from fleetplan.models.predictor_swap import rebuild_forecaster
+
+    rows = _history_windows(spec, cfg.throughput_adjustment_interval_seconds, cfg.burst_seconds)
+    return rebuild_forecaster(cfg, rows).to_state()
+
+
+@functools.lru_cache(maxsize=4)
+def _history_windows(spec: Spec, interval_s: float, burst_s: int) -> list[list]:
+    """The throughput windows of the days before ``spec``'s (``sim/warm.py``), generated once per worker:
+    every variant run on the same day is warmed on the same traffic."""
     from fleetplan.sim.servegen import servegen_workload
-    from fleetplan.sim.warm import warm_forecaster_state
+    from fleetplan.sim.warm import history_windows
 
     span = spec.warm_days * DAY_S
     history = servegen_workload(spec.path, spec.model, start_s=spec.start_day * DAY_S - span, duration_s=span,
                                 rate_scale=spec.scale, seed=0)
-    return warm_forecaster_state(cfg, history.requests(), span)
+    return history_windows(history.requests(), span_s=span, interval_s=interval_s, burst_s=burst_s)
 
 
 def on_day(spec: Spec, day: int, warm_days: int) -> Spec:

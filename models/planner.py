@@ -15,7 +15,6 @@ targets change.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from fleetplan.models.config import ConfigError, PlannerConfig
@@ -51,6 +50,7 @@ from fleetplan.models.state import (
     PendingDecision,
     TrafficWindow,
     Worker,
+    count_subwindow,
     request_kv_hit_rate,
 )
 from fleetplan.models.throughput import (
@@ -544,24 +544,14 @@ def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
         w.sum_itl_ms += req.avg_itl_ms
         w.n_itl += 1
     LengthMix(w.mix).add(req.input_tokens, req.output_tokens)
-    _count_burst(w.burst_finished, req.time, state.config.burst_seconds)
+    count_subwindow(w.burst_finished, req.time, state.config.burst_seconds)
 
 
 def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:
     """Count demand when it arrives; from the first arrival on, arrivals are the count."""
     _note_traffic(state, ev.time)
-    w = state.window
-    w.arrivals += 1
-    w.sum_arrival_isl += ev.input_tokens
-    _count_burst(w.burst_arrivals, ev.time, state.config.burst_seconds)
-    _count_burst(w.second_arrivals, ev.time, 1)
+    state.window.add_arrival(ev.time, ev.input_tokens, state.config.burst_seconds)
     state.seen_arrivals = True
-
-
-def _count_burst(counts: dict[str, int], time: float, burst_s: int) -> None:
-    if burst_s:
-        key = str(math.floor(time / burst_s))
-        counts[key] = counts.get(key, 0) + 1
 
 
 def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:

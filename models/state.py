@@ -54,6 +54,13 @@ def _index_of_dispersion(total: float, square_sum: float, bins: int) -> float:
     return max(square_sum / bins - mean * mean, 0.0) / mean
 
 
+def count_subwindow(counts: dict[str, int], time: float, width_s: int) -> None:
+    """Count one request in its ``width_s`` sub-window (key ``floor(time / width_s)``; 0: not counted)."""
+    if width_s:
+        key = str(math.floor(time / width_s))
+        counts[key] = counts.get(key, 0) + 1
+
+
 @dataclass
 class TrafficWindow:
     """Finished requests since the last throughput tick (sums, so merging is exact)."""
@@ -77,6 +84,13 @@ class TrafficWindow:
     # arrivals per whole second (key: floor(time)), for the arrival process's burstiness
     second_arrivals: dict[str, int] = field(default_factory=dict)
     mix: dict[str, list[float]] = field(default_factory=dict)  # LengthMix buckets
+
+    def add_arrival(self, time: float, input_tokens: float, burst_s: int) -> None:
+        """One request's arrival: the demand count, its prompt, and its burst and one-second sub-windows."""
+        self.arrivals += 1
+        self.sum_arrival_isl += input_tokens
+        count_subwindow(self.burst_arrivals, time, burst_s)
+        count_subwindow(self.second_arrivals, time, 1)
 
     def peak_count(self, interval_s: float, burst_s: int, *, by_arrival: bool) -> float | None:
         """The busiest burst sub-window's requests, scaled to a whole window's count.

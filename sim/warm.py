@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 from fleetplan.models.config import PlannerConfig
-from fleetplan.models.predictor_swap import rebuild_forecaster
+from fleetplan.models.predictor_swap import rebuild_forecaster, remember_window
+from fleetplan.models.state import TrafficWindow
 from fleetplan.sim.traces import TraceRequest
 
 __all__ = ["history_windows", "warm_forecaster_state"]
 
 
 def history_windows(
-    requests: Iterable[TraceRequest], *, span_s: float, interval_s: float, burst_s: float,
+    requests: Iterable[TraceRequest], *, span_s: float, interval_s: float, burst_s: int,
 ) -> list[list]:
     """The throughput windows of the ``span_s`` seconds of ``requests``, as the planner keeps them.
 
@@ -55,33 +57,26 @@ def history_windows(
         raise ValueError(f"need interval_s > 0, span_s >= 0, burst_s >= 0; got {interval_s}, {span_s}, {burst_s}")
     windows = int(math.floor(span_s / interval_s + 1e-9))
     origin = -windows * interval_s
-    count = [0] * windows
-    isl = [0.0] * windows
-    osl = [0.0] * windows
-    # per window, arrivals per burst sub-window keyed as the planner keys them (on the run's clock)
-    bursts: list[dict[int, int]] = [{} for _ in range(windows)]
+    # the planner's own window sums, observation and busiest burst, one window per throughput interval
+    cut = [TrafficWindow() for _ in range(windows)]
     for req in requests:
         t = req.arrival_s - span_s  # on the run's clock
         k = math.floor((t - origin) / interval_s)
         if not 0 <= k < windows:
             continue
-        count[k] += 1
-        isl[k] += req.input_tokens
-        osl[k] += req.output_tokens
-        if burst_s:
-            key = math.floor(t / burst_s)
-            bursts[k][key] = bursts[k].get(key, 0) + 1
+        window = cut[k]
+        window.add_arrival(t, req.input_tokens, burst_s)
+        window.count += 1  # the OSL is known at arrival here: counted as the window's finished ones
+        window.sum_osl += req.output_tokens
     rows: list[list] = []
     last_osl = None
-    for k in range(windows):
-        n = count[k]
-        if not rows and not n:
+    for k, window in enumerate(cut):
+        if not rows and not window.arrivals:
             continue
-        mean_osl = osl[k] / n if n else (last_osl or 0.0)
-        last_osl = mean_osl
-        peak = float(max(bursts[k].values()) * interval_s / burst_s) if bursts[k] else None
-        rows.append([origin + k * interval_s, interval_s, float(n), isl[k] / n if n else 0.0, mean_osl,
-                     None, None, peak])
+        obs = window.observation(interval_s, by_arrival=True, last_osl=last_osl)
+        last_osl = obs.osl
+        peak = window.peak_count(interval_s, burst_s, by_arrival=True)
+        remember_window(rows, replace(obs, start_s=origin + k * interval_s), peak, windows)
     return rows
 
 

@@ -134,18 +134,16 @@ def build_workload(spec: Spec):
 DAY_S = 86_400.0
 
 
-def warm_state(spec: Spec, cfg) -> dict | None:
-    """The forecaster state ``spec.warm_days`` of traffic before its day leave (None: start cold).
+def warm_history(spec: Spec, cfg) -> list[list] | None:
+    """The throughput windows of the ``spec.warm_days`` before its day, to seed the
+    planner's forecaster with (None: start cold).
 
     A deployed planner keeps its forecaster across restarts, so a run on
     day 4 of a week is the planner's fifth day, not its first.
     """
     if not spec.warm_days:
         return None
-    from fleetplan.models.predictor_swap import rebuild_forecaster
-
-    rows = _history_windows(spec, cfg.throughput_adjustment_interval_seconds, cfg.burst_seconds)
-    return rebuild_forecaster(cfg, rows).to_state()
+    return _history_windows(spec, cfg.throughput_adjustment_interval_seconds, cfg.burst_seconds)
 
 
 @functools.lru_cache(maxsize=4)

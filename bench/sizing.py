@@ -34,7 +34,7 @@ from quality import (
     on_day,
     predictors,
     specs,
-    warm_state,
+    warm_history,
 )
 
 from fleetplan.models.config import REFERENCE_SIZING
@@ -146,7 +146,7 @@ def run_variant(spec: Spec, sla, name: str) -> dict:
         retune = Retuner(load_retune(RETUNE[name]), setup, setup.profile) if name in RETUNE else None
         result = run_planner(workload, setup, Planner(cfg, profile=setup.profile),
                              initial_fleet("warm", setup, sizing, workload), retune=retune,
-                             forecaster_state=warm_state(spec, cfg))
+                             seed=warm_history(spec, cfg))
     row = _row(spec, sla, name, result, time.perf_counter() - t0, setup=setup)
     if name != "oracle":
         row["forecast"] = run_coverage(result, workload, cfg)  # the point's error, the sized quantile's misses

@@ -36,6 +36,8 @@ from fleetplan.models.predictor_swap import (
     predictor_changed,
     rebuild_forecaster,
     remember_window,
+    seed_history,
+    seed_problem,
 )
 from fleetplan.models.predictors import PredictorUnavailable
 from fleetplan.models.queueing import Dispersion
@@ -73,6 +75,7 @@ from fleetplan.schemas.events import (
     RequestRecord,
     Role,
     RoleEstimate,
+    SeedTraffic,
     SetAdvisory,
     SetConfig,
     SetMinEndpoints,
@@ -588,6 +591,15 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
             return
         state.forecaster = forecaster
         state.config = config
+    elif isinstance(body, SeedTraffic):
+        history = seed_history(body.windows)
+        if seed_problem(state.config, state.forecaster, history) is not None:
+            state.rejected_controls += 1  # judged against the state as folded, like set_config's
+            return
+        state.forecaster = rebuild_forecaster(state.config, history)
+        # kept for a predictor swapped in later, as live windows are
+        keep = state.config.predictor_history_windows
+        state.traffic_history = history[max(0, len(history) - keep):] if keep else []
     state.config_version += 1
 
 

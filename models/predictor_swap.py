@@ -13,6 +13,11 @@ Dynamo's retune does when it swaps predictors (planner-design, "Predictor
 Swap"), except that the windows come from the core's own state, so an
 operator's ``set_config`` gets the same warm start and the event log still
 folds to the same decisions.
+
+The same replay starts a deployment from traffic it had before this
+planner saw it: a ``seed_traffic`` control carries those windows
+(:func:`seed_history`), and the core rebuilds the forecaster from them
+while it has been fed nothing else.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from fleetplan.models.config import PREDICTOR_FIELDS, PlannerConfig
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.quantiles import QuantileForecaster
 
-__all__ = ["build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window", "window_of"]
+__all__ = [
+    "build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window", "seed_history",
+    "seed_problem", "window_of",
+]
 
 
 def build_forecaster(cfg: PlannerConfig) -> QuantileForecaster:
@@ -45,6 +53,32 @@ def remember_window(history: list[list], obs: TrafficObservation, peak: float | 
     excess = len(history) - keep
     if excess > 0:
         del history[:excess]
+
+
+def seed_history(windows) -> list[list]:
+    """A ``seed_traffic`` control's windows (:class:`~fleetplan.schemas.events.SeedWindow`) as
+    ``remember_window`` rows, the form the core keeps and replays."""
+    return [
+        [w.start_s, w.duration_s, w.num_req, w.isl, w.osl, w.kv_hit_rate, w.accept_length, w.peak]
+        for w in windows
+    ]
+
+
+def seed_problem(cfg: PlannerConfig, forecaster: QuantileForecaster, history: list[list]) -> str | None:
+    """Why a seed cannot start ``forecaster``; None when it can.
+
+    A forecaster that has been fed (live windows, a warm-up trace, an
+    earlier seed) would see the seed's past after its own present, and a
+    window of another length than the throughput loop's would be read as
+    a count per window of the wrong size.
+    """
+    if forecaster.windows_seen:
+        return f"the forecaster has been fed {forecaster.windows_seen} windows already"
+    interval = cfg.throughput_adjustment_interval_seconds
+    for i, row in enumerate(history):
+        if row[1] != interval:
+            return f"windows.{i}.duration_s: {row[1]:g} s, not the throughput interval ({interval} s)"
+    return None
 
 
 def window_of(row: list) -> tuple[TrafficObservation, float | None]:

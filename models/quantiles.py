@@ -247,6 +247,11 @@ class QuantileForecaster:
         """
         return self._forecaster
 
+    @property
+    def windows_seen(self) -> int:
+        """Windows fed since the forecaster was built (warm-up and seed included)."""
+        return self._seen
+
     def calibrated(self, q: float = 0.9, horizon_windows: int = 1) -> bool:
         """True when ``quantile(q, horizon_windows)`` is a conformal quantile.
 

@@ -243,7 +243,7 @@ class DeploymentState:
     # the windows the forecaster was fed, last predictor_history_windows of them:
     # [start_s, duration_s, num_req, isl, osl, kv_hit_rate, accept_length, peak] (models/predictor_swap.py)
     traffic_history: list[list] = field(default_factory=list)
-    rejected_controls: int = 0  # set_config events that were invalid when their tick applied them
+    rejected_controls: int = 0  # control events (set_config, seed_traffic) refused when their tick applied them
 
     @property
     def advisory(self) -> bool:

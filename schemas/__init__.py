@@ -27,6 +27,8 @@ from fleetplan.schemas.events import (
     Role,
     RoleEstimate,
     ScheduledRequests,
+    SeedTraffic,
+    SeedWindow,
     SetAdvisory,
     SetConfig,
     SetMinEndpoints,
@@ -36,6 +38,6 @@ __all__ = [
     "MAX_EVENT_BYTES", "ROLES", "Ack", "ClockEvent", "ControlEvent", "DeadLetter", "Decision",
     "Event", "FpmBatch", "ForwardPassMetrics", "InventoryEvent", "PredictedLoad",
     "QueuedRequests", "RequestArrival", "RequestRecord", "Role", "RoleEstimate", "ScheduledRequests",
-    "SchemaError", "SetAdvisory", "SetConfig", "SetMinEndpoints", "decode_dict", "decode_event",
+    "SchemaError", "SeedTraffic", "SeedWindow", "SetAdvisory", "SetConfig", "SetMinEndpoints", "decode_dict", "decode_event",
     "encode_event", "encode_lines", "event_to_dict",
 ]

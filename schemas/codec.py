@@ -19,7 +19,7 @@ MAX_EVENT_BYTES = 1 << 20
 """Largest encoded event accepted (1 MiB); bigger ones are dead-lettered as oversize."""
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
-_COMMANDS = ("set_min_endpoints", "set_advisory", "set_config")
+_COMMANDS = ("set_min_endpoints", "set_advisory", "set_config", "seed_traffic")
 
 
 class SchemaError(ValueError):
@@ -46,6 +46,8 @@ def _explain(err: ValidationError) -> SchemaError:
     # The first path element of a discriminated union is the tag itself; drop it.
     if loc and loc[0] in EVENT_MODELS:
         loc = loc[1:]
+    if len(loc) >= 2 and loc[0] == "body" and loc[1] in _COMMANDS:
+        del loc[1]  # the control command's tag, likewise: the field is body.<name>
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         if loc:  # a nested union: the control command body
             return SchemaError(".".join(loc + ["command"]), f"one of {', '.join(_COMMANDS)}")
@@ -53,10 +55,10 @@ def _explain(err: ValidationError) -> SchemaError:
     field = ".".join(loc)
     got = first.get("input")
     detail = first["msg"]
-    if kind == "value_error" and not loc:
-        # a check across fields: its message starts with the field it names
-        field, _, detail = str(first["ctx"]["error"]).partition(": ")
-        return SchemaError(field, detail)
+    if kind == "value_error" and (not loc or loc == ["body"]):
+        # a check across fields (of the event, or of its command): its message starts with the field it names
+        named, _, detail = str(first["ctx"]["error"]).partition(": ")
+        return SchemaError(".".join([*loc, named]), detail)
     if kind == "missing":
         return SchemaError(field, "a value (field is required)")
     if not isinstance(got, dict | list):

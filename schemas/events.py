@@ -213,8 +213,58 @@ class SetConfig(_Model):
     changes: dict[str, object]
 
 
+MAX_SEED_WINDOWS = 4096
+"""Windows one ``seed_traffic`` may carry: a week and more of 180 s windows, and
+still under the 1 MiB a record may take (``MAX_EVENT_BYTES``) at full precision."""
+
+
+class SeedWindow(_Model):
+    """One throughput window of traffic, as the planner's throughput loop observes it."""
+
+    start_s: Annotated[float, Field(ge=-MAX_EVENT_TIME, le=MAX_EVENT_TIME, allow_inf_nan=False)] = Field(
+        description="when the window began, on the events' clock (the daily cycle is read from it)"
+    )
+    duration_s: Annotated[float, Field(gt=0.0, le=86_400.0, allow_inf_nan=False)]
+    num_req: NonNegative = Field(description="requests that arrived in the window")
+    isl: NonNegative = Field(description="their mean input length, tokens")
+    osl: NonNegative = Field(description="their mean output length, tokens")
+    kv_hit_rate: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    accept_length: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] | None = None
+    peak: NonNegative | None = Field(
+        None, description="the busiest burst sub-window's count scaled to the window's length"
+    )
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+class SeedTraffic(_Model):
+    """The traffic a deployment had before this planner saw it, to start its forecaster from.
+
+    A planner that starts empty forecasts its first hours from nothing; one
+    that replaces another (a new namespace, a migration from Dynamo's
+    planner) can be handed the windows its predecessor saw. The core feeds
+    them to the forecaster as if its throughput loop had (models/planner.py),
+    and only while that has been fed nothing.
+    """
+
+    command: Literal["seed_traffic"] = "seed_traffic"
+    windows: list[SeedWindow] = Field(min_length=1, max_length=MAX_SEED_WINDOWS)
+
+    @model_validator(mode="after")
+    def _in_time_order(self) -> SeedTraffic:
+        for i in range(1, len(self.windows)):
+            if self.windows[i].start_s < self.windows[i - 1].end_s:
+                raise ValueError(
+                    f"windows.{i}.start_s: {self.windows[i].start_s:g} is before the end of window "
+                    f"{i - 1} ({self.windows[i - 1].end_s:g}); windows must be in time order, not overlapping"
+                )
+        return self
+
+
 ControlCommand = Annotated[
-    SetMinEndpoints | SetAdvisory | SetConfig, Field(discriminator="command")
+    SetMinEndpoints | SetAdvisory | SetConfig | SeedTraffic, Field(discriminator="command")
 ]
 
 
@@ -224,6 +274,17 @@ class ControlEvent(_Envelope):
     type: Literal["control"] = "control"
     issued_by: str | None = None
     body: ControlCommand
+
+    @model_validator(mode="after")
+    def _seed_before_its_time(self) -> ControlEvent:
+        # the tick that applies a control sees events before its time: traffic after it is not history
+        if isinstance(self.body, SeedTraffic) and self.body.windows[-1].end_s > self.time:
+            last = len(self.body.windows) - 1
+            raise ValueError(
+                f"body.windows.{last}: ends at {self.body.windows[-1].end_s:g}, after the event's time "
+                f"{self.time:g}; a seed is traffic from before it"
+            )
+        return self
 
 
 class ClockEvent(_Envelope):

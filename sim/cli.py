@@ -55,6 +55,7 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON instead of a table")] = False,
     start: Annotated[float, typer.Option("--start", help="slice: first second of the trace to replay")] = 0.0,
     duration: Annotated[float | None, typer.Option("--duration", help="slice: seconds of the trace to replay (default: all)")] = None,
+    warm_up: Annotated[float | None, typer.Option("--warm-up", help="seconds of the traffic before --start fed to the planner's forecaster first, as a deployment that has been running (logged as a seed_traffic control)")] = None,
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the request rate, time axis kept (superposed shifted copies)")] = 1.0,
     spread: Annotated[str, typer.Option("--spread-arrivals", help="arrival times the trace rounded to a step (Mooncake: 3 s): auto (find the step, spread each request uniformly over it), off, or the step in seconds")] = "auto",
     speed: Annotated[float, typer.Option("--speed", help="play the trace this many times faster")] = 1.0,
@@ -80,7 +81,7 @@ def simulate(
     from fleetplan.cli import ensure_output_dir, fail
 
     try:
-        _check_numbers(start=start, duration=duration, rate_scale=rate_scale, speed=speed,
+        _check_numbers(start=start, duration=duration, warm_up=warm_up, rate_scale=rate_scale, speed=speed,
                        fpm_interval=fpm_interval, window=window, prefix_block_tokens=prefix_block_tokens,
                        oracle_rounds=oracle_rounds, goal=goal)
         if out is not None:
@@ -90,6 +91,14 @@ def simulate(
             servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
             prefix_block_tokens, deployment, spread,
         )
+        with _status(f"cutting the {warm_up or 0:g} s before --start into throughput windows",
+                     on=warm_up is not None and not as_json):
+            run["seed"] = _warm_history(warm_up, run, trace, servegen, servegen_model, start, rate_scale, speed,
+                                        seed, spread)
+        if run["seed"] is not None and publish is not None:
+            # the bridge relays engine and request events; a control goes to the control topic
+            raise _UserError("--warm-up: not with --publish: the bridge does not relay the seed_traffic "
+                             "control; produce it to the control topic (docs/planner.md)")
         run["live"] = _live(publish, realtime)
         run["retune"] = _retune(retune, run)
     except _UserError as err:
@@ -117,14 +126,15 @@ class _UserError(Exception):
 
 
 def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, prefix_block_tokens,
-                   oracle_rounds, goal) -> None:
+                   oracle_rounds, goal, warm_up=None) -> None:
     """Every numeric option in range, named, before anything is read.
 
     Written out rather than typer's ``min``/``max``: those let nan and inf
     through, and an open bound (``--goal`` in (0, 1]) reads better said.
     """
     positive = {"--rate-scale": rate_scale, "--speed": speed, "--fpm-interval": fpm_interval,
-                "--window": window, "--prefix-block-tokens": prefix_block_tokens, "--duration": duration}
+                "--window": window, "--prefix-block-tokens": prefix_block_tokens, "--duration": duration,
+                "--warm-up": warm_up}
     for name, value in positive.items():
         if value is not None and not value > 0:
             raise _UserError(f"{name}: must be > 0, got {value}")
@@ -221,6 +231,53 @@ def _prepare(
         "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed, "spread_s": spread_s,
         "converted_profile": prof if converted else None,
     }
+
+
+def _status(message: str, on: bool):
+    """A spinner on a terminal's stderr while a slow step runs (a ServeGen day of warm-up takes ~10 s)."""
+    from contextlib import nullcontext
+
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return console.status(message) if on and console.is_terminal else nullcontext()
+
+
+def _warm_history(warm_up, run, trace, servegen, servegen_model, start, rate_scale, speed, seed, spread):
+    """``--warm-up SECONDS``: the throughput windows of the traffic before ``--start``, from the
+    same source at the same scale (sim/warm.py), to seed the planner's forecaster (None: off)."""
+    if warm_up is None:
+        return None
+    from fleetplan.models.predictor_swap import seed_problem
+    from fleetplan.schemas.events import MAX_SEED_WINDOWS
+    from fleetplan.sim.servegen import ServeGenError
+    from fleetplan.sim.traces import TraceFormatError
+    from fleetplan.sim.warm import history_windows
+
+    if run["policy"] != "planner":
+        raise _UserError(f"--warm-up: warms the planner's forecaster, not --policy {run['policy']}")
+    if warm_up > start:
+        raise _UserError(f"--warm-up: {warm_up:g} s of traffic before --start, which is {start:g} s "
+                         "into the source; start later or warm up on less")
+    cfg = run["setup"].config
+    interval = cfg.throughput_adjustment_interval_seconds
+    if warm_up / speed / interval > MAX_SEED_WINDOWS:
+        raise _UserError(f"--warm-up: {warm_up:g} s is more than the {MAX_SEED_WINDOWS} throughput windows "
+                         f"of {interval} s one seed carries")
+    try:
+        history, _ = _workload(trace, servegen, servegen_model, start - warm_up, warm_up, rate_scale, speed, seed,
+                               spread)
+    except (TraceFormatError, ServeGenError, ValueError, OSError) as err:
+        raise _UserError(f"--warm-up: {str(err).removeprefix('--start/--duration: ')}") from None
+    rows = history_windows(history.requests(), span_s=history.duration_s, interval_s=interval,
+                           burst_s=cfg.burst_seconds)
+    if not rows:
+        raise _UserError(f"--warm-up: no full throughput window ({interval} s) of traffic in the "
+                         f"{warm_up:g} s before --start")
+    problem = seed_problem(cfg, run["planner"].new_state(run["setup"].options.deployment).forecaster, rows)
+    if problem is not None:  # a warm-up trace in the config has fed it
+        raise _UserError(f"--warm-up: cannot seed the forecaster: {problem} (load_predictor_warmup_trace)")
+    return rows
 
 
 def _retune(path: Path | None, run: dict):
@@ -431,7 +488,7 @@ def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, roun
 
     if name == "planner":
         return experiment.run_planner(workload, setup, run["planner"], initial, log=log_fh, progress=progress,
-                                      live=live, retune=run.get("retune"))
+                                      live=live, retune=run.get("retune"), seed=run.get("seed"))
     if name == "oracle":
         return experiment.run_oracle(workload, setup, sizing, goal, rounds, progress=note, log=log_fh, live=live)
     if name == "static-peak":
@@ -456,6 +513,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         "config": None if run["config_path"] is None else str(run["config_path"]),
         "mode": cfg.mode, "rate_scale": run["rate_scale"], "speed": run["speed"],
         "spread_arrivals_s": run["spread_s"],
+        "warm_up_windows": None if run.get("seed") is None else len(run["seed"]),
         "duration_s": run["workload"].duration_s, "requests": main.summary.requests,
         "sla": {"ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms},
         "startup": setup.startup().describe(), "router": setup.options.router,

@@ -134,12 +134,12 @@ def _replayed_warm_fleet(
 def run_planner(
     workload: Workload, setup: FleetSetup, planner, initial: Mapping[str, int],
     log: IO[bytes] | None = None, progress: Callable[[float], None] | None = None,
-    live: LiveRun | None = None, retune=None, forecaster_state: dict | None = None,
+    live: LiveRun | None = None, retune=None, seed: list[list] | None = None,
 ) -> RunResult:
     """One planner run; with ``retune`` (a :class:`fleetplan.sim.retune.Retuner`) its
-    decisions are in ``RunResult.retune``. ``forecaster_state`` starts the deployment's
-    forecaster from a saved state (``fleetplan.sim.warm``) instead of empty."""
-    controller = PlannerController(planner, retune=retune, forecaster_state=forecaster_state)
+    decisions are in ``RunResult.retune``. ``seed`` (``fleetplan.sim.warm.history_windows``)
+    starts the deployment's forecaster from the traffic before the run instead of empty."""
+    controller = PlannerController(planner, retune=retune, seed=seed)
     loop = ClosedLoop(workload, setup, controller, initial, log=log, progress=progress, live=live)
     result = loop.run()
     if retune is not None:

@@ -45,6 +45,7 @@ from typing import IO
 
 from fleetplan.models.config import PlannerConfig, check_gpu_budget
 from fleetplan.models.perf import EngineLimits, ProfileData
+from fleetplan.models.predictor_swap import rebuild_forecaster, seed_history
 from fleetplan.schemas.events import Decision
 from fleetplan.sim import emitter
 from fleetplan.sim.clock import VirtualClock
@@ -156,12 +157,18 @@ class PlannerController:
     control events, so the run's log still folds to the same decisions.
     ``forecaster_state`` starts the deployment's forecaster from a saved
     state instead of empty (a retune candidate replay continues the run's
-    forecaster from its window start).
+    forecaster from its window start). ``seed`` (``sim/warm.py``'s rows of
+    the traffic before the run) goes to the log and the core as a
+    ``seed_traffic`` control at the run's start, so the run is the one of a
+    deployment that has been running and its log still folds to the same
+    decisions.
     """
 
     needs_events = True
 
-    def __init__(self, planner, retune=None, forecaster_state: dict | None = None) -> None:
+    def __init__(
+        self, planner, retune=None, forecaster_state: dict | None = None, seed: list[list] | None = None,
+    ) -> None:
         from fleetplan.models.fleet import Fleet, LateEvent
 
         self.core = Fleet(planner)
@@ -172,6 +179,7 @@ class PlannerController:
         self.name = "planner"
         self.retune = retune
         self._forecaster_state = forecaster_state
+        self._seed = seed
 
     def initial(self) -> dict[str, int] | None:
         return None
@@ -183,8 +191,13 @@ class PlannerController:
 
             state = self.core.state(loop.deployment)
             state.forecaster = QuantileForecaster.from_state(self._forecaster_state)
+        forecaster = self.core.state(loop.deployment).forecaster
+        if self._seed:
+            event = emitter.seed_event(loop.deployment, loop.start_s, self._seed)
+            loop.emit(event)  # applied at the first tick; what it leaves is where the run starts
+            forecaster = rebuild_forecaster(self.core.planner.config, seed_history(event.body.windows))
         if self.retune is not None:
-            self.retune.start(loop.initial, self.core.state(loop.deployment).forecaster.to_state())
+            self.retune.start(loop.initial, forecaster.to_state())
 
     def observe(self, event) -> None:
         self._handle(self.core.feed(event), apply=True)

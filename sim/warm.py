@@ -8,9 +8,12 @@ deployment is cold. Here the traffic before the run is replayed into the
 forecaster first, as the planner's throughput loop would have fed it (one
 observation per throughput window: the count, the mean ISL and OSL of the
 requests that arrived, and the busiest burst sub-window scaled to a
-window's count), and the run starts from that state
-(``PlannerController(forecaster_state=...)``; ``bench/sizing.py --day D
---warm-days W`` runs a ServeGen day so). Only the forecaster is warmed:
+window's count), and the run starts from what that leaves: the windows go
+to the log and the core as a ``seed_traffic`` control at the run's start
+(``PlannerController(seed=...)``), which the core replays into its
+forecaster, so ``fleetplan plan`` folds the log to the same decisions.
+``fleetplan simulate --warm-up SECONDS`` and ``bench/sizing.py --day D
+--warm-days W`` run so. Only the forecaster is warmed:
 the perf model still learns from the run's own forward passes, as it
 would after an engine change.
 
@@ -31,12 +34,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import replace
 
-from fleetplan.models.config import PlannerConfig
-from fleetplan.models.predictor_swap import rebuild_forecaster, remember_window
+from fleetplan.models.predictor_swap import remember_window
 from fleetplan.models.state import TrafficWindow
 from fleetplan.sim.traces import TraceRequest
 
-__all__ = ["history_windows", "warm_forecaster_state"]
+__all__ = ["history_windows"]
 
 
 def history_windows(
@@ -78,13 +80,3 @@ def history_windows(
         peak = window.peak_count(interval_s, burst_s, by_arrival=True)
         remember_window(rows, replace(obs, start_s=origin + k * interval_s), peak, windows)
     return rows
-
-
-def warm_forecaster_state(cfg: PlannerConfig, requests: Iterable[TraceRequest], span_s: float) -> dict:
-    """The state of ``cfg``'s forecaster after the ``span_s`` seconds of ``requests``
-    (:func:`history_windows`), for :class:`fleetplan.sim.runner.PlannerController`."""
-    rows = history_windows(
-        requests, span_s=span_s, interval_s=cfg.throughput_adjustment_interval_seconds,
-        burst_s=cfg.burst_seconds,
-    )
-    return rebuild_forecaster(cfg, rows).to_state()

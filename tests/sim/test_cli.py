@@ -95,6 +95,16 @@ def test_table_output_and_baseline_policy(tmp_path):
         (["--trace", CODE, "--speed", "inf"], "--speed: must be a finite number, got inf"),
         (["--trace", CODE, "--speed", "1e-300"], "--speed: 1e-300 stretches"),
         (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
+        (["--trace", CODE, "--warm-up", 0], "--warm-up: must be > 0, got 0.0"),
+        (["--trace", CODE, "--start", 60, "--warm-up", 120], "--warm-up: 120 s of traffic before --start, which is 60 s"),
+        (["--trace", CODE, "--start", 240, "--warm-up", 100], "--warm-up: no full throughput window (180 s) of traffic"),
+        (["--trace", CODE, "--start", 180, "--warm-up", 30], f"--warm-up: {CODE}: no requests in [150, 180) s"),
+        (["--trace", CODE, "--policy", "static-peak", "--start", 120, "--warm-up", 60],
+         "--warm-up: warms the planner's forecaster, not --policy static-peak"),
+        (["--trace", CODE, "--config", "WARM", "--start", 120, "--warm-up", 120],
+         "--warm-up: cannot seed the forecaster: the forecaster has been fed"),
+        (["--trace", CODE, "--config", QUICKSTART, "--start", 300, "--warm-up", 240, "--publish", "tcp://127.0.0.1:1"],
+         "--warm-up: not with --publish"),
         (["--trace", CODE, "--out", "FILE"], "--out: cannot write"),
         (["--trace", CODE, "--out", "FILE/sub"], "--out: cannot write"),
     ],
@@ -106,7 +116,9 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     bad_config.write_text("ttft_ms: -5\n")
     a_file = tmp_path / "FILE"
     a_file.write_text("not a directory")
-    named = {"BAD": bad_trace, "CFG": bad_config, "FILE": a_file, "FILE/sub": a_file / "sub"}
+    warm_config = tmp_path / "WARM.yaml"
+    warm_config.write_text(f"throughput_adjustment_interval_seconds: 60\nload_predictor_warmup_trace: {CODE}\n")
+    named = {"BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub"}
     args = [named.get(a, a) if isinstance(a, str) else a for a in args]
     result = simulate(*args, "--no-baselines")
     assert result.exit_code == 2
@@ -156,3 +168,31 @@ def test_a_load_only_run_reports_its_measured_floor(tmp_path):
     assert result.exit_code == 0, result.output
     # a minute into the traffic the load loop sizes what it measured: the report draws it per role
     assert b"measured floor (prefill)" in (out / "report.html").read_bytes()
+
+
+def test_a_warm_up_is_logged_as_a_seed_and_the_log_folds_to_the_same_decisions(tmp_path):
+    out = tmp_path / "warm"
+    result = simulate(
+        "--trace", CODE, "--config", QUICKSTART, "--start", 300, "--warm-up", 240, "--duration", 240,
+        "--rate-scale", 4, "--out", out, "--json", "--no-baselines",
+    )
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["warm_up_windows"] == 4  # 240 s of 60 s windows
+    log = out / "events.jsonl"
+    first = orjson.loads(log.read_bytes().splitlines()[0])
+    assert first["type"] == "control" and first["body"]["command"] == "seed_traffic"
+    assert [w["start_s"] for w in first["body"]["windows"]] == [-240.0, -180.0, -120.0, -60.0]
+    assert all(w["num_req"] > 0 and w["peak"] >= w["num_req"] for w in first["body"]["windows"])
+
+    folded = runner.invoke(app, ["plan", "--events", str(log), "--config", str(QUICKSTART),
+                                 "--profile", "h200-llama3.1-8b", "--reports", str(tmp_path / "ticks.jsonl")])
+    assert folded.exit_code == 0, folded.output
+    logged = [orjson.loads(line) for line in log.read_bytes().splitlines() if b'"type":"decision"' in line]
+    assert [orjson.loads(line) for line in folded.stdout.splitlines() if line.strip()] == logged
+    ticks = [orjson.loads(line) for line in (tmp_path / "ticks.jsonl").read_bytes().splitlines()]
+    assert ticks[-1]["rejected_controls"] == 0
+
+    cold = simulate("--trace", CODE, "--config", QUICKSTART, "--start", 300, "--duration", 240,
+                    "--rate-scale", 4, "--json", "--no-baselines")
+    assert cold.exit_code == 0, cold.output
+    assert orjson.loads(cold.stdout)["warm_up_windows"] is None

@@ -10,7 +10,7 @@ from fleetplan.models.predictor_swap import rebuild_forecaster
 from fleetplan.models.quantiles import QuantileForecaster
 from fleetplan.sim.runner import ClosedLoop, PlannerController, SimOptions, make_setup
 from fleetplan.sim.traces import TraceRequest, read_trace
-from fleetplan.sim.warm import history_windows, warm_forecaster_state
+from fleetplan.sim.warm import history_windows
 from fleetplan.sim.workload import Workload, rate_scale, slice_trace
 from tests.sim.sim_helpers import CONV
 
@@ -26,9 +26,9 @@ def _conv(start: float, seconds: float) -> Workload:
     return Workload.from_requests("conv", rate_scale(reqs, 4, seed=1, duration_s=seconds), seconds)
 
 
-def _run(h200, workload: Workload, forecaster_state=None) -> PlannerController:
+def _run(h200, workload: Workload, seed=None) -> PlannerController:
     cfg = config_from_dict(CONFIG)
-    controller = PlannerController(Planner(cfg, profile=h200), forecaster_state=forecaster_state)
+    controller = PlannerController(Planner(cfg, profile=h200), seed=seed)
     ClosedLoop(workload, make_setup(cfg, h200, SimOptions(seed=5)), controller, {"prefill": 2, "decode": 2}).run()
     return controller
 
@@ -82,13 +82,19 @@ def test_bad_spans_are_refused():
 def test_a_warm_run_starts_from_the_state_the_history_leaves(history, h200):
     workload, _ = history
     cfg = config_from_dict(CONFIG)
-    state = warm_forecaster_state(cfg, workload.requests(), SPAN)
     rows = history_windows(workload.requests(), span_s=SPAN, interval_s=30.0, burst_s=10)
-    assert state == rebuild_forecaster(cfg, rows).to_state()
-    assert QuantileForecaster.from_state(state).to_state() == state
-
     after = _conv(SPAN, SPAN)
-    cold, warm = _run(h200, after), _run(h200, after, forecaster_state=state)
+    cold, warm = _run(h200, after), _run(h200, after, seed=rows)
+    (state,) = warm.core.states.values()
+    assert state.traffic_history[: len(rows)] == rows and state.rejected_controls == 0
+    # the seed, through the log and the core, is the run that starts from the state the history builds
+    built = rebuild_forecaster(cfg, rows).to_state()
+    assert QuantileForecaster.from_state(built).to_state() == built
+    restored = PlannerController(Planner(cfg, profile=h200), forecaster_state=built)
+    ClosedLoop(after, make_setup(cfg, h200, SimOptions(seed=5)), restored, {"prefill": 2, "decode": 2}).run()
+    assert restored.ticks == warm.ticks
+    assert [(d.decision_id, d.targets) for d in restored.decisions] == [(d.decision_id, d.targets) for d in warm.decisions]
+
     first_cold, first_warm = (next(r for r in c.ticks if "predicted_rps" in r) for c in (cold, warm))
     assert first_cold["t"] == first_warm["t"]
     # ten windows of history: the P90 has been scored and is conformal from the first tick

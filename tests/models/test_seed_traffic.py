@@ -1,0 +1,149 @@
+"""A ``seed_traffic`` control starts a new deployment's forecaster from the traffic it had before."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+
+from fleetplan.models.forecast import TrafficObservation
+from fleetplan.models.planner import Planner
+from fleetplan.models.state import DeploymentState
+from fleetplan.schemas import MAX_EVENT_BYTES, ControlEvent, SchemaError, decode_event, encode_event
+from fleetplan.schemas.events import MAX_SEED_WINDOWS
+from tests.models.factories import T0, ready, requests
+
+RATES = (20, 26, 18, 31, 24, 35, 22, 29, 40, 27)  # requests a second in each 180-s window
+KEYS = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")
+
+
+def _traffic(first: int = 0, t_ready: float = T0 + 0.1):
+    out = [ready("p0", "prefill", t=t_ready), ready("d0", "decode", t=t_ready)]
+    for i, rate in enumerate(RATES[first:], start=first):
+        start = T0 + 1 + 180 * i
+        out += requests(rate, start, start + 179, isl=2000 + 100 * i, osl=150 + 5 * i, tag=f"w{i}-")
+    return out
+
+
+def _seed(t: float, rows) -> ControlEvent:
+    windows = [dict(zip(KEYS, row, strict=True)) for row in rows]
+    return ControlEvent.model_validate(
+        {"deployment": "d", "time": t, "body": {"command": "seed_traffic", "windows": windows}}
+    )
+
+
+def _forecasts(out) -> list[float]:
+    return [o.predicted.num_req for o in out if getattr(o, "predicted", None) is not None]
+
+
+@pytest.fixture
+def live(make_fleet):
+    """A deployment that saw all ten windows, and what it kept of them."""
+    fleet = make_fleet(load_predictor="ensemble")
+    out = fleet.run(_traffic())
+    return out, fleet.state("d").traffic_history
+
+
+def test_a_seed_gives_the_forecasts_of_a_deployment_that_saw_the_windows_live(make_fleet, live):
+    out, history = live
+    seeded = make_fleet(load_predictor="ensemble")
+    late = seeded.run(sorted([_seed(T0 + 900, history[:5]), *_traffic(first=5, t_ready=T0 + 900.1)],
+                             key=lambda e: e.time))
+    state = seeded.state("d")
+    assert state.rejected_controls == 0 and state.config_version == 1
+    assert state.traffic_history[:5] == history[:5]
+    # from its first tick on (the sixth window), the seeded planner forecasts as the live one did
+    assert _forecasts(late) == _forecasts(out)[5:]
+    cold = make_fleet(load_predictor="ensemble").run(_traffic(first=5, t_ready=T0 + 900.1))
+    assert _forecasts(cold) != _forecasts(late)
+
+
+def test_a_deployment_that_has_been_fed_refuses_a_seed(make_fleet, live):
+    _, history = live
+    traffic = [e for e in _traffic() if e.time < T0 + 560]
+    fed, unseeded = make_fleet(load_predictor="ensemble"), make_fleet(load_predictor="ensemble")
+    # two windows fed by T0 + 400, when the seed comes
+    fed.run(sorted([_seed(T0 + 400, history[:2]), *traffic], key=lambda e: e.time))
+    unseeded.run(traffic)
+    state = fed.state("d")
+    assert state.rejected_controls == 1 and state.config_version == 0
+    assert state.to_data() == {**unseeded.state("d").to_data(), "rejected_controls": 1}
+
+
+def test_a_seed_of_other_windows_than_the_throughput_loops_is_refused(make_fleet):
+    fleet = make_fleet(load_predictor="ensemble")
+    minutes = [[T0 - 60 * (3 - i), 60.0, 500.0, 2000.0, 150.0, None, None, None] for i in range(3)]
+    fleet.run([_seed(T0, minutes), *[e for e in _traffic() if e.time < T0 + 200]])
+    state = fleet.state("d")
+    assert state.last_tick == T0 + 180
+    assert state.rejected_controls == 1 and state.forecaster.windows_seen == 1  # its own first window
+
+
+def test_a_warm_up_trace_has_fed_the_forecaster_already(make_fleet, h200, live):
+    _, history = live
+    base = make_fleet(load_predictor="ensemble").planner.config
+    warmup = [TrafficObservation(duration_s=180, num_req=3600.0, isl=2000.0, osl=150.0)]
+    fleet = type(make_fleet())(Planner(base, profile=h200, warmup=warmup))
+    fleet.run([_seed(T0 + 900, history[:5]), *_traffic(first=5, t_ready=T0 + 900.1)])
+    assert fleet.state("d").rejected_controls == 1
+
+
+def test_a_seeded_state_round_trips_and_keeps_its_bounded_history(make_fleet, live):
+    _, history = live
+    fleet = make_fleet(load_predictor="ensemble", predictor_history_windows=3)
+    fleet.run([_seed(T0 + 900, history[:5]), *[e for e in _traffic(first=5, t_ready=T0 + 900.1) if e.time < T0 + 1100]])
+    state = fleet.state("d")
+    assert state.last_tick == T0 + 1080 and state.forecaster.windows_seen == 6  # five seeded, one live
+    assert state.traffic_history[:2] == history[3:5] and len(state.traffic_history) == 3
+    assert DeploymentState.from_data(state.to_data()).to_data() == state.to_data()
+
+
+# --- the schema ----------------------------------------------------------------
+
+
+def _raw(windows, t: float = 0.0) -> bytes:
+    return orjson.dumps({"type": "control", "deployment": "d", "time": t,
+                         "body": {"command": "seed_traffic", "windows": windows}})
+
+
+def _window(start: float, duration: float = 60.0, **extra) -> dict:
+    return {"start_s": start, "duration_s": duration, "num_req": 5, "isl": 100, "osl": 10, **extra}
+
+
+@pytest.mark.parametrize(
+    "windows,time,field,expected",
+    [
+        ([_window(-120), _window(-90)], 0.0, "body.windows.1.start_s", "-90 is before the end of window 0 (-60)"),
+        ([_window(-60), _window(0)], 0.0, "body.windows.1", "ends at 60, after the event's time 0"),
+        ([], 0.0, "body.windows", "at least 1 item"),
+        ([_window(-60, num_req=-1)], 0.0, "body.windows.0.num_req", "greater than or equal to 0"),
+        ([_window(-60, duration=0)], 0.0, "body.windows.0.duration_s", "greater than 0"),
+        ([_window(-60, kv_hit_rate=1.5)], 0.0, "body.windows.0.kv_hit_rate", "less than or equal to 1"),
+        ([_window(-60, surprise=1)], 0.0, "body.windows.0.surprise", "Extra inputs"),
+        ([_window(-60 * (MAX_SEED_WINDOWS + 1 - i)) for i in range(MAX_SEED_WINDOWS + 1)], 0.0,
+         "body.windows", f"at most {MAX_SEED_WINDOWS} items"),
+    ],
+)
+def test_a_bad_seed_names_the_field(windows, time, field, expected):
+    with pytest.raises(SchemaError) as info:
+        decode_event(_raw(windows, time))
+    assert info.value.field == field
+    assert expected in str(info.value)
+
+
+def test_the_largest_seed_fits_in_one_record_and_round_trips_exactly():
+    # full-precision floats everywhere: the longest a window's JSON gets
+    third = 1 / 3
+    windows = [
+        {"start_s": T0 - 180.0 * (MAX_SEED_WINDOWS - i) + third, "duration_s": 180.0, "num_req": 12345.0 + third,
+         "isl": 2345.0 + third, "osl": 345.0 + third, "kv_hit_rate": third, "accept_length": 1 + third,
+         "peak": 23456.0 + third}
+        for i in range(MAX_SEED_WINDOWS)
+    ]
+    event = decode_event(_raw(windows, T0 + 1))
+    raw = encode_event(event)
+    assert len(raw) < MAX_EVENT_BYTES
+    assert decode_event(raw) == event
+    assert all(math.isclose(w.end_s, T0 - 180.0 * (MAX_SEED_WINDOWS - i - 1) + third)
+               for i, w in enumerate(event.body.windows))

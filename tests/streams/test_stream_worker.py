@@ -193,3 +193,40 @@ def test_two_workers_share_the_partitions_and_a_rebalance_loses_nothing(namespac
     logs = first.log() + second.log()
     assert "revoked partitions" in first.log()
     assert "owning partitions [0]" in logs and "owning partitions [1]" in logs
+
+
+def test_a_seed_on_the_control_topic_starts_the_workers_forecaster(namespace, worker_factory, tmp_path):
+    """A seed_traffic control produced to the control topic warms the live worker's
+    forecaster at its tick, exactly as the audit's refold of the same events does."""
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.planner import Planner
+    from fleetplan.schemas.events import ControlEvent, SeedTraffic, SeedWindow
+    from fleetplan.streams.audit import refold_by_event_time
+
+    settings = {"mode": "agg", "throughput_adjustment_interval_seconds": 10, "load_adjustment_interval_seconds": 5,
+                "load_predictor": "kalman", "grace_seconds": 1}
+    config = tmp_path / "seeded.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    worker_factory(config=config).start()
+    # an hour of 10 s windows rising from 20 to 80 requests, ending where the traffic starts
+    windows = [SeedWindow(start_s=T0 - 10.0 * (360 - k), duration_s=10.0, num_req=20 + k / 6, isl=100.0, osl=50.0,
+                          peak=24 + k / 6) for k in range(360)]
+    seed = ControlEvent(deployment="alpha", time=T0, issued_by="test", body=SeedTraffic(windows=windows))
+    run_async(namespace.produce(namespace.topics.control, [seed]))
+    fpms, reqs = traffic("alpha", 60)
+    produce(namespace, fpms, reqs)
+
+    def forecasts() -> list[dict]:
+        diags = [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.ticks))]
+        return [d for d in diags if d["deployment"] == "alpha" and d["predicted"] is not None]
+
+    live = wait_for(lambda: (f := forecasts()) and len(f) >= 4 and f, 60, "four throughput ticks")
+    assert all(d["rejected_controls"] == 0 for d in live)
+    refold = [r for r in refold_by_event_time(Planner(config_from_dict(settings)), "alpha", [seed, *fpms, *reqs])
+              if r.predicted is not None]
+    cold = [r for r in refold_by_event_time(Planner(config_from_dict(settings)), "alpha", [*fpms, *reqs])
+            if r.predicted is not None]
+    assert [(d["time"], d["predicted"]["num_req"]) for d in live[:4]] == \
+        [(r.time, r.predicted.num_req) for r in refold[:4]]
+    # the trend of the hour before is in the forecast: the cold worker's is the traffic's own count
+    assert refold[0].predicted.num_req != cold[0].predicted.num_req

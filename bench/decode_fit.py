@@ -1,0 +1,118 @@
+"""How far the decode fit's capacity is from the simulated engine's, tick by tick.
+
+The throughput loop sizes decode with the rate one engine sustains at its
+batch limit, which the online fit (wall time linear in sequences and KV
+tokens, as Dynamo's) extrapolates from the batches it has seen. This runs
+the default on one rate-scaled trace and prints, at every throughput
+tick, that rate from the fit and from the simulated engine's own pass
+times (``sim/timing.py``) in the same capacity search, as decode tokens
+per second per engine. ``--exact`` then runs the default again with the
+engine's own capacity in place of the fit's, to see what an exact decode
+model would decide:
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/decode_fit.py --data /work/shared/data \\
+        --only conv --scale 35.7 --exact        # ~1.5 min
+
+(docs/forecasting.md, "Decode's slot count on the window's P90").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quality import build_workload, make_setup, specs  # noqa: E402
+from sizing import VARIANTS  # noqa: E402
+
+from fleetplan.models.perf.capacity import decode_capacity  # noqa: E402
+from fleetplan.models.perf.decode import DecodePerfModel  # noqa: E402
+from fleetplan.models.planner import Planner  # noqa: E402
+from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload  # noqa: E402
+from fleetplan.sim.timing import engine_timing  # noqa: E402
+
+
+class EngineTimes:
+    """The simulated engine's decode pass times, in the fit's interface."""
+
+    def __init__(self, timing) -> None:
+        self.timing = timing
+
+    def predict_many(self, seqs: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        return np.array([self.timing.decode_s(int(n), float(k)) for n, k in zip(seqs, kv, strict=True)])
+
+
+def engine_capacity(model: DecodePerfModel, times: EngineTimes, isl: int, osl: int, itl_ms: float):
+    return decode_capacity(times, model.limits, isl, osl, itl_ms, None, kv_fallback=model.max_observed_kv)
+
+
+def run(spec, cfg, setup, workload, on_tick=None):
+    tick = Planner.tick
+
+    def observed_tick(self, state, now):
+        report = tick(self, state, now)
+        if on_tick is not None and report.predicted is not None:
+            on_tick(state, report)
+        return report
+
+    Planner.tick = observed_tick
+    try:
+        sizing = size_workload(workload, setup)
+        return run_planner(workload, setup, Planner(cfg, profile=setup.profile),
+                           initial_fleet("warm", setup, sizing, workload))
+    finally:
+        Planner.tick = tick
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/)")
+    parser.add_argument("--only", default="conv", help="one trace of bench/quality.py: conv, code, mooncake")
+    parser.add_argument("--scale", type=float, required=True, help="the rate scale")
+    parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
+    parser.add_argument("--exact", action="store_true", help="also run with the engine's own decode capacity")
+    args = parser.parse_args()
+    sla = tuple(float(x) for x in args.sla.split(","))
+    (spec,) = [s for s in specs(args.data, {args.only}, 10, 10, 24.0, choose=False)]
+    spec = replace(spec, scale=args.scale)
+    workload = build_workload(spec)
+    cfg, setup = make_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
+    times = EngineTimes(engine_timing(setup.profile, "interp"))
+
+    print("tick_s  decode_ready  fit_tok_s  engine_tok_s  fit_error_%  decode_target")
+
+    def on_tick(state, report):
+        model = state.perf["decode"]
+        isl, osl = max(round(report.predicted.isl), 1), max(round(report.predicted.osl), 1)
+        fit = model.capacity_rps(isl, osl, itl_ms=cfg.itl_ms)
+        own = engine_capacity(model, times, isl, osl, cfg.itl_ms)
+        ready = sum(1 for w in state.workers.values() if w.role == "decode" and w.state == "ready")
+        print(f"{report.time:6.0f}  {ready:12d}  {fit.rps * osl:9.0f}  {own.rps * osl:12.0f}  "
+              f"{100 * (fit.rps / own.rps - 1):+11.1f}  {report.targets.get('decode'):13d}")
+
+    result = run(spec, cfg, setup, workload, on_tick)
+    print(f"default: {100 * result.summary.sla_attainment:.2f} % met, {result.summary.gpu_hours:.3f} GPU-hours, "
+          f"decode decisions {[d.targets.get('decode') for d in result.decisions]}")
+    if args.exact:
+        fitted = DecodePerfModel.capacity_rps
+
+        def exact(self, isl, osl, ttft_ms=None, itl_ms=None, kv_hit_rate=None, accept_length=None):
+            return None if self.fit() is None else engine_capacity(self, times, isl, osl, itl_ms)
+
+        DecodePerfModel.capacity_rps = exact
+        try:
+            result = run(spec, cfg, setup, workload)
+        finally:
+            DecodePerfModel.capacity_rps = fitted
+        print(f"exact decode capacity: {100 * result.summary.sla_attainment:.2f} % met, "
+              f"{result.summary.gpu_hours:.3f} GPU-hours, decode decisions "
+              f"{[d.targets.get('decode') for d in result.decisions]} at {[d.time for d in result.decisions]}")
+
+
+if __name__ == "__main__":
+    main()

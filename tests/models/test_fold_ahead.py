@@ -19,13 +19,19 @@ from hypothesis import strategies as st
 from fleetplan.models.fold_ahead import settled_data, snapshot
 from fleetplan.models.sequencer import FoldAhead, advance, offer, watermark_of
 from fleetplan.schemas import encode_event
-from fleetplan.schemas.events import ControlEvent, FpmBatch, SetMinEndpoints
+from fleetplan.schemas.events import (
+    ControlEvent,
+    FpmBatch,
+    SeedTraffic,
+    SeedWindow,
+    SetMinEndpoints,
+)
 from tests.models.factories import T0, fpm
 from tests.models.test_sequencer import SCENARIO
 
 
 def _events():
-    """The sequencer scenario plus packed FPMs and a control event between two ticks."""
+    """The sequencer scenario plus packed FPMs, a control event between two ticks and a seed before the first."""
     batches = [
         FpmBatch(deployment="d", time=T0 + t + 0.75, fpms=[
             fpm("p0", "prefill", T0 + t + 0.6, queued_prefill=(t * 131) % 30_000, counter=10_000 + t),
@@ -34,7 +40,13 @@ def _events():
         for t in range(3, 540, 11)
     ]
     control = ControlEvent(deployment="d", time=T0 + 212.5, body=SetMinEndpoints(minimums={"decode": 2}))
-    return sorted([*SCENARIO, *batches, control], key=lambda e: e.time)
+    # the traffic of the half hour before, which replaces the forecaster at the first tick
+    seed = ControlEvent(deployment="d", time=T0 + 0.5, body=SeedTraffic(windows=[
+        SeedWindow(start_s=T0 - 180.0 * (10 - k), duration_s=180.0, num_req=2000.0 + 300 * k, isl=3000.0,
+                   osl=150.0, peak=2400.0 + 300 * k)
+        for k in range(10)
+    ]))
+    return sorted([*SCENARIO, *batches, control, seed], key=lambda e: e.time)
 
 
 EVENTS = _events()
@@ -88,9 +100,12 @@ def _compare(planner, arrival, *, raw: bool = False):
 @given(st.integers(min_value=0, max_value=2**32))
 def test_fold_ahead_equals_folding_at_the_tick_within_grace(make_fleet, seed):
     planner = make_fleet(enable_load_scaling=True, load_predictor="kalman", grace_seconds=3.0).planner
-    ahead, out = _compare(planner, _arrival(EVENTS, seed, spread=2.8))
+    arrival = _arrival(EVENTS, seed, spread=2.8)
+    ahead, out = _compare(planner, arrival)
     assert not any(kind == "late" for kind, *_ in out)
     assert any(len(item) == 3 and item[2] for item in out), "the scenario must decide"
+    state, _ = _run(planner, arrival, FoldAhead())
+    assert state.traffic_history[0][0] == T0 - 1800.0 and state.rejected_controls == 0, "the seed must apply"
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -120,7 +135,7 @@ def test_control_events_wait_for_their_tick(make_fleet):
     """The config callers read between ticks (grace, interval) changes only at the tick."""
     planner = make_fleet(enable_load_scaling=True, load_predictor="kalman", grace_seconds=3.0).planner
     state, ahead = planner.new_state("d"), FoldAhead()
-    control = next(e for e in EVENTS if e.type == "control")
+    control = next(e for e in EVENTS if e.type == "control" and isinstance(e.body, SetMinEndpoints))
     for event in EVENTS:
         offer(state, event, ahead)
         advance(planner, state, watermark_of(state), ahead)

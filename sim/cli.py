@@ -629,6 +629,11 @@ def _print_table(results, setup, workload, run, out, coverage=None) -> None:
         f"{main.policy}: {main.end_s / main.wall_s:,.0f}x real time "
         f"({main.summary.requests / main.wall_s:,.0f} requests/s, {main.events:,} events)"
     )
+    if run.get("seed"):
+        seed = run["seed"]
+        hours = sum(row[1] for row in seed) / 3600.0
+        console.print(f"warm-up: the forecaster was seeded with {len(seed):,} windows ({hours:,.1f} h) of the "
+                      "traffic before --start")
     line = coverage_line(coverage)
     if line:
         console.print(line)

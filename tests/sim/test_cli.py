@@ -196,3 +196,8 @@ def test_a_warm_up_is_logged_as_a_seed_and_the_log_folds_to_the_same_decisions(t
                     "--rate-scale", 4, "--json", "--no-baselines")
     assert cold.exit_code == 0, cold.output
     assert orjson.loads(cold.stdout)["warm_up_windows"] is None
+
+    table = simulate("--trace", CODE, "--config", QUICKSTART, "--start", 300, "--warm-up", 240, "--duration", 240,
+                     "--rate-scale", 4, "--no-baselines")
+    assert table.exit_code == 0, table.output
+    assert "warm-up: the forecaster was seeded with 4 windows (0.1 h) of the traffic before --start" in table.stdout

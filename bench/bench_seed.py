@@ -23,10 +23,10 @@ import orjson
 
 from fleetplan.models.config import config_from_dict
 from fleetplan.models.planner import Planner
+from fleetplan.models.predictor_swap import seed_control
 from fleetplan.models.sequencer import advance, offer
 from fleetplan.schemas import decode_event, encode_event
 from fleetplan.schemas.events import MAX_SEED_WINDOWS
-from fleetplan.sim.emitter import seed_event
 
 T0 = 1_800_000_000.0
 INTERVAL = 180.0
@@ -52,7 +52,7 @@ def main() -> None:
           f"predictor {args.predictor}, best and median of {args.repeat}")
     print("windows  record_KB  decode_ms (best/median)  applying_tick_s (best/median)  forecaster_state_KB")
     for n in (480, 2880, MAX_SEED_WINDOWS):
-        raw = encode_event(seed_event("d", T0, seed_rows(n)))
+        raw = encode_event(seed_control("d", T0, seed_rows(n)))
         decodes, ticks = [], []
         for _ in range(args.repeat):
             t0 = time.perf_counter()

@@ -90,11 +90,12 @@ def plan(
     profile: Annotated[str | None, typer.Option("--profile", help="profile name or NPZ/JSON path")] = None,
     reports: Annotated[Path | None, typer.Option("--reports", help="also write every tick report here (JSONL)")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="skip invalid lines instead of stopping")] = False,
+    seed_out: Annotated[Path | None, typer.Option("--seed-out", help="also write, per deployment, a seed_traffic control of the windows its forecaster was fed, to start another planner from (JSONL)")] = None,
 ) -> None:
     """Fold an event log with the planning core and print its decisions as JSONL.
 
     A bad line stops the fold with ``FILE:LINE: ...`` and exit 2, after the
-    decisions (and reports) of the lines before it are written.
+    decisions (and reports, and seeds) of the lines before it are written.
     """
     from fleetplan.bootstrap import build_planner
     from fleetplan.eventlog import read_events
@@ -106,8 +107,10 @@ def plan(
         planner = build_planner(config, profile)
     except (ConfigError, ValueError, OSError) as err:
         fail(str(err))
-    if reports and reports.resolve() == events.resolve():
-        fail(f"--reports: is the --events file ({events}); writing it would erase the log")
+    for option, path in (("--reports", reports), ("--seed-out", seed_out)):
+        if path and path.resolve() == events.resolve():
+            fail(f"{option}: is the --events file ({events}); writing it would erase the log")
+    seed_fh = open_output("--seed-out", seed_out) if seed_out else None
     report_fh = open_output("--reports", reports) if reports else None
     out = sys.stdout.buffer
     errors: list = []
@@ -123,18 +126,37 @@ def plan(
         if report_fh:
             report_fh.write(orjson.dumps(item.to_dict()) + b"\n")
 
+    fleet = Fleet(planner)
     try:
-        stopped = fold_log(Fleet(planner), read_events(events, skip_invalid=skip_invalid, errors=errors), emit)
+        stopped = fold_log(fleet, read_events(events, skip_invalid=skip_invalid, errors=errors), emit)
+        if seed_fh:
+            write_seeds(fleet, seed_fh)
     finally:
         out.flush()
-        if report_fh:
-            report_fh.close()
+        for fh in (report_fh, seed_fh):
+            if fh:
+                fh.close()
     for _, message in errors:
         typer.echo(f"fleetplan: skipped {message}", err=True)
     if late:
         typer.echo(f"fleetplan: {late} late event(s) refused", err=True)
     if stopped is not None:
         fail(str(stopped))
+
+
+def write_seeds(fleet, out) -> None:
+    """Per deployment, the windows its forecaster was fed as a ``seed_traffic`` control dated
+    its latest event (docs/planner.md: starting another planner from them)."""
+    from fleetplan.models.predictor_swap import seed_control, seed_windows
+    from fleetplan.schemas.codec import encode_event
+
+    for name in sorted(fleet.states):
+        state = fleet.states[name]
+        windows = seed_windows(state.traffic_history)
+        if not windows:
+            typer.echo(f"fleetplan: {name}: no throughput window fed yet, no seed written", err=True)
+            continue
+        out.write(encode_event(seed_control(name, state.max_time, windows, issued_by="fleetplan plan")) + b"\n")
 
 
 def _register_optional() -> list:

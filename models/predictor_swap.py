@@ -25,10 +25,11 @@ from __future__ import annotations
 from fleetplan.models.config import PREDICTOR_FIELDS, PlannerConfig
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.quantiles import QuantileForecaster
+from fleetplan.schemas.events import MAX_SEED_WINDOWS, ControlEvent
 
 __all__ = [
-    "build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window", "seed_history",
-    "seed_problem", "window_of",
+    "build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window", "seed_control",
+    "seed_history", "seed_problem", "seed_windows", "window_of",
 ]
 
 
@@ -62,6 +63,36 @@ def seed_history(windows) -> list[list]:
         [w.start_s, w.duration_s, w.num_req, w.isl, w.osl, w.kv_hit_rate, w.accept_length, w.peak]
         for w in windows
     ]
+
+
+SEED_KEYS = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")
+"""A ``remember_window`` row's fields, in order, as a seed window names them."""
+
+
+def seed_control(deployment: str, time: float, history: list[list], issued_by: str | None = None) -> ControlEvent:
+    """``history`` (``remember_window`` rows) as a ``seed_traffic`` control dated ``time``: the
+    inverse of :func:`seed_history`, validated like any event."""
+    return ControlEvent.model_validate({
+        "deployment": deployment, "time": float(time), "type": "control", "issued_by": issued_by,
+        "body": {"command": "seed_traffic", "windows": [dict(zip(SEED_KEYS, row, strict=True)) for row in history]},
+    })
+
+
+def seed_windows(history: list[list]) -> list[list]:
+    """The rows of ``history`` a seed can carry: the longest run at its end in time
+    order, no more than a seed holds.
+
+    A deployment's kept windows are its live ones, oldest first, after a
+    warm-up trace's if it had one. Those are on the trace's own clock, from
+    0: they go along where they come before the live ones in time (they
+    warmed this forecaster too) and are left out where they overlap them.
+    """
+    start = len(history)
+    while start > 0 and len(history) - start < MAX_SEED_WINDOWS and (
+        start == len(history) or history[start - 1][0] + history[start - 1][1] <= history[start][0]
+    ):
+        start -= 1
+    return [list(row) for row in history[start:]]
 
 
 def seed_problem(cfg: PlannerConfig, forecaster: QuantileForecaster, history: list[list]) -> str | None:

@@ -146,16 +146,6 @@ def retune_event(deployment: str, time: float, changes: dict) -> ControlEvent:
     })
 
 
-def seed_event(deployment: str, time: float, history: list[list]) -> ControlEvent:
-    """The traffic before the run (``sim/warm.py``'s rows) as a ``seed_traffic`` control,
-    so the log holds the warm start and folds to the same decisions (validated: once a run)."""
-    keys = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")
-    return ControlEvent.model_validate({
-        "deployment": deployment, "time": float(time), "type": "control", "issued_by": "warm-up",
-        "body": {"command": "seed_traffic", "windows": [dict(zip(keys, row, strict=True)) for row in history]},
-    })
-
-
 def ack_event(deployment: str, time: float, decision_id: int, status: str, observed: dict) -> Ack:
     return _ack({
         "deployment": deployment, "time": float(time), "schema_version": 1, "type": "ack",

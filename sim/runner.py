@@ -45,7 +45,7 @@ from typing import IO
 
 from fleetplan.models.config import PlannerConfig, check_gpu_budget
 from fleetplan.models.perf import EngineLimits, ProfileData
-from fleetplan.models.predictor_swap import rebuild_forecaster, seed_history
+from fleetplan.models.predictor_swap import rebuild_forecaster, seed_control, seed_history
 from fleetplan.schemas.events import Decision
 from fleetplan.sim import emitter
 from fleetplan.sim.clock import VirtualClock
@@ -193,7 +193,7 @@ class PlannerController:
             state.forecaster = QuantileForecaster.from_state(self._forecaster_state)
         forecaster = self.core.state(loop.deployment).forecaster
         if self._seed:
-            event = emitter.seed_event(loop.deployment, loop.start_s, self._seed)
+            event = seed_control(loop.deployment, loop.start_s, self._seed, issued_by="warm-up")
             loop.emit(event)  # applied at the first tick; what it leaves is where the run starts
             forecaster = rebuild_forecaster(self.core.planner.config, seed_history(event.body.windows))
         if self.retune is not None:

@@ -108,3 +108,38 @@ def test_a_reports_path_that_cannot_be_written_fails_before_folding(tmp_path):
     result = _plan("--events", log, "--config", CONFIG, "--reports", log)
     assert result.exit_code == 2 and "--reports: is the --events file" in result.stderr
     assert log.read_bytes() == EXAMPLE.read_bytes()  # the input is not truncated
+
+
+def test_seed_out_writes_the_windows_a_new_planner_starts_from(tmp_path):
+    from fleetplan.bootstrap import build_planner
+    from fleetplan.eventlog import read_events
+    from fleetplan.models.fleet import Fleet
+    from fleetplan.schemas import ClockEvent, decode_event
+
+    seeds = tmp_path / "seed.jsonl"
+    result = _plan("--events", EXAMPLE, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--seed-out", seeds)
+    assert result.exit_code == 0, result.output
+    (line,) = seeds.read_bytes().splitlines()
+    seed = decode_event(line)
+    assert seed.body.command == "seed_traffic" and seed.issued_by == "fleetplan plan"
+
+    # the windows are the ones the fold fed its forecaster, every one of them here
+    original = Fleet(build_planner(CONFIG, "h100-llama3.3-70b"))
+    original.run(read_events(EXAMPLE))
+    state = original.state(seed.deployment)
+    assert [w.start_s for w in seed.body.windows] == [row[0] for row in state.traffic_history]
+    assert len(seed.body.windows) == state.forecaster.windows_seen == 10
+    assert seed.time == state.max_time >= seed.body.windows[-1].end_s
+
+    # a new planner started from the seed forecasts what the one that saw the traffic does
+    fresh = Fleet(build_planner(CONFIG, "h100-llama3.3-70b"))
+    fresh.run([seed, ClockEvent(deployment=seed.deployment, time=seed.time + 62.0)])  # its tick, and no traffic
+    moved = fresh.state(seed.deployment)
+    assert moved.rejected_controls == 0 and moved.forecaster.windows_seen == 10
+    assert moved.forecaster.forecast() == state.forecaster.forecast()
+
+
+def test_seed_out_refuses_the_events_file():
+    result = _plan("--events", EXAMPLE, "--seed-out", EXAMPLE)
+    assert result.exit_code == 2
+    assert "--seed-out: is the --events file" in result.stderr

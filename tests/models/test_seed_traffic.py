@@ -9,13 +9,13 @@ import pytest
 
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.planner import Planner
+from fleetplan.models.predictor_swap import seed_control
 from fleetplan.models.state import DeploymentState
 from fleetplan.schemas import MAX_EVENT_BYTES, ControlEvent, SchemaError, decode_event, encode_event
 from fleetplan.schemas.events import MAX_SEED_WINDOWS
 from tests.models.factories import T0, ready, requests
 
 RATES = (20, 26, 18, 31, 24, 35, 22, 29, 40, 27)  # requests a second in each 180-s window
-KEYS = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")
 
 
 def _traffic(first: int = 0, t_ready: float = T0 + 0.1):
@@ -27,10 +27,7 @@ def _traffic(first: int = 0, t_ready: float = T0 + 0.1):
 
 
 def _seed(t: float, rows) -> ControlEvent:
-    windows = [dict(zip(KEYS, row, strict=True)) for row in rows]
-    return ControlEvent.model_validate(
-        {"deployment": "d", "time": t, "body": {"command": "seed_traffic", "windows": windows}}
-    )
+    return seed_control("d", t, rows)
 
 
 def _forecasts(out) -> list[float]:
@@ -147,3 +144,21 @@ def test_the_largest_seed_fits_in_one_record_and_round_trips_exactly():
     assert decode_event(raw) == event
     assert all(math.isclose(w.end_s, T0 - 180.0 * (MAX_SEED_WINDOWS - i - 1) + third)
                for i, w in enumerate(event.body.windows))
+
+
+def test_a_seed_carries_the_time_ordered_end_of_the_history():
+    from fleetplan.models.predictor_swap import seed_windows
+
+    def row(start: float) -> list:
+        return [start, 180.0, 10.0, 100.0, 10.0, None, None, None]
+
+    # a warm-up trace's windows (its own clock, from 0) before live ones: they warmed this
+    # forecaster too and go along while in time order (a deployment on the Unix clock)...
+    history = [row(0.0), row(180.0), row(T0), row(T0 + 180), row(T0 + 360)]
+    assert seed_windows(history) == history
+    # ...and are left out where they overlap the live ones (a simulator's run, from 0 too)
+    history = [row(0.0), row(180.0), row(360.0), row(180.0), row(360.0), row(540.0)]
+    assert seed_windows(history) == history[3:]
+    assert seed_windows([]) == []
+    many = [row(T0 + 180.0 * i) for i in range(MAX_SEED_WINDOWS + 5)]
+    assert seed_windows(many) == many[5:]

@@ -130,7 +130,8 @@ def plan(
     try:
         stopped = fold_log(fleet, read_events(events, skip_invalid=skip_invalid, errors=errors), emit)
         if seed_fh:
-            write_seeds(fleet, seed_fh)
+            for name in sorted(fleet.states):
+                write_seed(fleet.states[name], seed_fh)
     finally:
         out.flush()
         for fh in (report_fh, seed_fh):
@@ -144,19 +145,19 @@ def plan(
         fail(str(stopped))
 
 
-def write_seeds(fleet, out) -> None:
-    """Per deployment, the windows its forecaster was fed as a ``seed_traffic`` control dated
-    its latest event (docs/planner.md: starting another planner from them)."""
+def write_seed(state, out) -> bool:
+    """The windows ``state``'s forecaster was fed as a ``seed_traffic`` control dated its latest
+    event, one JSONL line (docs/planner.md: starting another planner from them); False, and
+    said on stderr, when it has been fed none."""
     from fleetplan.models.predictor_swap import seed_control, seed_windows
     from fleetplan.schemas.codec import encode_event
 
-    for name in sorted(fleet.states):
-        state = fleet.states[name]
-        windows = seed_windows(state.traffic_history)
-        if not windows:
-            typer.echo(f"fleetplan: {name}: no throughput window fed yet, no seed written", err=True)
-            continue
-        out.write(encode_event(seed_control(name, state.max_time, windows, issued_by="fleetplan plan")) + b"\n")
+    windows = seed_windows(state.traffic_history)
+    if not windows:
+        typer.echo(f"fleetplan: {state.deployment}: no throughput window fed yet, no seed written", err=True)
+        return False
+    out.write(encode_event(seed_control(state.deployment, state.max_time, windows, issued_by="fleetplan")) + b"\n")
+    return True
 
 
 def _register_optional() -> list:

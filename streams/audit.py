@@ -32,6 +32,7 @@ import orjson
 from fleetplan.models.fleet import INPUT_TYPES, Fleet
 from fleetplan.models.planner import Planner, TickReport
 from fleetplan.models.sequencer import advance, canonical_key, offer
+from fleetplan.models.state import DeploymentState
 from fleetplan.schemas.codec import SchemaError, decode_event, event_to_dict
 
 _AT = re.compile(r"\[at (?P<topic>[^\]\s]+):(?P<partition>\d+):(?P<offset>\d+)\]")
@@ -61,6 +62,8 @@ class AuditResult:
     reports: list[TickReport] = field(default_factory=list, repr=False)
     # the bad line that ended a log's audit early ("FILE:LINE: ..."), None when read to the end
     stopped: str | None = None
+    # the deployment's state at the end of the re-fold (what ``--seed-out`` reads)
+    state: DeploymentState | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -100,9 +103,11 @@ def _show(value: object) -> str:
 # --- replays ---------------------------------------------------------------------
 
 
-def refold_by_event_time(planner: Planner, deployment: str, events: Iterable) -> list[TickReport]:
-    """Fold events as the live worker did: each tick sees exactly the events before it."""
-    state = planner.new_state(deployment)
+def refold_by_event_time(planner: Planner, deployment: str, events: Iterable,
+                         state: DeploymentState | None = None) -> list[TickReport]:
+    """Fold events as the live worker did: each tick sees exactly the events before it
+    (into ``state`` when given, a new deployment's otherwise)."""
+    state = planner.new_state(deployment) if state is None else state
     reports: list[TickReport] = []
     for event in sorted(events, key=canonical_key):
         reports.extend(advance(planner, state, event.time))
@@ -113,9 +118,10 @@ def refold_by_event_time(planner: Planner, deployment: str, events: Iterable) ->
     return reports
 
 
-def refold_as_fed(planner: Planner, events: Iterable) -> list[TickReport]:
-    """Fold events in the given order with ``Fleet.feed``, as the simulator does."""
-    return [r for r in Fleet(planner).run(events) if isinstance(r, TickReport)]
+def refold_as_fed(planner: Planner, events: Iterable, fleet: Fleet | None = None) -> list[TickReport]:
+    """Fold events in the given order with ``Fleet.feed``, as the simulator does (into ``fleet``
+    when given)."""
+    return [r for r in (fleet or Fleet(planner)).run(events) if isinstance(r, TickReport)]
 
 
 # --- comparison --------------------------------------------------------------------
@@ -202,9 +208,10 @@ def audit_log(path: str | Path, deployment: str, *, config=None, profile=None,
 
     planner = planner or build_planner(config, profile)
     inputs, recorded, stopped = _read_log(Path(path), deployment)
-    reports = refold_as_fed(planner, inputs)
+    fleet = Fleet(planner)
+    reports = refold_as_fed(planner, inputs, fleet)
     result = AuditResult(deployment, str(path), inputs=len(inputs), events=inputs, reports=reports,
-                         stopped=stopped)
+                         stopped=stopped, state=fleet.states.get(deployment))
     horizon = None
     if stopped is not None:
         horizon = recorded[-1]["time"] if recorded else -math.inf
@@ -315,9 +322,10 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
     source = f"kafka {bootstrap} partition {p}" + (f" prefix {topic_prefix!r}" if topic_prefix else "")
     if not inputs and not recorded and not excluded and not invalid:
         raise NoEvents(_no_events(source, deployment, found, None))
-    reports = refold_by_event_time(planner, deployment, inputs)
+    state = planner.new_state(deployment)
+    reports = refold_by_event_time(planner, deployment, inputs, state)
     result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, invalid=invalid,
-                         events=inputs, reports=reports)
+                         events=inputs, reports=reports, state=state)
     return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf)
 
 

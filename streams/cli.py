@@ -163,6 +163,7 @@ def audit(
     partitions: Annotated[int | None, typer.Option("--partitions", min=1, help="partitions of the topics (default: read from the cluster)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every decision checked")] = False,
     report: Annotated[Path | None, typer.Option("--report", help="also write DIR/report.html: the simulator's report of the recorded run")] = None,
+    seed_out: Annotated[Path | None, typer.Option("--seed-out", help="also write a seed_traffic control of the windows the re-fold fed its forecaster, to start another planner from (JSONL)")] = None,
 ) -> None:
     """Re-fold a deployment's inputs with the core and check every recorded decision.
 
@@ -171,7 +172,7 @@ def audit(
     what the lines before it proved.
     """
     from fleetplan.bootstrap import build_planner
-    from fleetplan.cli import ensure_output_dir
+    from fleetplan.cli import ensure_output_dir, open_output, write_seed
     from fleetplan.eventlog import EventLogError
     from fleetplan.models.config import ConfigError
     from fleetplan.streams.audit import audit_kafka, audit_log, write_audit_report
@@ -182,6 +183,8 @@ def audit(
         _fail("--deployment: must not be empty")
     if report is not None:
         ensure_output_dir("--report", report)
+    if seed_out is not None and log is not None and seed_out.resolve() == log.resolve():
+        _fail(f"--seed-out: is the --log file ({log}); writing it would erase the log")
     try:
         planner = build_planner(config, profile)
         if log is not None:
@@ -194,6 +197,10 @@ def audit(
         _fail(str(err))
     for line in result.lines(verbose=verbose):
         typer.echo(line)
+    if seed_out is not None and result.state is not None:
+        with open_output("--seed-out", seed_out) as fh:
+            if write_seed(result.state, fh):
+                typer.echo(f"seed: {seed_out}")
     if report is not None:
         try:
             path = write_audit_report(result, planner.config, report)

@@ -121,7 +121,7 @@ def test_seed_out_writes_the_windows_a_new_planner_starts_from(tmp_path):
     assert result.exit_code == 0, result.output
     (line,) = seeds.read_bytes().splitlines()
     seed = decode_event(line)
-    assert seed.body.command == "seed_traffic" and seed.issued_by == "fleetplan plan"
+    assert seed.body.command == "seed_traffic" and seed.issued_by == "fleetplan"
 
     # the windows are the ones the fold fed its forecaster, every one of them here
     original = Fleet(build_planner(CONFIG, "h100-llama3.3-70b"))
@@ -143,3 +143,18 @@ def test_seed_out_refuses_the_events_file():
     result = _plan("--events", EXAMPLE, "--seed-out", EXAMPLE)
     assert result.exit_code == 2
     assert "--seed-out: is the --events file" in result.stderr
+
+
+def test_the_audit_writes_the_same_seed_from_its_refold(tmp_path):
+    from fleetplan.cli import _register_optional
+
+    _register_optional()
+    planned, audited = tmp_path / "plan.jsonl", tmp_path / "audit.jsonl"
+    assert _plan("--events", EXAMPLE, "--config", CONFIG, "--profile", "h100-llama3.3-70b",
+                 "--seed-out", planned).exit_code == 0
+    result = runner.invoke(app, ["audit", "--log", str(EXAMPLE), "--deployment", "code", "--config", str(CONFIG),
+                                 "--profile", "h100-llama3.3-70b", "--seed-out", str(audited)])
+    # the example log records no decisions, so the audit fails; the seed is the re-fold's all the same
+    assert result.exit_code == 1 and "DIVERGED at decision 0" in result.stdout, result.output
+    assert f"seed: {audited}" in result.stdout
+    assert audited.read_bytes() == planned.read_bytes()

@@ -230,3 +230,8 @@ def test_a_seed_on_the_control_topic_starts_the_workers_forecaster(namespace, wo
         [(r.time, r.predicted.num_req) for r in refold[:4]]
     # the trend of the hour before is in the forecast: the cold worker's is the traffic's own count
     assert refold[0].predicted.num_req != cold[0].predicted.num_req
+    # the audit of the topics re-folds the seed too, and hands on the windows for another install
+    audited = audit_kafka(namespace.bootstrap, "alpha", planner=Planner(config_from_dict(settings)),
+                          topic_prefix=namespace.prefix, partitions=namespace.partitions)
+    assert audited.state.traffic_history[:360] == [
+        [w.start_s, w.duration_s, w.num_req, w.isl, w.osl, None, None, w.peak] for w in windows]

@@ -56,17 +56,14 @@ def remember_window(history: list[list], obs: TrafficObservation, peak: float | 
         del history[:excess]
 
 
+SEED_KEYS = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")
+"""A ``remember_window`` row's fields, in order, as a seed window names them."""
+
+
 def seed_history(windows) -> list[list]:
     """A ``seed_traffic`` control's windows (:class:`~fleetplan.schemas.events.SeedWindow`) as
     ``remember_window`` rows, the form the core keeps and replays."""
-    return [
-        [w.start_s, w.duration_s, w.num_req, w.isl, w.osl, w.kv_hit_rate, w.accept_length, w.peak]
-        for w in windows
-    ]
-
-
-SEED_KEYS = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")
-"""A ``remember_window`` row's fields, in order, as a seed window names them."""
+    return [[getattr(w, key) for key in SEED_KEYS] for w in windows]
 
 
 def seed_control(deployment: str, time: float, history: list[list], issued_by: str | None = None) -> ControlEvent:

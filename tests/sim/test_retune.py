@@ -329,3 +329,24 @@ def test_a_run_with_the_presweep_folds_back_from_its_log(presweep, tmp_path, h20
     expected = {**{"load_predictor": "constant"}, **{k: v for d in applied for k, v in d["changes"].items()}}
     assert state.config.load_predictor == expected["load_predictor"]
     assert state.forecaster.to_state()["forecaster"]["kind"] == expected["load_predictor"]
+
+
+def test_a_warm_run_retunes_from_its_seeded_forecaster(h200):
+    """The first window's candidates replay from the forecaster the seed leaves, not an empty one."""
+    from fleetplan.models.predictor_swap import rebuild_forecaster
+    from fleetplan.sim.warm import history_windows
+
+    cfg = config_from_dict(RUN_CONFIG)
+    before = slice_trace(read_trace(CONV), 0, 240)
+    rows = history_windows(rate_scale(before, 12, seed=1, duration_s=240), span_s=240.0, interval_s=60.0,
+                           burst_s=cfg.burst_seconds)
+    after = slice_trace(read_trace(CONV), 240, 480)
+    workload = Workload.from_requests("conv4", rate_scale(after, 12, seed=1, duration_s=240), 240)
+    setup = make_setup(cfg, h200, SimOptions(seed=5))
+    rt = Retuner(load_retune(SPEC), setup, h200)
+    started, start = [], rt.start
+    rt.start = lambda initial, state: (started.append(state), start(initial, state))
+    result = run_planner(workload, setup, Planner(cfg, profile=h200), {"prefill": 2, "decode": 2}, retune=rt,
+                         seed=rows)
+    assert len(rows) == 4 and result.retune
+    assert started == [rebuild_forecaster(cfg, rows).to_state()]

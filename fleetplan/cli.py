@@ -48,6 +48,12 @@ def open_output(option: str, path: Path):
         fail(cannot_write(option, path, err))
 
 
+def refuse_overwriting(option: str, path: Path | None, source_option: str, source: Path) -> None:
+    """Stop when an output option names the input log: writing it would erase the log."""
+    if path is not None and path.resolve() == source.resolve():
+        fail(f"{option}: is the {source_option} file ({source}); writing it would erase the log")
+
+
 def ensure_output_dir(option: str, path: Path) -> Path:
     """Create an output directory at start: a path that cannot hold files fails before the run, not after."""
     if path.exists() and not path.is_dir():
@@ -107,9 +113,8 @@ def plan(
         planner = build_planner(config, profile)
     except (ConfigError, ValueError, OSError) as err:
         fail(str(err))
-    for option, path in (("--reports", reports), ("--seed-out", seed_out)):
-        if path and path.resolve() == events.resolve():
-            fail(f"{option}: is the --events file ({events}); writing it would erase the log")
+    refuse_overwriting("--reports", reports, "--events", events)
+    refuse_overwriting("--seed-out", seed_out, "--events", events)
     seed_fh = open_output("--seed-out", seed_out) if seed_out else None
     report_fh = open_output("--reports", reports) if reports else None
     out = sys.stdout.buffer

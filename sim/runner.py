@@ -191,12 +191,14 @@ class PlannerController:
 
             state = self.core.state(loop.deployment)
             state.forecaster = QuantileForecaster.from_state(self._forecaster_state)
-        forecaster = self.core.state(loop.deployment).forecaster
+        seed = None
         if self._seed:
-            event = seed_control(loop.deployment, loop.start_s, self._seed, issued_by="warm-up")
-            loop.emit(event)  # applied at the first tick; what it leaves is where the run starts
-            forecaster = rebuild_forecaster(self.core.planner.config, seed_history(event.body.windows))
+            seed = seed_control(loop.deployment, loop.start_s, self._seed, issued_by="warm-up")
+            loop.emit(seed)  # applied at the first tick; what it leaves is where the run starts
         if self.retune is not None:
+            # the retune's first window starts where the run does: from what the seed will leave
+            forecaster = (self.core.state(loop.deployment).forecaster if seed is None
+                          else rebuild_forecaster(self.core.planner.config, seed_history(seed.body.windows)))
             self.retune.start(loop.initial, forecaster.to_state())
 
     def observe(self, event) -> None:

@@ -172,7 +172,7 @@ def audit(
     what the lines before it proved.
     """
     from fleetplan.bootstrap import build_planner
-    from fleetplan.cli import ensure_output_dir, open_output, write_seed
+    from fleetplan.cli import ensure_output_dir, open_output, refuse_overwriting, write_seed
     from fleetplan.eventlog import EventLogError
     from fleetplan.models.config import ConfigError
     from fleetplan.streams.audit import audit_kafka, audit_log, write_audit_report
@@ -183,8 +183,8 @@ def audit(
         _fail("--deployment: must not be empty")
     if report is not None:
         ensure_output_dir("--report", report)
-    if seed_out is not None and log is not None and seed_out.resolve() == log.resolve():
-        _fail(f"--seed-out: is the --log file ({log}); writing it would erase the log")
+    if log is not None:
+        refuse_overwriting("--seed-out", seed_out, "--log", log)
     try:
         planner = build_planner(config, profile)
         if log is not None:

@@ -101,6 +101,10 @@ VARIANTS.update(FORECAST_FRONTIER)
 # and between 0.7 and 0.6, where a verdict rests on the line between them (m-mid's day 5)
 VARIANTS.update({f"reference forecast (constant) util{u:g}": {**REFERENCE_FORECAST, "load_predictor": "constant",
                                                              "target_utilization": u} for u in (0.65, 0.45, 0.4)})
+# between 0.55 and 0.5, where code at 0.9× rests on the line between them
+VARIANTS.update({f"reference forecast ({p}) util0.525": {**REFERENCE_FORECAST, "load_predictor": p,
+                                                         "target_utilization": 0.525}
+                 for p in ("constant", "arima_frozen", "kalman")})
 # The defaults with replay-based retune (sim/retune.py, docs/retune.md): every window, the
 # headroom that served the last one best is chosen by replaying it, not read with hindsight.
 # A 30-minute trace never calibrates its P90, so target_utilization is its headroom; a day

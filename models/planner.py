@@ -33,6 +33,7 @@ from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.predictor_swap import (
     build_forecaster,
+    keep_last,
     predictor_changed,
     rebuild_forecaster,
     remember_window,
@@ -598,8 +599,8 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
             return
         state.forecaster = rebuild_forecaster(state.config, history)
         # kept for a predictor swapped in later, as live windows are
-        keep = state.config.predictor_history_windows
-        state.traffic_history = history[max(0, len(history) - keep):] if keep else []
+        keep_last(history, state.config.predictor_history_windows)
+        state.traffic_history = history
     state.config_version += 1
 
 

@@ -28,7 +28,7 @@ from fleetplan.models.quantiles import QuantileForecaster
 from fleetplan.schemas.events import MAX_SEED_WINDOWS, ControlEvent
 
 __all__ = [
-    "build_forecaster", "predictor_changed", "rebuild_forecaster", "remember_window", "seed_control",
+    "build_forecaster", "keep_last", "predictor_changed", "rebuild_forecaster", "remember_window", "seed_control",
     "seed_history", "seed_problem", "seed_windows", "window_of",
 ]
 
@@ -51,9 +51,12 @@ def remember_window(history: list[list], obs: TrafficObservation, peak: float | 
         obs.start_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate,
         obs.accept_length, peak,
     ])
-    excess = len(history) - keep
-    if excess > 0:
-        del history[:excess]
+    keep_last(history, keep)
+
+
+def keep_last(history: list[list], keep: int) -> None:
+    """Drop all but the last ``keep`` windows of ``history``, in place (0 keeps none)."""
+    del history[:max(0, len(history) - keep)]
 
 
 SEED_KEYS = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")

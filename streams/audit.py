@@ -118,10 +118,9 @@ def refold_by_event_time(planner: Planner, deployment: str, events: Iterable,
     return reports
 
 
-def refold_as_fed(planner: Planner, events: Iterable, fleet: Fleet | None = None) -> list[TickReport]:
-    """Fold events in the given order with ``Fleet.feed``, as the simulator does (into ``fleet``
-    when given)."""
-    return [r for r in (fleet or Fleet(planner)).run(events) if isinstance(r, TickReport)]
+def refold_as_fed(fleet: Fleet, events: Iterable) -> list[TickReport]:
+    """Fold events in the given order with ``Fleet.feed``, as the simulator does."""
+    return [r for r in fleet.run(events) if isinstance(r, TickReport)]
 
 
 # --- comparison --------------------------------------------------------------------
@@ -209,7 +208,7 @@ def audit_log(path: str | Path, deployment: str, *, config=None, profile=None,
     planner = planner or build_planner(config, profile)
     inputs, recorded, stopped = _read_log(Path(path), deployment)
     fleet = Fleet(planner)
-    reports = refold_as_fed(planner, inputs, fleet)
+    reports = refold_as_fed(fleet, inputs)
     result = AuditResult(deployment, str(path), inputs=len(inputs), events=inputs, reports=reports,
                          stopped=stopped, state=fleet.states.get(deployment))
     horizon = None

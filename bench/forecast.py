@@ -125,10 +125,11 @@ def servegen_windows(data: Path, model: str) -> list[TrafficObservation]:
     return windows
 
 
-def client_windows(data: Path, model: str, days: int, top: int) -> list[list[TrafficObservation]]:
-    """The ``top`` busiest clients' 10-minute windows of ``model`` over ``days`` days.
+def client_counts(data: Path, model: str, days: int) -> dict[str, list[float]]:
+    """Each client's request count per 10-minute window of ``model`` over the first ``days`` days.
 
-    Single tenants are burstier than the aggregate; ISL/OSL are the model's.
+    Every client of the model, windows it was idle in included (zero); they
+    sum to the aggregate curve's counts.
     """
     import gzip
 
@@ -141,10 +142,23 @@ def client_windows(data: Path, model: str, days: int, top: int) -> list[list[Tra
                 continue
             series = counts.setdefault(row["client"], [0.0] * (days * per_day))
             series[int(t // SERVEGEN_WINDOW_S)] = float(row["rate"]) * SERVEGEN_WINDOW_S
-    busiest = sorted(counts, key=lambda c: (-math.fsum(counts[c]), c))[:top]
+    return counts
+
+
+def busiest_clients(counts: dict[str, list[float]], top: int, windows: int) -> list[str]:
+    """The ``top`` clients with the most requests in the first ``windows`` windows (ties by name)."""
+    return sorted(counts, key=lambda c: (-math.fsum(counts[c][:windows]), c))[:top]
+
+
+def client_windows(data: Path, model: str, days: int, top: int) -> list[list[TrafficObservation]]:
+    """The ``top`` busiest clients' 10-minute windows of ``model`` over ``days`` days.
+
+    Single tenants are burstier than the aggregate; ISL/OSL are the model's.
+    """
+    counts = client_counts(data, model, days)
     lengths = servegen_windows(data, model)
     out = []
-    for client in busiest:
+    for client in busiest_clients(counts, top, len(counts[next(iter(counts))])):
         out.append(
             [
                 TrafficObservation(

@@ -5,7 +5,8 @@ Usage:
     .venv/bin/python bench/sizing.py --data /work/shared/data \
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
         [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--day 4 --warm-days 4] [--json out.json]
-        # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept
+        # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept;
+        # departures: today's defaults, each departure from Dynamo's sizing taken away
 
 Runs the oracle and each variant of ``VARIANTS`` (config overrides on top
 of the defaults; throughput loop only, ARIMA, unless a variant says
@@ -13,7 +14,8 @@ otherwise) on the workloads of ``bench/quality.py`` at the rate scales
 recorded there (``SCALES``), and prints SLA attainment and GPU-hours
 against the oracle. "dynamo+..." rows add fleetplan's departures to
 Dynamo's sizing one at a time; "fleetplan -..." rows take one away from
-fleetplan's defaults (docs/sizing.md).
+fleetplan's defaults as they were when docs/sizing.md first measured them,
+and "defaults -..." rows one away from today's, nothing else pinned.
 """
 
 from __future__ import annotations
@@ -80,6 +82,28 @@ VARIANTS: dict[str, dict] = {
     "dynamo both (arima)": {**REFERENCE_SIZING, "enable_load_scaling": True},
 }
 
+# Today's defaults, then each departure from Dynamo's sizing taken away with nothing else pinned
+# (docs/sizing.md's "What each departure buys"; the rows above keep what they were measured with)
+DEPARTURES: dict[str, dict] = {
+    "defaults": {},
+    "defaults -queueing": {"prefill_sizing": "rate"},
+    "defaults -dispersion": {"queueing_arrivals": "poisson"},
+    "defaults -timescales": {"queueing_arrivals": "measured"},
+    "defaults -burst": {"burst_window_seconds": 0},
+    "defaults -windowrate": dict(W),
+    "defaults -mix": {"capacity_mix": "mean"},
+    "defaults -slots": {"decode_sizing": "rate"},
+    "defaults -quantile": {"throughput_sizing": "point"},
+    "defaults -coverage": {"uncalibrated_headroom": "full"},
+    "defaults -calibrated": {"calibrated_utilization": None},
+    "defaults -headroom": {"target_utilization": 1.0, "calibrated_utilization": None},
+    "defaults -quadratic": {"prefill_time_model": "linear"},
+    "defaults constant": {"load_predictor": "constant"},
+    "defaults arima_frozen": {"load_predictor": "arima_frozen"},
+    "defaults +load loop": {"enable_load_scaling": True},
+}
+VARIANTS.update({name: {"load_predictor": "ensemble", **change} for name, change in DEPARTURES.items()})
+
 # The reference frontier: Dynamo's sizing with a reference predictor, plus a headroom knob
 # Dynamo does not have, swept so that some setting spends what fleetplan's defaults spend.
 # fleetplan's point is compared with this curve at equal GPU-hours (`--variants frontier`).
@@ -124,7 +148,7 @@ RETUNE: dict[str, dict] = {
 RETUNE["fleetplan (ensemble) -coverage +retune1h"] = RETUNE["fleetplan (ensemble) +retune1h"]
 VARIANTS.update({name: {**VARIANTS["fleetplan (ensemble) -coverage" if "-coverage" in name else "fleetplan (ensemble)"]}
                  for name in RETUNE})
-GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER}
+GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER, "departures": DEPARTURES}
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
@@ -176,7 +200,8 @@ def main() -> None:
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--variants", default=",".join(ABLATION),
                         help="variant names, comma-separated; 'frontier' adds the reference sweep, "
-                             "'forecast-frontier' the reference forecasting's")
+                             "'forecast-frontier' the reference forecasting's, 'departures' today's defaults "
+                             "with each departure from Dynamo's sizing taken away")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--no-oracle", dest="oracle", action="store_false",
                         help="skip the oracle (slow on a day: six replays); ratios need it")

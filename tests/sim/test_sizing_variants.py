@@ -1,0 +1,37 @@
+"""bench/sizing.py's variants: each is a valid config, and each departure row departs.
+
+docs/sizing.md reads "what each departure buys" off the ``defaults -…``
+rows, so a row whose override the defaults already hold (or a misspelt
+field) would report a departure that was never taken away.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetplan.models.config import config_from_dict
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))  # bench scripts import each other by name
+from sizing import DEPARTURES, VARIANTS  # noqa: E402
+
+SLA = {"ttft_ms": 500.0, "itl_ms": 50.0}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_is_a_valid_config(name):
+    config_from_dict({**SLA, **VARIANTS[name]})
+
+
+@pytest.mark.parametrize("name", [n for n in DEPARTURES if n != "defaults"])
+def test_each_departure_changes_the_defaults(name):
+    defaults = config_from_dict({**SLA, **VARIANTS["defaults"]})
+    departed = config_from_dict({**SLA, **VARIANTS[name]})
+    changed = {k for k in DEPARTURES[name] if getattr(departed, k) != getattr(defaults, k)}
+    assert changed == set(DEPARTURES[name])
+
+
+def test_the_defaults_row_is_the_default_config():
+    assert config_from_dict({**SLA, **VARIANTS["defaults"]}) == config_from_dict(SLA)

@@ -158,7 +158,7 @@ def client_windows(data: Path, model: str, days: int, top: int) -> list[list[Tra
     counts = client_counts(data, model, days)
     lengths = servegen_windows(data, model)
     out = []
-    for client in busiest_clients(counts, top, len(counts[next(iter(counts))])):
+    for client in busiest_clients(counts, top, days * (DAY_S // SERVEGEN_WINDOW_S)):
         out.append(
             [
                 TrafficObservation(

@@ -60,7 +60,7 @@ def parts_of(counts: dict[str, list[float]], top: int, warm: int) -> list[list[f
         return [counts[c] for c in sorted(counts)]
     big = busiest_clients(counts, top, warm)
     kept = set(big)
-    rest = [math.fsum(counts[c][i] for c in counts if c not in kept) for i in range(len(counts[big[0]]))]
+    rest = [math.fsum(window) for window in zip(*(counts[c] for c in counts if c not in kept), strict=True)]
     return [counts[c] for c in big] + [rest]
 
 
@@ -74,7 +74,7 @@ def summed_count(aggregate: float, parts: list[float]) -> float:
     return 0.0 if aggregate == 0.0 else math.fsum(parts)
 
 
-def score(model: str, windows: list[TrafficObservation], counts: dict[str, list[float]],
+def score(windows: list[TrafficObservation], counts: dict[str, list[float]],
           kind: str, top: int, split: str) -> tuple[float, float, int, float]:
     """(aggregate loss, bottom-up loss, parts, ms per bottom-up forecast) on one split."""
     warm, end = SPLITS[split]
@@ -119,12 +119,12 @@ def main() -> None:
     tops = [int(v) for v in args.top.split(",")]
     print("| split | model | clients | parts | aggregate loss | bottom-up loss | ratio | ms per forecast |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
+    week = {model: (servegen_windows(args.data, model), client_counts(args.data, model, days=7))
+            for model in SERVEGEN_WEEK}  # read once: both splits score the same week
     for split in SPLITS:
-        for model in SERVEGEN_WEEK:
-            windows = servegen_windows(args.data, model)
-            counts = client_counts(args.data, model, days=7)
+        for model, (windows, counts) in week.items():
             for top in tops:
-                whole, summed, parts, ms = score(model, windows, counts, args.kind, top, split)
+                whole, summed, parts, ms = score(windows, counts, args.kind, top, split)
                 label = "every client" if top == 0 else f"top {top} + rest"
                 print(f"| {split} | {model} | {label} | {parts} | {whole:.4f} | {summed:.4f} | "
                       f"{summed / whole:.2f} | {ms:.2f} |", flush=True)

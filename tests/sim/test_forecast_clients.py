@@ -48,7 +48,7 @@ def test_the_busiest_clients_of_the_warm_up_are_forecast_alone():
 
 def test_one_part_scores_as_the_aggregate():
     counts = {"only": [80.0 + 30.0 * math.sin(i / 9.0) + (i % 7) for i in range(WEEK)]}
-    whole, summed, parts, _ = score("m", _windows(counts), counts, "constant", 0, "dev")
+    whole, summed, parts, _ = score(_windows(counts), counts, "constant", 0, "dev")
     assert parts == 1
     assert summed == whole > 0.0
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetplan.models.config import ConfigError, PlannerConfig
+from fleetplan.models.apply import apply_event
+from fleetplan.models.config import PlannerConfig
 from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.load import (
@@ -28,65 +29,33 @@ from fleetplan.models.load import (
     prefill_signal,
     threshold_signal,
 )
-from fleetplan.models.mix import LengthMix, mix_factor
-from fleetplan.models.perf import FpmColumns
-from fleetplan.models.perf_models import make_perf_models
-from fleetplan.models.predictor_swap import (
-    build_forecaster,
-    keep_last,
-    predictor_changed,
-    rebuild_forecaster,
-    remember_window,
-    seed_history,
-    seed_problem,
+from fleetplan.models.measured_floor import (
+    engines_measured,
+    hold_measured_floor,
+    measured_floor,
+    measures_floor,
+    window_began,
 )
-from fleetplan.models.predictors import PredictorUnavailable
-from fleetplan.models.queueing import Dispersion
+from fleetplan.models.perf_models import make_perf_models
+from fleetplan.models.predictor_swap import build_forecaster, remember_window
 from fleetplan.models.startup import (
     measured_startup_seconds,
     record_scale_up,
     startup_horizon_windows,
-    startup_sample,
 )
-from fleetplan.models.state import (
-    DeploymentState,
-    PendingDecision,
-    TrafficWindow,
-    Worker,
-    count_subwindow,
-    request_kv_hit_rate,
-)
-from fleetplan.models.throughput import (
-    ThroughputProposal,
-    bucket_budgets,
-    engine_capacity,
-    propose_throughput,
-)
+from fleetplan.models.state import DeploymentState, PendingDecision, TrafficWindow
+from fleetplan.models.throughput import ThroughputProposal, propose_throughput
+from fleetplan.models.window_sizing import queueing_dispersion, size_mix
 from fleetplan.schemas.events import (
-    Ack,
-    ClockEvent,
-    ControlEvent,
-    DeadLetter,
     Decision,
     ForwardPassMetrics,
-    FpmBatch,
-    InventoryEvent,
     PredictedLoad,
-    RequestArrival,
-    RequestRecord,
     Role,
     RoleEstimate,
-    SeedTraffic,
-    SetAdvisory,
-    SetConfig,
-    SetMinEndpoints,
 )
-from fleetplan.schemas.fpm_wire import WireFpmBatch
 
 PARTIAL_WINDOW_SHARE = 0.1
 """A first throughput window whose traffic began later than this share of it is partial."""
-MEASURED_RATE_MIN_SECONDS = 60.0
-"""Without the throughput loop, the load loop's floor measures the current window once it is this long."""
 POINT_COVERAGE = 0.5
 """The share of windows a point forecast covers (a median at best): what ``target_utilization``'s headroom is for."""
 
@@ -179,10 +148,8 @@ class Planner:
     # --- apply -------------------------------------------------------------
 
     def apply(self, state: DeploymentState, event) -> DeploymentState:
-        """Fold one input event into the state (in place; returns it)."""
-        handler = _APPLY.get(type(event))
-        if handler is not None:
-            handler(state, event)
+        """Fold one input event into the state (in place; returns it): models/apply.py."""
+        apply_event(state, event)
         return state
 
     # --- tick --------------------------------------------------------------
@@ -210,9 +177,9 @@ class Planner:
         if not cfg.throughput_enabled:
             scratch.throughput_reason = "disabled"
             if _due(now, interval_t):
-                began = _window_began(state)
-                if _measures_floor(cfg) and began is not None:
-                    closed = _engines_measured(state, now - began, baseline, minimums, kv_hit, accept)
+                began = window_began(state)
+                if measures_floor(cfg) and began is not None:
+                    closed = engines_measured(state, now - began, baseline, minimums, kv_hit, accept)
                     state.measured_floors = [*state.measured_floors, closed][-cfg.floor_memory_windows:]
                 # a new window each interval keeps a load-only deployment's state bounded
                 # (the window counts every second)
@@ -307,7 +274,7 @@ class Planner:
         if obs.accept_length is not None:
             state.last_accept_length = obs.accept_length
             accept = obs.accept_length
-        budgets, osl_classes = _size_mix(state, mix, kv_hit, accept)
+        budgets, osl_classes = size_mix(state, mix, kv_hit, accept)
         # a partial first window has partial sub-windows too: its peak is not a peak
         peak = peak if duration >= interval else None
         state.forecaster.observe(full, peak=peak)
@@ -329,7 +296,7 @@ class Planner:
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
             sized_num_req=sized, horizon_windows=horizon, quantile_calibrated=calibrated, mix_factor=factors,
-            arrival_dispersion=_queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
+            arrival_dispersion=queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
             queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization, window_num_req=window,
         )
         scratch.predicted = proposal.predicted
@@ -356,11 +323,11 @@ class Planner:
             engines, coverage = _engines_of(state, role)
             if not engines:
                 scratch.load_reasons[role] = "no_fpm_data"
-                if _measures_floor(cfg):
+                if measures_floor(cfg):
                     # no engine to take a snapshot of, but the traffic still needs some: a role
                     # at 0 engines would otherwise never come back
-                    held = _hold_measured_floor(cfg, LoadSignal(0, "no_fpm_data"), role, baseline,
-                                                _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch))
+                    held = hold_measured_floor(cfg, LoadSignal(0, "no_fpm_data"), role, baseline,
+                                                self._measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch))
                     if held.step > 0:
                         scratch.signals[role] = held
                         scratch.load_reasons[role] = held.reason
@@ -372,9 +339,9 @@ class Planner:
             signal = self._signal(state, role, engines, kv_hit, accept)
             scratch.signals[role] = signal
             scratch.load_reasons[role] = signal.reason
-            if _measures_floor(cfg):
-                signal = _hold_measured_floor(
-                    cfg, signal, role, baseline, _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch),
+            if measures_floor(cfg):
+                signal = hold_measured_floor(
+                    cfg, signal, role, baseline, self._measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch),
                 )
                 scratch.signals[role] = signal
                 scratch.load_reasons[role] = signal.reason
@@ -401,6 +368,12 @@ class Planner:
         else:
             scratch.load_reason = reasons[0] if reasons else "no_fpm_data"
         scratch.load_targets = {r: targets.get(r, baseline[r]) for r in cfg.roles}
+
+    def _measured_floor(self, state, now, baseline, minimums, kv_hit, accept, scratch) -> dict[Role, int]:
+        """The measured traffic's floor (models/measured_floor.py), sized once a tick."""
+        if scratch.measured_floor is None:
+            scratch.measured_floor = measured_floor(state, now, baseline, minimums, kv_hit, accept)
+        return scratch.measured_floor
 
     def _signal(self, state, role, engines, kv_hit, accept) -> LoadSignal:
         cfg = state.config
@@ -474,160 +447,6 @@ class Planner:
         return out
 
 
-# --- apply handlers ---------------------------------------------------------
-
-
-def _admit_fpm(state: DeploymentState, fpm) -> bool:
-    """Whether the perf model of the FPM's role takes it; discovers its engine."""
-    role = fpm.role
-    if state.perf.get(role) is None:
-        return False  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
-    worker = state.workers.get(fpm.worker_id)
-    if worker is None:
-        # Discovery: an engine that reports metrics exists, even before inventory says so.
-        gpus = state.config.gpus_per_engine(role) or 1
-        state.workers[fpm.worker_id] = Worker(role, "ready", gpus, fpm.time)
-    elif worker.state == "gone":
-        return False
-    return True
-
-
-def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
-    if _admit_fpm(state, fpm):
-        state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
-        state.perf[fpm.role].observe(fpm)
-
-
-def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch | WireFpmBatch) -> None:
-    """The hot path: one vectorised regression update per role for the whole batch.
-
-    Equivalent to applying the FPMs one by one in batch order (the perf
-    model's batched observe keeps the same state as observing each; whether
-    an FPM is admitted does not depend on the FPMs before it in the batch,
-    as discovery adds ready engines, never gone ones). An engine's latest FPM
-    is stored once, the last of the batch, so a :class:`WireFpmBatch` (the
-    worker's fast decode) becomes pydantic models only for the FPMs kept.
-    """
-    by_role: dict[Role, list] = {}
-    latest: dict[tuple[str, int], object] = {}
-    for fpm in batch.fpms:
-        if _admit_fpm(state, fpm):
-            latest[fpm.worker_id, fpm.dp_rank] = fpm
-            by_role.setdefault(fpm.role, []).append(fpm)
-    kept = state.latest_fpm  # new engines in order of first appearance, as one by one
-    for (worker_id, rank), fpm in latest.items():
-        kept[f"{worker_id}/{rank}"] = fpm if isinstance(fpm, ForwardPassMetrics) else fpm.to_model()
-    for role, fpms in by_role.items():
-        state.perf[role].observe_batch(FpmColumns.from_fpms(fpms))
-
-
-def _note_traffic(state: DeploymentState, arrival_s: float) -> None:
-    """The deployment has traffic; the first request's arrival dates its first window."""
-    if state.first_traffic is None:
-        state.first_traffic = arrival_s
-    state.seen_traffic = True
-
-
-def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
-    _note_traffic(state, req.arrival_s)
-    w = state.window
-    w.count += 1
-    w.sum_isl += req.input_tokens
-    w.sum_osl += req.output_tokens
-    kv = request_kv_hit_rate(req)
-    if kv is not None:
-        w.sum_kv_hit += kv
-        w.n_kv_hit += 1
-    if req.accept_length is not None:
-        w.sum_accept += req.accept_length
-        w.n_accept += 1
-    if req.ttft_ms is not None:
-        w.sum_ttft_ms += req.ttft_ms
-        w.n_ttft += 1
-    if req.avg_itl_ms is not None:
-        w.sum_itl_ms += req.avg_itl_ms
-        w.n_itl += 1
-    LengthMix(w.mix).add(req.input_tokens, req.output_tokens)
-    count_subwindow(w.burst_finished, req.time, state.config.burst_seconds)
-
-
-def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:
-    """Count demand when it arrives; from the first arrival on, arrivals are the count."""
-    _note_traffic(state, ev.time)
-    state.window.add_arrival(ev.time, ev.input_tokens, state.config.burst_seconds)
-    state.seen_arrivals = True
-
-
-def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
-    if ev.role not in state.config.roles:
-        return
-    if ev.state == "gone":
-        state.workers.pop(ev.worker_id, None)
-        prefix = f"{ev.worker_id}/"
-        for key in [k for k in state.latest_fpm if k.startswith(prefix)]:
-            del state.latest_fpm[key]
-        return
-    previous = state.workers.get(ev.worker_id)
-    if ev.state == "ready" and (previous is None or previous.state == "starting"):
-        startup_sample(state, ev, previous)
-    state.workers[ev.worker_id] = Worker(ev.role, ev.state, ev.gpus, ev.time)
-
-
-def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
-    body = ev.body
-    if isinstance(body, SetMinEndpoints):
-        state.min_overrides.update(body.minimums)
-    elif isinstance(body, SetAdvisory):
-        state.advisory_override = body.advisory
-    elif isinstance(body, SetConfig):
-        try:
-            config = state.config.with_changes(body.changes)
-            forecaster = (rebuild_forecaster(config, state.traffic_history)
-                          if predictor_changed(state.config, config) else state.forecaster)
-        except (ConfigError, PredictorUnavailable):
-            # intake refuses what is wrong on its own (models/config_changes.py); what is wrong
-            # against the config as folded (a floor above a ceiling set earlier) lands here, in
-            # event-time order: it is counted and changes nothing
-            state.rejected_controls += 1
-            return
-        state.forecaster = forecaster
-        state.config = config
-    elif isinstance(body, SeedTraffic):
-        history = seed_history(body.windows)
-        if seed_problem(state.config, state.forecaster, history) is not None:
-            state.rejected_controls += 1  # judged against the state as folded, like set_config's
-            return
-        state.forecaster = rebuild_forecaster(state.config, history)
-        # kept for a predictor swapped in later, as live windows are
-        keep_last(history, state.config.predictor_history_windows)
-        state.traffic_history = history
-    state.config_version += 1
-
-
-def _apply_ack(state: DeploymentState, ack: Ack) -> None:
-    pending = state.pending
-    if pending is None or ack.decision_id != pending.decision_id:
-        return  # an ack for an older or unknown decision changes nothing
-    if ack.status == "applied":
-        state.desired = dict(pending.targets)
-    state.pending = None
-
-
-_APPLY = {
-    ForwardPassMetrics: _apply_fpm,
-    FpmBatch: _apply_fpm_batch,
-    WireFpmBatch: _apply_fpm_batch,
-    RequestRecord: _apply_request,
-    RequestArrival: _apply_arrival,
-    InventoryEvent: _apply_inventory,
-    ControlEvent: _apply_control,
-    Ack: _apply_ack,
-    ClockEvent: None,
-    Decision: None,
-    DeadLetter: None,
-}
-
-
 # --- helpers ----------------------------------------------------------------
 
 
@@ -648,125 +467,6 @@ def _stabilization_seconds(state: DeploymentState) -> float:
     """
     configured = state.config.load_scale_down_stabilization_seconds
     return measured_startup_seconds(state) if configured is None else configured
-
-
-def _measures_floor(cfg: PlannerConfig) -> bool:
-    """Whether the load loop keeps the fleet at what the measured traffic needs.
-
-    With the throughput loop on, its floor already holds what the forecast
-    needs. Without it, the loop's only view is a snapshot of each engine's
-    queue, which is near empty on a fleet at 80 % utilisation whose prompts
-    take tens of milliseconds: it would release an engine the traffic
-    needs, and add one only once every queue had overflowed, a startup
-    too late (docs/planner.md).
-    """
-    return cfg.load_floor == "measured" and not cfg.throughput_enabled and cfg.sla_mode
-
-
-def _hold_measured_floor(
-    cfg: PlannerConfig, signal: LoadSignal, role: Role, baseline, floor: dict[Role, int],
-) -> LoadSignal:
-    """The verdict, moved so the role ends at or above the engines the measured traffic needs.
-
-    A raise moves at most ``max_throughput_scaling_replicas`` at once, as
-    the throughput loop does, so one odd window cannot multiply the fleet.
-    """
-    need = floor.get(role)
-    if need is None or baseline[role] + signal.step >= need:
-        return signal
-    if need > baseline[role]:
-        step = max(signal.step, min(need - baseline[role], cfg.max_throughput_scaling_replicas))
-        return LoadSignal(step, "scale_up_to_measured_rate", signal.ttft_ms, signal.itl_ms)
-    return LoadSignal(0, "scale_down_capped_by_measured_rate", signal.ttft_ms, signal.itl_ms)
-
-
-def _measured_floor(state, now, baseline, minimums, kv_hit, accept, scratch) -> dict[Role, int]:
-    """Per role, the engines the measured traffic needs, once a tick.
-
-    That is the most any remembered window needed: the current one (once it
-    holds a minute) and the closed ones within ``load_floor_memory_seconds``,
-    so a burst keeps its engines for a while after it passes, as Kubernetes'
-    HPA holds scale-downs for 300 s. In the deployment's first minute of
-    traffic, the fleet as it is: the first seconds' finished requests are
-    the short ones, and a deployment that starts on a warm fleet must not
-    shed it on idle-looking snapshots. Before any traffic, nothing: the
-    snapshots tell the truth.
-    """
-    if scratch.measured_floor is None:
-        start = _window_began(state)
-        floors = list(state.measured_floors)
-        if state.first_traffic is None:
-            floors = []
-        elif now - start >= MEASURED_RATE_MIN_SECONDS:
-            floors.append(_engines_measured(state, now - start, baseline, minimums, kv_hit, accept))
-        elif state.window_start is None:
-            floors = [dict(baseline)]
-        scratch.measured_floor = {
-            role: max(f[role] for f in floors if role in f)
-            for role in state.config.roles if any(role in f for f in floors)
-        }
-    return scratch.measured_floor
-
-
-def _queueing_dispersion(cfg: PlannerConfig, dispersion: float, curve: list[list[float]]) -> Dispersion:
-    """What the queueing floor takes as the arrivals' burstiness (``queueing_arrivals``).
-
-    ``poisson``: 1; ``measured``: the index of dispersion at 1 s;
-    ``timescales``: the dispersion curve from 1 s to 16 s (1 s alone until a
-    window has measured it), so bursts that last seconds count.
-    """
-    if cfg.queueing_arrivals == "poisson":
-        return 1.0
-    if cfg.queueing_arrivals == "timescales" and curve:
-        return curve
-    return dispersion
-
-
-def _window_began(state: DeploymentState) -> float | None:
-    """When the traffic window began: before the first interval's tick, at the first request."""
-    return state.first_traffic if state.window_start is None else state.window_start
-
-
-def _engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> dict[Role, int]:
-    """Per role, the engines the window's traffic needs, sized as the throughput loop sizes a forecast.
-
-    The rate and the queueing floor both count, with the window's own mix
-    and burstiness; nothing (``{}``) when the window is empty or the perf
-    model cannot size it yet.
-    """
-    cfg = state.config
-    obs = state.window.observation(
-        duration, by_arrival=state.seen_arrivals, last_osl=state.forecaster.forecaster.last_osl,
-    )
-    if duration <= 0 or not obs.num_req:
-        return {}
-    if obs.kv_hit_rate is not None:
-        kv_hit = obs.kv_hit_rate
-    if obs.accept_length is not None:
-        accept = obs.accept_length
-    budgets, osl_classes = _size_mix(state, state.window.length_mix, kv_hit, accept)
-    measured = state.window.arrival_dispersion(duration)
-    if measured is None:
-        dispersion = _queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve)
-    else:
-        curve = []
-        if cfg.queueing_arrivals == "timescales":  # the only mode that reads it; it rebins the window
-            curve = state.window.dispersion_curve(_window_began(state) or 0.0, duration) or []
-        dispersion = _queueing_dispersion(cfg, measured, curve)
-    interval = cfg.throughput_adjustment_interval_seconds
-    count = obs.num_req * interval / duration
-    if duration >= cfg.burst_seconds:
-        # the busiest sub-window, as the throughput loop sizes: bursty traffic needs its peaks
-        peak = state.window.peak_count(interval, cfg.burst_seconds, by_arrival=state.seen_arrivals)
-        count = max(count, peak or 0.0)
-    proposal = propose_throughput(
-        cfg, baseline, minimums, (count, obs.isl, obs.osl), kv_hit, accept, state.perf,
-        mix_factor=state.mix_factor if cfg.capacity_mix == "buckets" else None,
-        arrival_dispersion=dispersion, queue_budgets=budgets, osl_classes=osl_classes,
-    )
-    if proposal.targets is None:
-        return {}
-    return dict(proposal.needed)
 
 
 def _bursts_to_queueing(cfg: PlannerConfig) -> bool:
@@ -818,25 +518,6 @@ def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:
     return cfg.target_utilization + (cfg.calibrated_utilization - cfg.target_utilization) * share
 
 
-def _size_mix(state: DeploymentState, mix: LengthMix, kv_hit: float, accept: float):
-    """Set the window's per-role mix correction; return what the queueing models take from the mix.
-
-    The prefill queue's budgets per length bucket and decode's ``(share,
-    mean OSL)`` per bucket (its slot budgets); each ``None`` (the mean
-    request's) with ``capacity_mix: mean`` or an empty window, and the
-    budgets also while the prefill model is not ready.
-    """
-    cfg = state.config
-    if cfg.capacity_mix != "buckets" or not mix.count:
-        return None, None
-    capacities = {role: _capacity_memo(state, role, kv_hit, accept) for role in cfg.roles if state.perf[role].ready}
-    state.mix_factor = _mix_factors(state, mix, capacities)
-    osl_classes = [(share, osl) for share, _, osl in mix.groups()]
-    if "prefill" in capacities:
-        return bucket_budgets(cfg, mix, capacities["prefill"]), osl_classes
-    return None, osl_classes
-
-
 def _due(now: float, interval: int) -> bool:
     return now % interval == 0
 
@@ -877,36 +558,4 @@ def _engines_of(state: DeploymentState, role: Role) -> tuple[list[ForwardPassMet
         engines.extend(state.latest_fpm[k] for k in sorted(keys))
     return engines, covered
 
-
-def _capacity_memo(state: DeploymentState, role: Role, kv_hit: float, accept: float):
-    """``(isl, osl) -> Capacity | None`` of one role for this tick, each length computed once.
-
-    The request-mix factor and the queueing floor's budgets ask for the same
-    buckets; a wide mix has a few dozen, and each is a capacity search.
-    """
-    model, cfg = state.perf[role], state.config
-    seen: dict[tuple[float, float], object] = {}
-
-    def capacity_of(isl: float, osl: float):
-        key = (isl, osl)
-        if key not in seen:
-            seen[key] = engine_capacity(model, cfg, isl, osl, kv_hit, accept)
-        return seen[key]
-
-    return capacity_of
-
-
-def _mix_factors(state: DeploymentState, mix: LengthMix, capacities: dict) -> dict:
-    """Per role, the window's capacity on its mix over its capacity at the mean lengths."""
-    factors: dict[Role, float] = {}
-    for role, capacity_of in capacities.items():
-
-        def capacity_at(isl: float, osl: float, capacity_of=capacity_of) -> float | None:
-            cap = capacity_of(isl, osl)
-            return None if cap is None else cap.rps
-
-        factor = mix_factor(mix, capacity_at)
-        if factor is not None:
-            factors[role] = factor
-    return factors
 

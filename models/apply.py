@@ -1,0 +1,206 @@
+"""How each input event changes a deployment's state: ``Planner.apply``'s handlers.
+
+One handler per event type, each folding its event into the state in
+place and nothing else: no tick runs here, no decision is made, so the
+fold of a topic can run ahead of the ticks (models/fold_ahead.py) and
+the state after a sequence of events depends on that sequence alone.
+Events the core reads but does not fold (ticks, its own decisions, dead
+letters) map to ``None``.
+"""
+
+from __future__ import annotations
+
+from fleetplan.models.config import ConfigError
+from fleetplan.models.mix import LengthMix
+from fleetplan.models.perf import FpmColumns
+from fleetplan.models.predictor_swap import (
+    keep_last,
+    predictor_changed,
+    rebuild_forecaster,
+    seed_history,
+    seed_problem,
+)
+from fleetplan.models.predictors import PredictorUnavailable
+from fleetplan.models.startup import startup_sample
+from fleetplan.models.state import (
+    DeploymentState,
+    Worker,
+    count_subwindow,
+    request_kv_hit_rate,
+)
+from fleetplan.schemas.events import (
+    Ack,
+    ClockEvent,
+    ControlEvent,
+    DeadLetter,
+    Decision,
+    ForwardPassMetrics,
+    FpmBatch,
+    InventoryEvent,
+    RequestArrival,
+    RequestRecord,
+    Role,
+    SeedTraffic,
+    SetAdvisory,
+    SetConfig,
+    SetMinEndpoints,
+)
+from fleetplan.schemas.fpm_wire import WireFpmBatch
+
+
+def apply_event(state: DeploymentState, event) -> None:
+    """Fold one input event into ``state`` (in place); an unknown type changes nothing."""
+    handler = _HANDLERS.get(type(event))
+    if handler is not None:
+        handler(state, event)
+
+
+def _admit_fpm(state: DeploymentState, fpm) -> bool:
+    """Whether the perf model of the FPM's role takes it; discovers its engine."""
+    role = fpm.role
+    if state.perf.get(role) is None:
+        return False  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
+    worker = state.workers.get(fpm.worker_id)
+    if worker is None:
+        # Discovery: an engine that reports metrics exists, even before inventory says so.
+        gpus = state.config.gpus_per_engine(role) or 1
+        state.workers[fpm.worker_id] = Worker(role, "ready", gpus, fpm.time)
+    elif worker.state == "gone":
+        return False
+    return True
+
+
+def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
+    if _admit_fpm(state, fpm):
+        state.latest_fpm[f"{fpm.worker_id}/{fpm.dp_rank}"] = fpm
+        state.perf[fpm.role].observe(fpm)
+
+
+def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch | WireFpmBatch) -> None:
+    """The hot path: one vectorised regression update per role for the whole batch.
+
+    Equivalent to applying the FPMs one by one in batch order (the perf
+    model's batched observe keeps the same state as observing each; whether
+    an FPM is admitted does not depend on the FPMs before it in the batch,
+    as discovery adds ready engines, never gone ones). An engine's latest FPM
+    is stored once, the last of the batch, so a :class:`WireFpmBatch` (the
+    worker's fast decode) becomes pydantic models only for the FPMs kept.
+    """
+    by_role: dict[Role, list] = {}
+    latest: dict[tuple[str, int], object] = {}
+    for fpm in batch.fpms:
+        if _admit_fpm(state, fpm):
+            latest[fpm.worker_id, fpm.dp_rank] = fpm
+            by_role.setdefault(fpm.role, []).append(fpm)
+    kept = state.latest_fpm  # new engines in order of first appearance, as one by one
+    for (worker_id, rank), fpm in latest.items():
+        kept[f"{worker_id}/{rank}"] = fpm if isinstance(fpm, ForwardPassMetrics) else fpm.to_model()
+    for role, fpms in by_role.items():
+        state.perf[role].observe_batch(FpmColumns.from_fpms(fpms))
+
+
+def _note_traffic(state: DeploymentState, arrival_s: float) -> None:
+    """The deployment has traffic; the first request's arrival dates its first window."""
+    if state.first_traffic is None:
+        state.first_traffic = arrival_s
+    state.seen_traffic = True
+
+
+def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
+    _note_traffic(state, req.arrival_s)
+    w = state.window
+    w.count += 1
+    w.sum_isl += req.input_tokens
+    w.sum_osl += req.output_tokens
+    kv = request_kv_hit_rate(req)
+    if kv is not None:
+        w.sum_kv_hit += kv
+        w.n_kv_hit += 1
+    if req.accept_length is not None:
+        w.sum_accept += req.accept_length
+        w.n_accept += 1
+    if req.ttft_ms is not None:
+        w.sum_ttft_ms += req.ttft_ms
+        w.n_ttft += 1
+    if req.avg_itl_ms is not None:
+        w.sum_itl_ms += req.avg_itl_ms
+        w.n_itl += 1
+    LengthMix(w.mix).add(req.input_tokens, req.output_tokens)
+    count_subwindow(w.burst_finished, req.time, state.config.burst_seconds)
+
+
+def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:
+    """Count demand when it arrives; from the first arrival on, arrivals are the count."""
+    _note_traffic(state, ev.time)
+    state.window.add_arrival(ev.time, ev.input_tokens, state.config.burst_seconds)
+    state.seen_arrivals = True
+
+
+def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
+    if ev.role not in state.config.roles:
+        return
+    if ev.state == "gone":
+        state.workers.pop(ev.worker_id, None)
+        prefix = f"{ev.worker_id}/"
+        for key in [k for k in state.latest_fpm if k.startswith(prefix)]:
+            del state.latest_fpm[key]
+        return
+    previous = state.workers.get(ev.worker_id)
+    if ev.state == "ready" and (previous is None or previous.state == "starting"):
+        startup_sample(state, ev, previous)
+    state.workers[ev.worker_id] = Worker(ev.role, ev.state, ev.gpus, ev.time)
+
+
+def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
+    body = ev.body
+    if isinstance(body, SetMinEndpoints):
+        state.min_overrides.update(body.minimums)
+    elif isinstance(body, SetAdvisory):
+        state.advisory_override = body.advisory
+    elif isinstance(body, SetConfig):
+        try:
+            config = state.config.with_changes(body.changes)
+            forecaster = (rebuild_forecaster(config, state.traffic_history)
+                          if predictor_changed(state.config, config) else state.forecaster)
+        except (ConfigError, PredictorUnavailable):
+            # intake refuses what is wrong on its own (models/config_changes.py); what is wrong
+            # against the config as folded (a floor above a ceiling set earlier) lands here, in
+            # event-time order: it is counted and changes nothing
+            state.rejected_controls += 1
+            return
+        state.forecaster = forecaster
+        state.config = config
+    elif isinstance(body, SeedTraffic):
+        history = seed_history(body.windows)
+        if seed_problem(state.config, state.forecaster, history) is not None:
+            state.rejected_controls += 1  # judged against the state as folded, like set_config's
+            return
+        state.forecaster = rebuild_forecaster(state.config, history)
+        # kept for a predictor swapped in later, as live windows are
+        keep_last(history, state.config.predictor_history_windows)
+        state.traffic_history = history
+    state.config_version += 1
+
+
+def _apply_ack(state: DeploymentState, ack: Ack) -> None:
+    pending = state.pending
+    if pending is None or ack.decision_id != pending.decision_id:
+        return  # an ack for an older or unknown decision changes nothing
+    if ack.status == "applied":
+        state.desired = dict(pending.targets)
+    state.pending = None
+
+
+_HANDLERS = {
+    ForwardPassMetrics: _apply_fpm,
+    FpmBatch: _apply_fpm_batch,
+    WireFpmBatch: _apply_fpm_batch,
+    RequestRecord: _apply_request,
+    RequestArrival: _apply_arrival,
+    InventoryEvent: _apply_inventory,
+    ControlEvent: _apply_control,
+    Ack: _apply_ack,
+    ClockEvent: None,
+    Decision: None,
+    DeadLetter: None,
+}

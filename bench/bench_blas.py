@@ -7,7 +7,7 @@ thousands of times per selection. OpenBLAS starts a thread per core and
 hands work to them; when the other cores are busy (a planner pod beside
 others, a benchmark beside another) each hand-off waits for a core, and a
 fit that takes a few milliseconds takes tens. ``models/predictors.py`` therefore runs every
-statsmodels call on one BLAS thread (``_statsmodels_run``).
+statsmodels call on one BLAS thread (``statsmodels_run``).
 
 This feeds the re-selecting ARIMA the ServeGen week's 10-minute request
 counts of one model (the series ``bench/forecast.py`` scores), forecasting

@@ -94,12 +94,13 @@ def test_the_history_round_trips_with_the_state(make_fleet):
 def test_a_predictor_this_install_cannot_build_is_counted_and_changes_nothing(make_fleet, monkeypatch):
     """Prophet without its extra: the fold refuses the swap instead of stopping the worker."""
     import fleetplan.models.predictors as predictors
+    import fleetplan.models.prophet_predictor as prophet_predictor
     from fleetplan.models.config_changes import change_problem
 
     def unavailable():
         raise predictors.PredictorUnavailable("the 'prophet' predictor needs the optional extra")
 
-    monkeypatch.setattr(predictors, "_import_prophet", unavailable)
+    monkeypatch.setattr(prophet_predictor, "_import_prophet", unavailable)
     fleet = make_fleet(load_predictor="kalman")
     fleet.run(_timed(*[e for e in _traffic() if e.time < T0 + 400], _set(T0 + 200, load_predictor="prophet")))
     state = fleet.state("d")

@@ -25,8 +25,8 @@ from fleetplan.models.startup import startup_sample
 from fleetplan.models.state import (
     DeploymentState,
     Worker,
+    add_finished_sums,
     count_subwindow,
-    request_kv_hit_rate,
 )
 from fleetplan.schemas.events import (
     Ack,
@@ -109,16 +109,7 @@ def _note_traffic(state: DeploymentState, arrival_s: float) -> None:
 def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
     _note_traffic(state, req.arrival_s)
     w = state.window
-    w.count += 1
-    w.sum_isl += req.input_tokens
-    w.sum_osl += req.output_tokens
-    kv = request_kv_hit_rate(req)
-    if kv is not None:
-        w.sum_kv_hit += kv
-        w.n_kv_hit += 1
-    if req.accept_length is not None:
-        w.sum_accept += req.accept_length
-        w.n_accept += 1
+    add_finished_sums(w, req)
     if req.ttft_ms is not None:
         w.sum_ttft_ms += req.ttft_ms
         w.n_ttft += 1

@@ -44,6 +44,26 @@ def request_kv_hit_rate(req) -> float | None:
     return kv
 
 
+def add_finished_sums(sums, req) -> None:
+    """Add one finished request to the sums every window of them keeps.
+
+    The count, ISL, OSL, prefix-cache hits and accepted draft tokens: the
+    core's ``TrafficWindow`` keeps more, the stream's mirror of it
+    (``streams.tables.TrafficSums``) just these, and the mirror checks that
+    the same requests landed in the same window, so both add them here.
+    """
+    sums.count += 1
+    sums.sum_isl += req.input_tokens
+    sums.sum_osl += req.output_tokens
+    kv = request_kv_hit_rate(req)
+    if kv is not None:
+        sums.sum_kv_hit += kv
+        sums.n_kv_hit += 1
+    if req.accept_length is not None:
+        sums.sum_accept += req.accept_length
+        sums.n_accept += 1
+
+
 CURVE_SCALES = (1, 2, 4, 8, 16)  # seconds: the time scales of the arrivals' dispersion curve
 CURVE_MIN_BINS = 8  # whole bins a scale needs in the window to be measured
 

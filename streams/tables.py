@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import faust
 import orjson
 
-from fleetplan.models.state import TrafficWindow, request_kv_hit_rate
+from fleetplan.models.state import TrafficWindow, add_finished_sums
 from fleetplan.schemas.events import RequestArrival, RequestRecord
 
 STORED_VERSION = 1
@@ -127,16 +127,7 @@ class TrafficSums:
             self.arrivals += 1
             self.sum_arrival_isl += req.input_tokens
             return
-        self.count += 1
-        self.sum_isl += req.input_tokens
-        self.sum_osl += req.output_tokens
-        kv = request_kv_hit_rate(req)
-        if kv is not None:
-            self.sum_kv_hit += kv
-            self.n_kv_hit += 1
-        if req.accept_length is not None:
-            self.sum_accept += req.accept_length
-            self.n_accept += 1
+        add_finished_sums(self, req)
 
     def merge(self, other: TrafficSums) -> None:
         for name in ("count", "sum_isl", "sum_osl", "sum_kv_hit", "n_kv_hit", "sum_accept", "n_accept",

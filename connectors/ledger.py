@@ -10,10 +10,12 @@ Redelivery then finds one of:
 - a claim with no outcome, by this claimant or one whose lease ran out:
   the run died mid-apply; the claim is taken over and the backend's
   ``recover`` settles it without applying blindly;
-- a claim with no outcome by another claimant, its lease still live:
-  another connector is applying it right now (a rebalance handed the
-  partition over mid-apply); ``busy``, so the caller waits and asks again,
-  and then finds the outcome;
+- a live claim by another claimant (its lease not run out) on this
+  decision or an older one: another connector is applying it right now (a
+  rebalance handed the partition over mid-apply); ``busy``, so the caller
+  waits and asks again, and then finds the outcome. This holds for
+  skipping a decision as superseded too: two connectors never change one
+  deployment at once;
 - a newer claimed decision: this one is stale and acked ``superseded``.
 
 A claimant renews its lease (``claimed_at``) while it applies, so a slow
@@ -76,8 +78,34 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
+# Whether another claimant holds a claim whose lease is still live (on any decision: while
+# it applies one, no other connector may apply or skip past it).
+_FOREIGN_LIVE_CLAIM = """
+local function foreign_live_claim(claimant, lease)
+  local holder = redis.call('HGET', KEYS[1], 'claimed_by')
+  if not holder or holder == claimant then return false end
+  local since = tonumber(redis.call('HGET', KEYS[1], 'claimed_at') or '0')
+  return now - since < tonumber(lease)
+end
+"""
+
+# Stores the outcome ``outcome`` of decision ``id_s`` (locals set by the caller): the claim on
+# it is released, ``newest`` kept, and outcomes ``keep`` ids older trimmed.
+_STORE_OUTCOME = """
+redis.call('HSET', KEYS[1], 'outcome:' .. id_s, outcome)
+if redis.call('HGET', KEYS[1], 'claimed') == id_s then
+  redis.call('HDEL', KEYS[1], 'claimed', 'claimed_by', 'claimed_at')
+end
+local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
+if tonumber(id_s) > newest then redis.call('HSET', KEYS[1], 'newest', id_s) end
+local old = tonumber(id_s) - tonumber(keep)
+if old >= 0 then
+  redis.call('HDEL', KEYS[1], 'outcome:' .. old, 'acked:' .. old)
+end
+"""
+
 # KEYS[1] ledger hash. ARGV: id, claimant, superseded-outcome JSON, lease seconds.
-_BEGIN = _NOW + """
+_BEGIN = _NOW + _FOREIGN_LIVE_CLAIM + """
 local id = tonumber(ARGV[1])
 local out = redis.call('HGET', KEYS[1], 'outcome:' .. ARGV[1])
 if out then
@@ -90,18 +118,30 @@ if newest > id then
   return {'superseded', ARGV[3], 0}
 end
 local claimed = redis.call('HGET', KEYS[1], 'claimed')
-local verdict = 'apply'
-if claimed and tonumber(claimed) == id then
-  local holder = redis.call('HGET', KEYS[1], 'claimed_by')
-  local since = tonumber(redis.call('HGET', KEYS[1], 'claimed_at') or '0')
-  if holder ~= ARGV[2] and now - since < tonumber(ARGV[4]) then
-    return {'busy', '', 0}
-  end
-  verdict = 'recover'
+if claimed and foreign_live_claim(ARGV[2], ARGV[4]) then
+  return {'busy', '', 0}
 end
+local verdict = 'apply'
+if claimed and tonumber(claimed) == id then verdict = 'recover' end
 redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'claimed', ARGV[1],
            'claimed_by', ARGV[2], 'claimed_at', string.format('%.3f', now))
 return {verdict, '', 0}
+"""
+
+# KEYS[1] ledger hash. ARGV: id, claimant, superseded-outcome JSON, lease seconds, keep.
+# An outcome recorded earlier wins; a live claim of another connector (on this decision or
+# an older one it is still applying) makes the caller wait.
+_SUPERSEDE = _NOW + _FOREIGN_LIVE_CLAIM + """
+local id_s, outcome, keep = ARGV[1], ARGV[3], ARGV[5]
+local out = redis.call('HGET', KEYS[1], 'outcome:' .. id_s)
+if out then
+  return {'done', out, redis.call('HEXISTS', KEYS[1], 'acked:' .. id_s)}
+end
+if redis.call('HEXISTS', KEYS[1], 'claimed') == 1 and foreign_live_claim(ARGV[2], ARGV[4]) then
+  return {'busy', '', 0}
+end
+""" + _STORE_OUTCOME + """
+return {'superseded', outcome, 0}
 """
 
 # KEYS[1] ledger hash. ARGV: id, claimant. Renews the lease if the claim is still ours.
@@ -115,20 +155,11 @@ return 0
 
 # KEYS[1] ledger hash. ARGV: id, outcome JSON, keep. The first outcome wins.
 _RECORD = """
-local key = 'outcome:' .. ARGV[1]
-local existing = redis.call('HGET', KEYS[1], key)
+local id_s, outcome, keep = ARGV[1], ARGV[2], ARGV[3]
+local existing = redis.call('HGET', KEYS[1], 'outcome:' .. id_s)
 if existing then return existing end
-redis.call('HSET', KEYS[1], key, ARGV[2])
-if redis.call('HGET', KEYS[1], 'claimed') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'claimed', 'claimed_by', 'claimed_at')
-end
-local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
-if tonumber(ARGV[1]) > newest then redis.call('HSET', KEYS[1], 'newest', ARGV[1]) end
-local old = tonumber(ARGV[1]) - tonumber(ARGV[3])
-if old >= 0 then
-  redis.call('HDEL', KEYS[1], 'outcome:' .. old, 'acked:' .. old)
-end
-return ARGV[2]
+""" + _STORE_OUTCOME + """
+return outcome
 """
 
 
@@ -164,6 +195,7 @@ class Ledger:
         self._begin = client.register_script(_BEGIN)
         self._record = client.register_script(_RECORD)
         self._renew = client.register_script(_RENEW)
+        self._supersede = client.register_script(_SUPERSEDE)
 
     def key(self, deployment: str) -> str:
         return f"{self._prefix}:{deployment}"
@@ -199,17 +231,17 @@ class Ledger:
     async def supersede(self, decision: Decision, newer_id: int) -> Entry:
         """Skip ``decision`` because ``newer_id`` is already waiting behind it.
 
-        An outcome recorded earlier wins (its ack may just not have gone out).
+        An outcome recorded earlier wins (its ack may just not have gone
+        out); ``busy`` while another connector's claim is live, since it may
+        be applying this decision or an older one right now, and skipping
+        ahead would let two connectors change one deployment at once.
         """
-        key = self.key(decision.deployment)
-        raw = await self._redis.hget(key, f"outcome:{decision.decision_id}")
-        if raw is not None:
-            acked = await self._redis.hexists(key, f"acked:{decision.decision_id}")
-            return Entry("done", Outcome.from_json(raw), bool(acked))
-        outcome = await self.record(
-            decision, Outcome("superseded", {}, f"decision {newer_id} supersedes it")
+        outcome = Outcome("superseded", {}, f"decision {newer_id} supersedes it")
+        verdict, raw, acked = await self._supersede(
+            keys=[self.key(decision.deployment)],
+            args=[decision.decision_id, self._claimant, outcome.to_json(), self.lease_s, self._keep],
         )
-        return Entry("superseded", outcome, False)
+        return Entry(_text(verdict), Outcome.from_json(raw) if raw else None, bool(acked))
 
     async def mark_acked(self, decision: Decision) -> None:
         await self._redis.hset(self.key(decision.deployment), f"acked:{decision.decision_id}", 1)

@@ -80,3 +80,29 @@ async def test_old_outcomes_are_trimmed(ledger):
     fields = await ledger.snapshot("llama")
     assert sorted(k for k in fields if k.startswith("outcome:")) == ["outcome:3", "outcome:4", "outcome:5"]
     assert fields["newest"] == "5" and "claimed" not in fields
+
+
+async def test_no_decision_is_claimed_or_skipped_past_another_connectors_live_claim(aredis, redis_key_prefix):
+    """A connector still applying 5 keeps a second one from skipping it and applying 6 beside it."""
+    prefix = f"{redis_key_prefix}ledger"
+    a, b = (Ledger(aredis, prefix=prefix, claimant=name) for name in ("a", "b"))
+    five, six = make_decision(decision_id=5), make_decision(decision_id=6)
+    assert (await a.begin(five)).verdict == "apply"
+    assert (await b.supersede(five, newer_id=6)).verdict == "busy"
+    assert (await b.begin(six)).verdict == "busy"
+    assert "outcome:5" not in await b.snapshot("llama")  # a's claim is untouched
+    await a.record(five, Outcome("applied", {"decode": 2}))
+    after = await b.supersede(five, newer_id=6)
+    assert (after.verdict, after.outcome.status) == ("done", "applied")
+    assert (await b.begin(six)).verdict == "apply"
+
+
+async def test_a_lapsed_claim_does_not_hold_the_next_decision(aredis, redis_key_prefix):
+    prefix = f"{redis_key_prefix}ledger"
+    a = Ledger(aredis, prefix=prefix, claimant="a")
+    b = Ledger(aredis, prefix=prefix, claimant="b", lease_s=0.2)
+    await a.begin(make_decision(decision_id=5))
+    await asyncio.sleep(0.3)  # a died: its lease, as b counts it, ran out
+    skipped = await b.supersede(make_decision(decision_id=5), newer_id=6)
+    assert (skipped.verdict, skipped.outcome.status) == ("superseded", "superseded")
+    assert (await b.begin(make_decision(decision_id=6))).verdict == "apply"

@@ -257,10 +257,11 @@ class KafkaOrchestratorClient(OrchestratorClient):
     ) -> bool:
         assert self._producer is not None and self._consumer is not None
         key = (decision.deployment, decision.decision_id)
-        self._handed.discard(key)
-        place = self._pending.pop(key, None)
-        if place is None:
+        if key not in self._pending:
             return False
+        # Built and sent before the decision stops being pending: a bad ``observed`` or a
+        # Kafka error raises to the caller with the decision still pending, so calling
+        # again sends the ack (a duplicate ack is harmless, a lost one holds the commit).
         ack = Ack(
             deployment=decision.deployment, time=max(time.time(), decision.time),
             decision_id=decision.decision_id, status=status,
@@ -269,6 +270,10 @@ class KafkaOrchestratorClient(OrchestratorClient):
         await self._producer.send_and_wait(
             self._acks_topic, encode_event(ack), key=decision.deployment.encode()
         )
+        self._handed.discard(key)
+        place = self._pending.pop(key, None)
+        if place is None:
+            return True  # a concurrent call for the same decision got there first
         tp, offset = place
         self._mark_done(tp, offset)
         try:

@@ -13,8 +13,9 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectionError
 from aiokafka.structs import TopicPartition
+from pydantic import ValidationError
 
 from fleetplan.connectors import client as client_module
 from fleetplan.connectors.client import KafkaOrchestratorClient
@@ -124,6 +125,31 @@ async def test_redelivered_decision_is_acked_applied_once(client, consumer, prod
 
     assert acks(producer) == [("llama", 5, "applied")]
     assert consumer.commits[-1] == {P0: 8}
+
+
+async def test_an_ack_that_could_not_be_sent_is_sent_when_completed_again(client, consumer, producer):
+    """A Kafka error or a bad ``observed`` leaves the decision pending, so a retry acks it."""
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    await settle()
+    decision = await next_of(client.decisions("llama"))
+
+    with pytest.raises(ValidationError, match="observed"):
+        await client.complete(decision, "applied", observed={"decode": -1})
+    real_send = producer.send_and_wait
+
+    async def broker_down(*_, **__):
+        raise KafkaConnectionError("broker down")
+
+    producer.send_and_wait = broker_down
+    with pytest.raises(KafkaConnectionError):
+        await client.complete(decision, "applied", observed={"decode": 3})
+    assert acks(producer) == [] and all(c[P0] <= 7 for c in consumer.commits)  # not past it
+
+    producer.send_and_wait = real_send
+    assert await client.complete(decision, "applied", observed={"decode": 3})
+    assert acks(producer) == [("llama", 5, "applied")]
+    assert consumer.commits[-1] == {P0: 8}
+    assert not await client.complete(decision, "applied")  # answered: no longer current
 
 
 async def test_older_decisions_are_still_superseded(client, consumer, producer):

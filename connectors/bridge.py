@@ -61,7 +61,13 @@ from fleetplan.schemas.codec import (
     encode_event,
     event_to_dict,
 )
-from fleetplan.schemas.events import ClockEvent, DeadLetter, ForwardPassMetrics, FpmBatch
+from fleetplan.schemas.events import (
+    MAX_EVENT_TIME,
+    ClockEvent,
+    DeadLetter,
+    ForwardPassMetrics,
+    FpmBatch,
+)
 
 log = logging.getLogger("fleetplan.bridge")
 
@@ -326,6 +332,8 @@ class BridgeMetrics:
         self.retries = Counter("fleetplan_bridge_produce_retries", "records re-sent after a failed produce",
                                registry=r)
         self.heartbeats = Counter("fleetplan_bridge_heartbeats", "clock heartbeats sent", registry=r)
+        self.tick_errors = Counter("fleetplan_bridge_tick_errors", "pack flush / heartbeat rounds that failed",
+                                   registry=r)
         self.buffered = Gauge("fleetplan_bridge_buffered_events", "accepted events not yet acknowledged by Kafka",
                               registry=r)
 
@@ -588,9 +596,14 @@ class Bridge:
         period = max(min(s.pack_within_s, s.heartbeat_s / 2 if s.heartbeat_s else 1.0), 0.005)
         while True:
             await asyncio.sleep(period)
-            self._flush_packs()
-            if s.heartbeat_s and not self._stopping:
-                await self._heartbeats()
+            try:
+                self._flush_packs()
+                if s.heartbeat_s and not self._stopping:
+                    await self._heartbeats()
+            except Exception:
+                # one bad round must not stop packs and heartbeats for every deployment
+                log.exception("pack flush / heartbeat round failed; the next round goes on")
+                self.metrics.tick_errors.inc()
 
     async def _heartbeats(self) -> None:
         now = time.monotonic()
@@ -599,7 +612,9 @@ class Bridge:
             if now - src.seen_at > FORGET_AFTER_S:
                 del self._sources[deployment]
                 continue
-            clock_time = max(src.latest + (now - src.seen_at), src.clock_sent)
+            # an accepted event just under the schema's last time must not push the
+            # heartbeat past it: the heartbeat would fail validation
+            clock_time = min(max(src.latest + (now - src.seen_at), src.clock_sent), MAX_EVENT_TIME)
             for topic in (self.topics.fpm, self.topics.requests):
                 if now - src.last_sent.get(topic, src.seen_at) < every and not self._crossed(
                         deployment, src, topic, clock_time):

@@ -23,6 +23,7 @@ from fleetplan.connectors.bridge import (
     parse_endpoints,
 )
 from fleetplan.schemas.codec import MAX_EVENT_BYTES, decode_event, encode_event, event_to_dict
+from fleetplan.schemas.events import MAX_EVENT_TIME
 from fleetplan.schemas.fpm_wire import decode_input
 from tests.streams.traffic import T0, fpm, request
 
@@ -346,6 +347,25 @@ async def test_idle_deployments_get_clock_heartbeats_on_both_topics():
     times = [c.time for _, c in clocks]
     assert all(t >= T0 for t in times) and times == sorted(times)
     assert all(c.source == "bridge" and c.deployment == "alpha" for _, c in clocks)
+
+
+async def test_an_event_at_the_last_accepted_time_does_not_stop_heartbeats():
+    """The heartbeat of a deployment whose last event is just under 2100 stays at 2100 (the
+    schema's limit) instead of failing validation and ending the loop for every deployment."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(heartbeat_s=0.05), producer=producer)
+    await bridge.start()
+    try:
+        assert await bridge.accept([encode_event(request("late", MAX_EVENT_TIME - 0.01, 1))]) == 1
+        await settle(producer, lambda: sum(b'"late"' in v and b'"clock"' in v for _, v in producer.delivered) >= 2)
+        await bridge.accept([encode_event(request("alpha", T0, 2))])
+        await settle(producer, lambda: any(b'"alpha"' in v and b'"clock"' in v for _, v in producer.delivered))
+    finally:
+        await bridge.stop()
+    late = [decode_event(v).time for _, v in producer.delivered if b'"late"' in v and b'"clock"' in v]
+    assert max(late) == MAX_EVENT_TIME
+    assert bridge.metrics.tick_errors._value.get() == 0
 
 
 async def test_an_idle_topic_hears_of_each_whole_heartbeat_of_event_time_right_away():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
@@ -34,6 +35,16 @@ class ConnectorConfigError(ValueError):
         self.field = field
         self.problem = problem
         super().__init__(f"{field}: {problem}")
+
+
+def check_seconds(option: str, value: float) -> None:
+    """Refuse a duration that is not a positive finite number of seconds, naming its option.
+
+    NaN passes a plain ``<= 0`` test and would make a wait endless or fail
+    every decision later with a message that names no option.
+    """
+    if not (math.isfinite(value) and value > 0):
+        raise ConnectorConfigError(option, f"must be a positive number of seconds, got {value}")
 
 
 class ApplyFailed(Exception):

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from fleetplan.connectors.base import Applier, ConnectorConfigError
+from fleetplan.connectors.base import Applier, ConnectorConfigError, check_seconds
 from fleetplan.connectors.ledger import DEFAULT_LEASE_S
 from fleetplan.schemas import topics
 from fleetplan.schemas.events import ROLES
@@ -126,8 +126,8 @@ def connector(
     try:
         if not 0 <= metrics_port <= 65535:
             raise ConnectorConfigError("--metrics-port", f"must be 0..65535, got {metrics_port}")
-        if not claim_lease > 0:
-            raise ConnectorConfigError("--claim-lease", f"must be > 0 seconds, got {claim_lease}")
+        check_seconds("--claim-lease", claim_lease)
+        check_seconds("--completion-timeout", completion_timeout)
         if dgd and backend is not Backend.kubernetes:
             raise ConnectorConfigError("--dgd", "only applies to --backend kubernetes")
         if backend is Backend.kubernetes:

@@ -39,6 +39,7 @@ from fleetplan.connectors.base import (
     ConnectorConfigError,
     InDoubt,
     Observed,
+    check_seconds,
 )
 from fleetplan.schemas.events import Decision, Role
 
@@ -85,8 +86,7 @@ class KubernetesSettings:
         for name, value in (("--ready-timeout", self.ready_timeout_s),
                             ("--ready-poll", self.ready_poll_s),
                             ("--request-timeout", self.request_timeout_s)):
-            if value <= 0:
-                raise ConnectorConfigError(name, f"must be positive, got {value}")
+            check_seconds(name, value)
         if self.max_attempts < 1:
             raise ConnectorConfigError("--max-attempts", "must be at least 1")
         if not self.services:

@@ -36,6 +36,7 @@ from fleetplan.connectors.base import (
     ConnectorConfigError,
     Observed,
     Superseded,
+    check_seconds,
 )
 from fleetplan.schemas.codec import encode_event
 from fleetplan.schemas.events import Decision
@@ -149,8 +150,7 @@ class VirtualApplier(Applier):
         self._poll_ms = max(1, int(poll_s * 1000))
 
     async def start(self) -> None:
-        if self._timeout <= 0:
-            raise ConnectorConfigError("--completion-timeout", "must be positive")
+        check_seconds("--completion-timeout", self._timeout)
         try:
             await self._redis.ping()
         except (aioredis.ConnectionError, OSError) as err:

@@ -149,6 +149,7 @@ class ConnectorService:
         self._producer: AIOKafkaProducer | None = None
         self._offsets: dict[TopicPartition, _PartitionOffsets] = {}
         self._lanes: dict[str, _Lane] = {}
+        self._ignored: set[str] = set()  # deployments whose decisions were skipped (warned once)
         self._inflight = 0
         self._capacity = asyncio.Event()
         self._capacity.set()
@@ -269,6 +270,14 @@ class ConnectorService:
         wanted = self.settings.deployments
         if wanted is not None and decision.deployment not in wanted:
             self.metrics.outcome("ignored")
+            if decision.deployment not in self._ignored:
+                # its offset is committed: a connector serving it in this consumer group never
+                # sees this partition's records, so the decision is lost to it
+                self._ignored.add(decision.deployment)
+                log.warning(
+                    "decisions of %s are skipped (not one of --deployment) and committed; a connector "
+                    "that serves %s must use its own --group-id", decision.deployment, decision.deployment,
+                )
             ticket.done()
             return
         lane = self._lanes.get(decision.deployment)

@@ -210,20 +210,28 @@ class KubernetesApplier(Applier):
     async def apply(self, decision: Decision) -> Observed:
         dgd, roles = self._target(decision)
         obj = await self._wait(dgd, lambda o: is_ready(o), "Ready")
+        patched: list[str] = []
         for role, count in sorted(decision.targets.items()):
             service = roles[role]
-            if spec_replicas(obj, service) == count:
-                continue
-            await self._scale(dgd, service, count)
+            try:
+                if await self._desired_replicas(dgd, obj, service) == count:
+                    continue
+                await self._scale(dgd, service, count)
+            except ApplyFailed as err:
+                if not patched:
+                    raise
+                # the fleet is already moving for the roles patched before: say which
+                raise ApplyFailed(f"{err}; already patched: {', '.join(patched)}") from None
+            patched.append(f"{role}={count}")
             log.info("%s: %s %s -> %d (decision %d)", decision.deployment, dgd, service,
                      count, decision.decision_id)
         return await self._settle(dgd, roles, decision)
 
     async def recover(self, decision: Decision) -> Observed:
-        """Settled if the DGD spec already holds every target; in doubt otherwise."""
+        """Settled if the fleet is already headed for every target; in doubt otherwise."""
         dgd, roles = self._target(decision)
         obj = await self._get_dgd(dgd)
-        spec = {role: spec_replicas(obj, roles[role]) for role in decision.targets}
+        spec = {role: await self._desired_replicas(dgd, obj, roles[role]) for role in decision.targets}
         if spec != dict(decision.targets):
             raise InDoubt(
                 f"a run that died may have applied decision {decision.decision_id} in part; "
@@ -256,10 +264,37 @@ class KubernetesApplier(Applier):
         try:
             obj = await self._wait(dgd, stable, "stable")
         except ApplyFailed as err:
-            # The spec holds the targets; the fleet is still converging. Report what serves now.
+            # Every target is patched: the decision is applied whatever the wait says (the fleet
+            # is still converging, or the API server stopped answering). Report what serves now,
+            # if it can be read; a "failed" ack would leave the planner at counts it left.
             log.warning("%s (decision %d applied)", err, decision.decision_id)
-            obj = await self._get_dgd(dgd)
+            try:
+                obj = await self._get_dgd(dgd)
+            except ApplyFailed as unreadable:
+                log.warning("%s (decision %d applied; serving replicas unknown)", unreadable,
+                            decision.decision_id)
+                return {}
         return {role: serving_replicas(obj, roles[role])[0] for role in decision.targets}
+
+    async def _desired_replicas(self, dgd: str, obj: Mapping[str, Any], service: str) -> int | None:
+        """The replicas a component is headed for: its scaling adapter's, else the DGD spec's.
+
+        The operator copies an adapter's replicas into the DGD spec when it
+        reconciles, so until then the spec holds the count before the last
+        change: a decision compared with it would skip a patch it needs.
+        """
+        name = adapter_name(dgd, service)
+        try:
+            scale = await self._call(
+                "get scale of " + name, self._custom.get_namespaced_custom_object_scale,
+                GROUP, VERSION, self.settings.namespace, ADAPTER_PLURAL, name,
+            )
+        except k8s.ApiException as err:
+            if err.status != 404:
+                raise ApplyFailed(f"reading {name}: {_api_error(err)}") from None
+            return spec_replicas(obj, service)
+        replicas = (scale.get("spec") or {}).get("replicas") if isinstance(scale, Mapping) else None
+        return replicas if isinstance(replicas, int) else spec_replicas(obj, service)
 
     async def _wait(self, dgd: str, done: Callable[[Mapping[str, Any]], bool], what: str) -> dict:
         deadline = time.monotonic() + self.settings.ready_timeout_s

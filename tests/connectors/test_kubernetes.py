@@ -184,3 +184,50 @@ async def test_recover_settles_only_what_is_already_in_the_spec(started):
     with pytest.raises(InDoubt):
         await applier.recover(make_decision(prefill=7, decode=2, decision_id=5))
     assert len(server.writes) == writes  # recovery never writes
+
+
+async def test_a_change_the_operator_has_not_copied_into_the_spec_is_not_skipped(fake_k8s):
+    """Decision 1 is acked when its wait runs out, before the operator copied the adapter's 3
+    into the DGD spec; decision 2 (back to 1) compares with the adapter, not that stale spec,
+    so it is patched rather than skipped."""
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1})
+    fake_k8s.adapter_polls = 10_000
+    applier = applier_for(fake_k8s, ready_timeout_s=0.1)
+    await applier.start()
+    try:
+        await applier.apply(make_decision(decision_id=1, prefill=1, decode=3))
+        await applier.apply(make_decision(decision_id=2, prefill=1, decode=1))
+        assert await applier.recover(make_decision(decision_id=2, prefill=1, decode=1)) is not None
+    finally:
+        await applier.stop()
+    assert [w.body for w in fake_k8s.writes] == [{"spec": {"replicas": 3}}, {"spec": {"replicas": 1}}]
+
+
+async def test_an_api_server_lost_after_the_patch_still_reports_the_decision_applied(started):
+    """Every target is patched: a failed wait afterwards must not ack "failed" (the planner
+    would keep counts the fleet has left); what serves is reported unknown instead."""
+    server, applier = started
+    server.settle_polls = 10_000
+    applier.settings.ready_timeout_s = 0.1
+    scale = applier._scale
+
+    async def scale_then_lose_the_server(*args):
+        await scale(*args)
+        server.fail_next("get", *[503] * 100)
+
+    applier._scale = scale_then_lose_the_server
+    assert await applier.apply(make_decision(prefill=1, decode=4)) == {}
+    assert server.replicas("llama-dgd")["VllmDecodeWorker"] == 4
+
+
+async def test_a_failure_after_one_role_was_patched_names_it(started):
+    server, applier = started
+    scale = applier._scale
+
+    async def refuse_the_second(*args):
+        await scale(*args)
+        server.fail_next("scale", 403)
+
+    applier._scale = refuse_the_second
+    with pytest.raises(ApplyFailed, match=r"HTTP 403.*already patched: decode=4"):
+        await applier.apply(make_decision(prefill=2, decode=4))

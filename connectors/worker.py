@@ -136,6 +136,10 @@ class _ClaimBusy(Exception):
     """Another connector holds a live claim on this decision: ask the ledger again later."""
 
 
+class _ClaimLost(_ClaimBusy):
+    """This connector's claim ran out and another took the decision over mid-apply."""
+
+
 class ConnectorService:
     """Runs one applier against the decision topic (see the module docstring)."""
 
@@ -165,7 +169,11 @@ class ConnectorService:
         s = self.settings
         if s.crash_at is not None and s.crash_at not in CRASH_POINTS:
             raise ConnectorConfigError(CRASH_ENV, f"must be one of {', '.join(CRASH_POINTS)}")
-        await self.applier.start()
+        try:
+            await self.applier.start()
+        except BaseException:
+            await self.applier.stop()  # what it opened before failing (a Redis pool, an API client)
+            raise
         try:
             self._producer = AIOKafkaProducer(
                 bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=2,
@@ -399,23 +407,41 @@ class ConnectorService:
         await self.ledger.mark_acked(decision)
 
     async def _apply_leased(self, decision: Decision, *, recover: bool) -> Outcome:
-        """Apply while renewing the claim's lease, so a slow rollout is not taken for a dead run."""
+        """Apply while renewing the claim's lease, so a slow rollout is not taken for a dead run.
+
+        A renewal that finds the claim gone (Redis was out of reach past the
+        lease and another connector took the decision over) stops the apply:
+        going on would change the deployment beside the new holder. The
+        decision is then asked about again, and the ledger says ``busy`` or
+        gives the new holder's outcome.
+        """
+        applying = asyncio.create_task(self._apply(decision, recover=recover),
+                                       name=f"apply-{decision.deployment}")
         renewing = asyncio.create_task(self._renew_lease(decision), name=f"lease-{decision.deployment}")
         try:
-            return await self._apply(decision, recover=recover)
+            await asyncio.wait({applying, renewing}, return_when=asyncio.FIRST_COMPLETED)
+            if applying.done():
+                return applying.result()
+            renewing.result()  # it ends only by raising _ClaimLost
+            raise AssertionError("the lease renewal ended without losing the claim")
         finally:
-            renewing.cancel()
-            await asyncio.gather(renewing, return_exceptions=True)
+            for task in (applying, renewing):
+                task.cancel()
+            await asyncio.gather(applying, renewing, return_exceptions=True)
 
     async def _renew_lease(self, decision: Decision) -> None:
         while True:
             await asyncio.sleep(self.ledger.lease_s / 3)
             try:
-                await self.ledger.renew(decision)
+                held = await self.ledger.renew(decision)
             except (RedisError, OSError) as err:  # the next renewal may get through; the lease is 3 periods
                 self.metrics.errors.labels("redis").inc()
                 log.warning("%s decision %d: lease renewal failed: %s", decision.deployment,
                             decision.decision_id, err)
+                continue
+            if not held:
+                raise _ClaimLost(f"the claim on decision {decision.decision_id} was taken over; "
+                                 f"applying it stopped")
 
     async def _apply(self, decision: Decision, *, recover: bool) -> Outcome:
         started = time.monotonic()

@@ -1,15 +1,19 @@
-"""The connector's routing of decision records, in process (no broker, no Redis)."""
+"""The connector's routing of decision records and its lease on a claim, in process (no broker, no Redis)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import SimpleNamespace
+
+import pytest
 
 from fleetplan.connectors.log import LogApplier
 from fleetplan.connectors.metrics import ConnectorMetrics
 from fleetplan.connectors.worker import (
     ConnectorService,
     ServiceSettings,
+    _ClaimBusy,
     _PartitionOffsets,
     _Ticket,
 )
@@ -36,3 +40,37 @@ async def test_decisions_of_other_deployments_are_committed_past_with_one_warnin
         "fleetplan_connector_decisions_total", {"backend": "log", "outcome": "ignored"}) == 2
     warnings = [r.getMessage() for r in caplog.records if "mistral" in r.getMessage()]
     assert len(warnings) == 1 and "--group-id" in warnings[0]
+
+
+class _SlowApplier(LogApplier):
+    """Applies for a long time, noting whether it was stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = False
+
+    async def apply(self, decision):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return dict(decision.targets)
+
+
+class _TakenOverLedger:
+    """A ledger whose claim another connector took over: every renewal finds it gone."""
+
+    lease_s = 0.03
+
+    async def renew(self, decision) -> bool:
+        return False
+
+
+async def test_an_apply_whose_claim_was_taken_over_stops():
+    applier = _SlowApplier()
+    service = ConnectorService(applier, ledger=_TakenOverLedger(), metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    with pytest.raises(_ClaimBusy, match="taken over"):
+        await asyncio.wait_for(service._apply_leased(make_decision("llama", 3), recover=False), 5)
+    assert applier.cancelled

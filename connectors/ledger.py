@@ -9,7 +9,9 @@ Redelivery then finds one of:
 - an outcome: the ack is (re)sent from it, nothing is applied;
 - a claim with no outcome, by this claimant or one whose lease ran out:
   the run died mid-apply; the claim is taken over and the backend's
-  ``recover`` settles it without applying blindly;
+  ``recover`` settles it without applying blindly. If the claim is this
+  very run's (its reply was lost to a Redis error and the caller asked
+  again), the answer is ``reclaim``: the caller knows whether it applied;
 - a live claim by another claimant (its lease not run out) on this
   decision or an older one: another connector is applying it right now (a
   rebalance handed the partition over mid-apply); ``busy``, so the caller
@@ -30,6 +32,7 @@ live claim for a dead one. Layout, one hash per deployment
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,7 +41,7 @@ import redis.asyncio as aioredis
 
 from fleetplan.schemas.events import AckStatus, Decision
 
-Verdict = Literal["apply", "recover", "busy", "superseded", "done"]
+Verdict = Literal["apply", "recover", "reclaim", "busy", "superseded", "done"]
 
 DEFAULT_PREFIX = "fleetplan:ledger"
 DEFAULT_LEASE_S = 30.0
@@ -94,7 +97,7 @@ end
 _STORE_OUTCOME = """
 redis.call('HSET', KEYS[1], 'outcome:' .. id_s, outcome)
 if redis.call('HGET', KEYS[1], 'claimed') == id_s then
-  redis.call('HDEL', KEYS[1], 'claimed', 'claimed_by', 'claimed_at')
+  redis.call('HDEL', KEYS[1], 'claimed', 'claimed_by', 'claimed_run', 'claimed_at')
 end
 local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
 if tonumber(id_s) > newest then redis.call('HSET', KEYS[1], 'newest', id_s) end
@@ -104,7 +107,7 @@ if old >= 0 then
 end
 """
 
-# KEYS[1] ledger hash. ARGV: id, claimant, superseded-outcome JSON, lease seconds.
+# KEYS[1] ledger hash. ARGV: id, claimant, superseded-outcome JSON, lease seconds, run.
 _BEGIN = _NOW + _FOREIGN_LIVE_CLAIM + """
 local id = tonumber(ARGV[1])
 local out = redis.call('HGET', KEYS[1], 'outcome:' .. ARGV[1])
@@ -122,9 +125,13 @@ if claimed and foreign_live_claim(ARGV[2], ARGV[4]) then
   return {'busy', '', 0}
 end
 local verdict = 'apply'
-if claimed and tonumber(claimed) == id then verdict = 'recover' end
-redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'claimed', ARGV[1],
-           'claimed_by', ARGV[2], 'claimed_at', string.format('%.3f', now))
+if claimed and tonumber(claimed) == id then
+  -- this very run claimed it before (the reply was lost): the caller knows whether it applied
+  if redis.call('HGET', KEYS[1], 'claimed_run') == ARGV[5] then verdict = 'reclaim'
+  else verdict = 'recover' end
+end
+redis.call('HSET', KEYS[1], 'newest', ARGV[1], 'claimed', ARGV[1], 'claimed_by', ARGV[2],
+           'claimed_run', ARGV[5], 'claimed_at', string.format('%.3f', now))
 return {verdict, '', 0}
 """
 
@@ -190,6 +197,9 @@ class Ledger:
         self._redis = client
         self._prefix = prefix
         self._claimant = claimant
+        # this process's run: a claim it made itself whose reply was lost (a Redis blip) is
+        # told apart from one a dead run left behind under the same claimant name
+        self._run = uuid.uuid4().hex
         self._keep = keep
         self.lease_s = lease_s
         self._begin = client.register_script(_BEGIN)
@@ -207,7 +217,7 @@ class Ledger:
         )
         verdict, raw, acked = await self._begin(
             keys=[self.key(decision.deployment)],
-            args=[decision.decision_id, self._claimant, stale.to_json(), self.lease_s],
+            args=[decision.decision_id, self._claimant, stale.to_json(), self.lease_s, self._run],
         )
         verdict = _text(verdict)
         outcome = Outcome.from_json(raw) if raw else None

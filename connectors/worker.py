@@ -154,6 +154,7 @@ class ConnectorService:
         self._offsets: dict[TopicPartition, _PartitionOffsets] = {}
         self._lanes: dict[str, _Lane] = {}
         self._ignored: set[str] = set()  # deployments whose decisions were skipped (warned once)
+        self._begun: set[tuple[str, int]] = set()  # decisions this run began applying, outcome not stored
         self._inflight = 0
         self._capacity = asyncio.Event()
         self._capacity.set()
@@ -387,11 +388,17 @@ class ConnectorService:
             entry = await self.ledger.begin(decision)
         if entry.verdict == "busy":
             raise _ClaimBusy("another connector is applying it (a live claim in the ledger)")
-        if entry.verdict in ("apply", "recover"):
+        key = (decision.deployment, decision.decision_id)
+        if entry.verdict in ("apply", "recover", "reclaim"):
             self._crash_point("after_claim")
-            outcome = await self._apply_leased(decision, recover=entry.verdict == "recover")
+            # reclaim: this run's own claim, asked again after a Redis error; recovering is only
+            # needed if this run had begun applying it
+            recover = entry.verdict == "recover" or (entry.verdict == "reclaim" and key in self._begun)
+            self._begun.add(key)  # until its outcome is stored: a retry after that recovers
+            outcome = await self._apply_leased(decision, recover=recover)
             self._crash_point("after_apply")
             outcome = await self.ledger.record(decision, outcome)
+            self._begun.discard(key)
             self._crash_point("after_record")
             acked = False
         else:

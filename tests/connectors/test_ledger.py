@@ -28,11 +28,19 @@ async def test_claim_record_ack(ledger):
     assert (await ledger.begin(d)).acked
 
 
-async def test_a_claim_without_outcome_is_recovered_not_reapplied(ledger):
+async def test_a_claim_without_outcome_is_recovered_not_reapplied(aredis, redis_key_prefix):
+    prefix = f"{redis_key_prefix}ledger"
+    d = make_decision(decision_id=3)
+    assert (await Ledger(aredis, prefix=prefix, claimant="c").begin(d)).verdict == "apply"
+    # ... the connector dies here; it restarts under the same name (--instance-id) ...
+    assert (await Ledger(aredis, prefix=prefix, claimant="c").begin(d)).verdict == "recover"
+
+
+async def test_a_runs_own_claim_asked_again_is_a_reclaim(ledger):
+    """The reply to a claim lost to a Redis error: the run asking again knows it did not apply."""
     d = make_decision(decision_id=3)
     assert (await ledger.begin(d)).verdict == "apply"
-    # ... the connector dies here ...
-    assert (await ledger.begin(d)).verdict == "recover"
+    assert (await ledger.begin(d)).verdict == "reclaim"
 
 
 async def test_older_decisions_are_superseded(ledger):

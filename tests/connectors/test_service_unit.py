@@ -7,7 +7,9 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from fleetplan.connectors.ledger import Entry
 from fleetplan.connectors.log import LogApplier
 from fleetplan.connectors.metrics import ConnectorMetrics
 from fleetplan.connectors.worker import (
@@ -74,3 +76,60 @@ async def test_an_apply_whose_claim_was_taken_over_stops():
     with pytest.raises(_ClaimBusy, match="taken over"):
         await asyncio.wait_for(service._apply_leased(make_decision("llama", 3), recover=False), 5)
     assert applier.cancelled
+
+
+class _RecordingApplier(LogApplier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    async def apply(self, decision):
+        self.calls.append("apply")
+        return dict(decision.targets)
+
+    async def recover(self, decision):
+        self.calls.append("recover")
+        return dict(decision.targets)
+
+
+class _ReclaimLedger:
+    """Answers ``reclaim`` (this run's own claim, asked again); records what it is given."""
+
+    lease_s = 30.0
+
+    def __init__(self) -> None:
+        self.fail_record = 0
+
+    async def begin(self, decision):
+        return Entry("reclaim")
+
+    async def record(self, decision, outcome):
+        if self.fail_record:
+            self.fail_record -= 1
+            raise RedisConnectionError("reply lost")
+        return outcome
+
+    async def renew(self, decision) -> bool:
+        return True
+
+
+async def test_a_reclaimed_decision_is_applied_unless_this_run_had_begun_applying_it(monkeypatch):
+    applier, ledger = _RecordingApplier(), _ReclaimLedger()
+    service = ConnectorService(applier, ledger=ledger, metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    sent = []
+
+    async def send_ack(decision, outcome):
+        sent.append(outcome.status)
+
+    monkeypatch.setattr(service, "_send_ack", send_ack)
+    monkeypatch.setattr(service.ledger, "mark_acked", lambda d: asyncio.sleep(0), raising=False)
+    # the claim's reply was lost before anything was applied: apply, do not declare it in doubt
+    await service._handle(make_decision("llama", 1), None)
+    # applied, but storing the outcome failed: asked again, it is recovered, not applied twice
+    ledger.fail_record = 1
+    with pytest.raises(RedisConnectionError):
+        await service._handle(make_decision("llama", 2), None)
+    await service._handle(make_decision("llama", 2), None)
+    assert applier.calls == ["apply", "apply", "recover"]
+    assert sent == ["applied", "applied"]

@@ -38,7 +38,12 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from fleetplan.connectors.base import HandOver, ack_error
-from fleetplan.connectors.virtual import DEFAULT_PREFIX, VirtualKeys, last_stream_id
+from fleetplan.connectors.virtual import (
+    COMPLETE_SCRIPT,
+    DEFAULT_PREFIX,
+    VirtualKeys,
+    last_stream_id,
+)
 from fleetplan.schemas import topics
 from fleetplan.schemas.codec import SchemaError, decode_event, encode_event
 from fleetplan.schemas.events import Ack, AckStatus, Decision
@@ -83,18 +88,6 @@ def _observed(decision: Decision, status: str, observed: Mapping[str, int] | Non
 
 # --- Redis -------------------------------------------------------------------------
 
-_COMPLETE = """
-local current = redis.call('HGET', KEYS[1], 'decision_id')
-if not current or tonumber(current) ~= tonumber(ARGV[1]) then return 0 end
-local scaled = redis.call('HGET', KEYS[1], 'scaled_decision_id')
-if scaled and tonumber(scaled) >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'scaled_decision_id', ARGV[1], 'status', ARGV[2],
-           'observed', ARGV[3], 'error', ARGV[4], 'completed_at', ARGV[5])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000', '*', 'decision_id', ARGV[1], 'status', ARGV[2])
-return 1
-"""
-
-
 class RedisOrchestratorClient(OrchestratorClient):
     """The client of the virtual backend (keys in :mod:`fleetplan.connectors.virtual`)."""
 
@@ -106,7 +99,7 @@ class RedisOrchestratorClient(OrchestratorClient):
         self._redis = client if client is not None else aioredis.from_url(redis_url)
         self._prefix = prefix
         self._poll_ms = max(1, int(poll_s * 1000))
-        self._complete = self._redis.register_script(_COMPLETE)
+        self._complete = self._redis.register_script(COMPLETE_SCRIPT)
 
     async def stop(self) -> None:
         if self._own:

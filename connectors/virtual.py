@@ -129,6 +129,21 @@ def _observed_counts(state: str, raw: str | None) -> dict[str, int]:
     return counts
 
 
+# KEYS: state hash, completed stream. ARGV: decision_id, status, observed JSON, error, time.
+# Completes the decision if it is still the desired one and not completed yet (1), else 0.
+# The orchestrator completes with it; the connector withdraws a timed-out decision with it.
+COMPLETE_SCRIPT = """
+local current = redis.call('HGET', KEYS[1], 'decision_id')
+if not current or tonumber(current) ~= tonumber(ARGV[1]) then return 0 end
+local scaled = redis.call('HGET', KEYS[1], 'scaled_decision_id')
+if scaled and tonumber(scaled) >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'scaled_decision_id', ARGV[1], 'status', ARGV[2],
+           'observed', ARGV[3], 'error', ARGV[4], 'completed_at', ARGV[5])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000', '*', 'decision_id', ARGV[1], 'status', ARGV[2])
+return 1
+"""
+
+
 class VirtualApplier(Applier):
     """Writes desired counts to Redis and waits for the orchestrator to complete them."""
 
@@ -148,6 +163,7 @@ class VirtualApplier(Applier):
         self._prefix = prefix
         self._timeout = completion_timeout_s
         self._poll_ms = max(1, int(poll_s * 1000))
+        self._complete = client.register_script(COMPLETE_SCRIPT)
 
     async def start(self) -> None:
         check_seconds("--completion-timeout", self._timeout)
@@ -207,16 +223,32 @@ class VirtualApplier(Applier):
                 raise Superseded(f"decision {current} replaced it in Redis")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ApplyFailed(
-                    f"the orchestrator did not complete decision {decision.decision_id} "
-                    f"within {self._timeout:g} s"
-                )
+                await self._withdraw(keys, decision)  # raises, unless the orchestrator just completed it
+                continue
             block = max(1, min(self._poll_ms, int(left * 1000)))
             got = await self._redis.xread({keys.completed: after}, block=block, count=100)
             if got:
                 after = got[0][1][-1][0]
             else:
                 await asyncio.sleep(0)
+
+    async def _withdraw(self, keys: VirtualKeys, decision: Decision) -> None:
+        """Complete a decision the orchestrator left too long as failed, in Redis too.
+
+        The ack will say ``failed``, so the desired state must stop being
+        due: an orchestrator acting on it later would move the fleet while
+        the planner counts the old one. Its ``complete`` for it then returns
+        False. If it completed (or a newer decision replaced it) in the
+        meantime, nothing is written and the caller reads what happened.
+        """
+        error = (f"the orchestrator did not complete decision {decision.decision_id} "
+                 f"within {self._timeout:g} s; withdrawn")
+        written = await self._complete(
+            keys=[keys.state, keys.completed],
+            args=[decision.decision_id, "failed", "{}", error, f"{time.time():.3f}"],
+        )
+        if written:
+            raise ApplyFailed(error)
 
     @staticmethod
     def _settle(decision: Decision, done: Completion) -> Observed:

@@ -65,12 +65,36 @@ async def test_redis_client_sees_an_uncompleted_decision_again_after_a_restart(
 
 
 async def test_virtual_apply_times_out_when_nobody_completes(aredis, redis_key_prefix):
+    """Acked failed, the decision is withdrawn in Redis too: an orchestrator that comes to it
+    later no longer sees it due, so it cannot move the fleet the planner was told stayed."""
     from fleetplan.connectors.base import ApplyFailed
 
-    applier = VirtualApplier(aredis, prefix=f"{redis_key_prefix}virtual", poll_s=0.05,
-                             completion_timeout_s=0.3)
-    with pytest.raises(ApplyFailed, match="did not complete"):
-        await applier.apply(make_decision("llama", 0))
+    prefix = f"{redis_key_prefix}virtual"
+    applier = VirtualApplier(aredis, prefix=prefix, poll_s=0.05, completion_timeout_s=0.3)
+    decision = make_decision("llama", 0)
+    with pytest.raises(ApplyFailed, match="did not complete.*withdrawn"):
+        await applier.apply(decision)
+    async with RedisOrchestratorClient(client=aredis, prefix=prefix, poll_s=0.05) as late:
+        with pytest.raises(TimeoutError):
+            await next_decision(late, "llama", timeout=0.3)
+        assert not await late.complete(decision, "applied")
+    # a redelivery of the decision does not write it again: its completion is in Redis
+    with pytest.raises(ApplyFailed, match="withdrawn"):
+        await applier.apply(decision)
+
+
+async def test_a_completion_at_the_deadline_wins_over_the_withdrawal(aredis, redis_key_prefix):
+    prefix = f"{redis_key_prefix}virtual"
+    applier = VirtualApplier(aredis, prefix=prefix, poll_s=0.05, completion_timeout_s=0.3)
+    withdraw = applier._withdraw
+
+    async def orchestrator_completes_first(keys, decision):
+        async with RedisOrchestratorClient(client=aredis, prefix=prefix) as client:
+            assert await client.complete(decision, observed={"decode": 2})
+        await withdraw(keys, decision)
+
+    applier._withdraw = orchestrator_completes_first
+    assert await applier.apply(make_decision("llama", 0, decode=2)) == {"decode": 2}
 
 
 async def test_kafka_client_reads_decisions_and_writes_acks(kafka_bootstrap, connector_topics,

@@ -228,8 +228,15 @@ class KafkaOrchestratorClient(OrchestratorClient):
             latest = waiting[max(waiting)]
             for decision_id, stale in waiting.items():
                 if decision_id < latest.decision_id:  # something newer is already here
-                    await self.complete(stale, "superseded",
-                                        error=f"decision {latest.decision_id} supersedes it")
+                    try:
+                        await self.complete(stale, "superseded",
+                                            error=f"decision {latest.decision_id} supersedes it")
+                    except BaseException:
+                        # still pending: queued again with the rest, so the next call
+                        # supersedes it again instead of leaving its offset uncommitted
+                        for decision in waiting.values():
+                            queue.put_nowait(decision)
+                        raise
             self._handed.add((deployment, latest.decision_id))
             yield latest
 

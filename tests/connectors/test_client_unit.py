@@ -152,6 +152,25 @@ async def test_an_ack_that_could_not_be_sent_is_sent_when_completed_again(client
     assert not await client.complete(decision, "applied")  # answered: no longer current
 
 
+async def test_a_superseded_ack_that_could_not_be_sent_is_sent_on_the_next_call(client, consumer, producer):
+    consumer.deliver(P0, 6, make_decision("llama", 4))
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    await settle()
+    real_send = producer.send_and_wait
+
+    async def broker_down(*_, **__):
+        raise KafkaConnectionError("broker down")
+
+    producer.send_and_wait = broker_down
+    with pytest.raises(KafkaConnectionError):
+        await next_of(client.decisions("llama"))
+    producer.send_and_wait = real_send
+    decision = await next_of(client.decisions("llama"))
+    assert decision.decision_id == 5 and await client.complete(decision, "applied")
+    assert acks(producer) == [("llama", 4, "superseded"), ("llama", 5, "applied")]
+    assert consumer.commits[-1] == {P0: 8}
+
+
 async def test_older_decisions_are_still_superseded(client, consumer, producer):
     consumer.deliver(P0, 6, make_decision("llama", 4))
     consumer.deliver(P0, 7, make_decision("llama", 5))

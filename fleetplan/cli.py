@@ -104,8 +104,9 @@ def plan(
     decisions (and reports, and seeds) of the lines before it are written.
     """
     from fleetplan.bootstrap import build_planner
-    from fleetplan.eventlog import read_events
+    from fleetplan.eventlog import EventLogError, check_event_log, read_events
     from fleetplan.models.config import ConfigError
+    from fleetplan.models.config_changes import intake_problem
     from fleetplan.models.fleet import Fleet, LateEvent
     from fleetplan.schemas.codec import encode_event
 
@@ -115,6 +116,10 @@ def plan(
         fail(str(err))
     refuse_overwriting("--reports", reports, "--events", events)
     refuse_overwriting("--seed-out", seed_out, "--events", events)
+    try:
+        check_event_log(events)  # before an output is opened (and truncated)
+    except EventLogError as err:
+        fail(str(err))
     seed_fh = open_output("--seed-out", seed_out) if seed_out else None
     report_fh = open_output("--reports", reports) if reports else None
     out = sys.stdout.buffer
@@ -133,7 +138,9 @@ def plan(
 
     fleet = Fleet(planner)
     try:
-        stopped = fold_log(fleet, read_events(events, skip_invalid=skip_invalid, errors=errors), emit)
+        log = read_events(events, skip_invalid=skip_invalid, errors=errors,
+                          check=lambda event: intake_problem(planner.config, event))
+        stopped = fold_log(fleet, log, emit)
         if seed_fh:
             for name in sorted(fleet.states):
                 write_seed(fleet.states[name], seed_fh)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -24,12 +24,31 @@ def _open(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 
-def read_events(path: str | Path, *, skip_invalid: bool = False, errors: list | None = None) -> Iterator:
+def check_event_log(path: str | Path) -> None:
+    """Raise :class:`EventLogError` now if the log cannot be opened.
+
+    ``read_events`` opens it on its first event; a caller that opens output
+    files first (truncating them) checks the input before that.
+    """
+    p = Path(path)
+    try:
+        _open(p).close()
+    except OSError as err:
+        raise EventLogError(f"{p}: cannot open event log ({err.strerror})") from None
+
+
+def read_events(
+    path: str | Path, *, skip_invalid: bool = False, errors: list | None = None,
+    check: Callable[[object], str | None] | None = None,
+) -> Iterator:
     """Yield the events of a JSONL log in file order.
 
     A bad line raises :class:`EventLogError` naming ``file:line`` and the
     field, unless ``skip_invalid``: then it is appended to ``errors`` as
     ``(line, message)`` and skipped, and nothing read before it is lost.
+    ``check`` is the intake's judgement of a well-formed event (a problem,
+    or None), so a line the live worker would dead-letter is a bad line here
+    too.
     """
     p = Path(path)
     try:
@@ -44,13 +63,18 @@ def read_events(path: str | Path, *, skip_invalid: bool = False, errors: list | 
             if not line:
                 continue
             try:
-                yield decode_event(line)
+                event = decode_event(line)
+                problem = None if check is None else check(event)
             except SchemaError as err:
-                message = f"{p}:{n}: {err}"
-                if not skip_invalid:
-                    raise EventLogError(message) from None
-                if errors is not None:
-                    errors.append((n, message))
+                problem = str(err)
+            if problem is None:
+                yield event
+                continue
+            message = f"{p}:{n}: {problem}"
+            if not skip_invalid:
+                raise EventLogError(message) from None
+            if errors is not None:
+                errors.append((n, message))
 
 
 def _lines(fh: IO[bytes], p: Path) -> Iterator[tuple[int, bytes]]:

@@ -22,6 +22,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from fleetplan.models.config import DYNAMO_RUNTIME_FIELDS, STARTUP_FIELDS, PlannerConfig
 from fleetplan.models.predictors import PredictorUnavailable, make_predictor
+from fleetplan.schemas.events import SetConfig
 
 __all__ = ["change_problem"]
 
@@ -71,3 +72,19 @@ def _adapter(name: str) -> TypeAdapter:
     info = PlannerConfig.model_fields[name]
     kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
     return TypeAdapter(kind, config=ConfigDict(allow_inf_nan=False))
+
+
+def intake_problem(config: PlannerConfig, event) -> str | None:
+    """What the live worker's intake refuses a well-formed event for, or None.
+
+    A ``set_config`` whose change can never apply (``change_problem``) is
+    dead-lettered there; ``fleetplan plan`` treats it as a bad line, so a
+    log folded by hand and the same events on the topics agree.
+    """
+    body = getattr(event, "body", None)
+    if getattr(event, "type", None) == "control" and isinstance(body, SetConfig):
+        problem = change_problem(config, body.changes)
+        if problem is not None:
+            return f"body.changes: {problem}"
+    return None
+

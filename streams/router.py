@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fleetplan.models import fold_ahead
-from fleetplan.models.config_changes import change_problem
+from fleetplan.models.config_changes import intake_problem
 from fleetplan.models.fleet import INPUT_TYPES
 from fleetplan.models.fold_ahead import settled_data
 from fleetplan.models.planner import Planner, TickReport
@@ -33,7 +33,7 @@ from fleetplan.models.sequencer import FoldAhead, advance, offer
 from fleetplan.models.state import DeploymentState
 from fleetplan.schemas import topics as canonical
 from fleetplan.schemas.codec import SchemaError, event_to_dict
-from fleetplan.schemas.events import DeadLetter, SetConfig
+from fleetplan.schemas.events import DeadLetter
 from fleetplan.schemas.fpm_wire import decode_input
 from fleetplan.streams.tables import Output, StoredDeployment
 from fleetplan.streams.topics import TICKS
@@ -225,13 +225,13 @@ class Router:
             return
         dep = self._deployment(event.deployment, rec.partition)
         state = dep.state
-        if kind == "control" and isinstance(event.body, SetConfig):
-            # on the change alone, never on the config folded so far (models/config_changes.py);
-            # what depends on other fields is judged at the tick (rejected_controls)
-            problem = change_problem(state.config, event.body.changes)
-            if problem is not None:
-                self._invalid(rec, batch, "invalid", f"body.changes: {problem}")
-                return
+        # a set_config on the change alone, never on the config folded so far
+        # (models/config_changes.py); what depends on other fields is judged at the tick
+        # (rejected_controls)
+        problem = intake_problem(state.config, event)
+        if problem is not None:
+            self._invalid(rec, batch, "invalid", problem)
+            return
         batch.events[rec.topic] += 1
         if kind == "fpm":
             batch.fpms += 1

@@ -158,3 +158,26 @@ def test_the_audit_writes_the_same_seed_from_its_refold(tmp_path):
     assert result.exit_code == 1 and "DIVERGED at decision 0" in result.stdout, result.output
     assert f"seed: {audited}" in result.stdout
     assert audited.read_bytes() == planned.read_bytes()
+
+
+def test_a_mistyped_events_path_leaves_the_outputs_as_they_were(tmp_path):
+    reports = tmp_path / "previous.jsonl"
+    reports.write_bytes(b"yesterday's reports\n")
+    result = _plan("--events", tmp_path / "typo.jsonl", "--config", CONFIG, "--reports", reports)
+    assert result.exit_code == 2 and "typo.jsonl: cannot open event log" in result.stderr
+    assert reports.read_bytes() == b"yesterday's reports\n"
+
+
+def test_a_set_config_the_worker_would_dead_letter_is_a_bad_line(tmp_path):
+    log = tmp_path / "with_control.jsonl"
+    lines = EXAMPLE.read_bytes().splitlines()
+    control = {"type": "control", "deployment": "code", "time": 1.0,
+               "body": {"command": "set_config", "changes": {"ttft_msx": 3}}}
+    lines.insert(2, orjson.dumps(control))
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b")
+    assert result.exit_code == 2
+    assert f"{log}:3: body.changes: set_config: ttft_msx: unknown field" in result.stderr
+    skipped = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--skip-invalid")
+    assert skipped.exit_code == 0 and len(skipped.stdout.splitlines()) == 5
+    assert "skipped" in skipped.stderr and ":3: body.changes" in skipped.stderr

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -412,6 +414,38 @@ def _check_predictor_params(cfg: PlannerConfig) -> None:
         raise ValueError(f"{PREDICTOR_PARAM_FIELDS.get(name, name)}: {problem}") from None
 
 
+@cache
+def field_names() -> dict[str, str]:
+    """Every name a config may use (field names and their Dynamo aliases) -> the field."""
+    names: dict[str, str] = {}
+    for name, info in PlannerConfig.model_fields.items():
+        names[name] = name
+        if info.alias:
+            names[info.alias] = name
+    return names
+
+
+def _numeric(annotation) -> bool:
+    """Whether a field's type takes an int or a float (``float | None`` does, a Literal does not)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return False
+    if args:
+        return any(_numeric(a) for a in args)
+    return annotation in (int, float)
+
+
+def value_problem(key: str, value: object) -> str | None:
+    """What pydantic's lax mode lets through that a config must not mean: a bool for a number.
+
+    YAML's ``true`` would load as 1 (``ttft_ms: true`` as a 1 ms target).
+    """
+    name = field_names().get(key)
+    if name is not None and isinstance(value, bool) and _numeric(PlannerConfig.model_fields[name].annotation):
+        return f"{key}: expected a number, got {str(value).lower()}"
+    return None
+
+
 def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
     """Validate a config mapping; fail with the field name and the expectation."""
     if not isinstance(data, dict):
@@ -419,6 +453,16 @@ def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
     if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
         data = data["planner"]
     known = {k: v for k, v in data.items() if k not in DYNAMO_RUNTIME_FIELDS}
+    given: dict[str, str] = {}
+    for key, value in known.items():
+        name = field_names().get(key)
+        if name in given:
+            raise ConfigError(f"{source}: {key}: the same field as {given[name]}, given both")
+        if name is not None:
+            given[name] = key
+        problem = value_problem(key, value)
+        if problem is not None:
+            raise ConfigError(f"{source}: {problem}")
     try:
         return PlannerConfig.model_validate(known)
     except ValidationError as err:

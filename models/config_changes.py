@@ -20,7 +20,13 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from fleetplan.models.config import DYNAMO_RUNTIME_FIELDS, STARTUP_FIELDS, PlannerConfig
+from fleetplan.models.config import (
+    DYNAMO_RUNTIME_FIELDS,
+    STARTUP_FIELDS,
+    PlannerConfig,
+    field_names,
+    value_problem,
+)
 from fleetplan.models.predictors import PredictorUnavailable, make_predictor
 from fleetplan.schemas.events import SetConfig
 
@@ -33,13 +39,16 @@ def change_problem(config: PlannerConfig, changes: dict[str, Any]) -> str | None
     ``config`` is only consulted for the fields fixed at start, whose value
     cannot have changed since: restating it is allowed, anything else not.
     """
-    fields = _fields()
+    fields = field_names()
     for key, value in changes.items():
         if key in DYNAMO_RUNTIME_FIELDS:
             continue  # accepted and ignored, as in a config file
         name = fields.get(key)
         if name is None:
             return f"set_config: {key}: unknown field"
+        problem = value_problem(key, value)
+        if problem is not None:
+            return f"set_config: {problem}"
         try:
             checked = _adapter(name).validate_python(value)
         except ValidationError as err:
@@ -53,17 +62,6 @@ def change_problem(config: PlannerConfig, changes: dict[str, Any]) -> str | None
             except (PredictorUnavailable, ValueError) as err:
                 return f"set_config: load_predictor: {err}"
     return None
-
-
-@cache
-def _fields() -> dict[str, str]:
-    """Every name a change may use (field names and their Dynamo aliases) -> the field."""
-    names: dict[str, str] = {}
-    for name, info in PlannerConfig.model_fields.items():
-        names[name] = name
-        if info.alias:
-            names[info.alias] = name
-    return names
 
 
 @cache

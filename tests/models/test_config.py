@@ -94,6 +94,13 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
          "max_gpu_budget: 1 GPU is less than one prefill engine (4 GPUs)"),
         ({"max_gpu_budget": 4, "prefill_engine_num_gpu": 4},
          "max_gpu_budget: 4 GPUs cannot hold one engine of each role (prefill 4 GPUs + decode 1 GPU)"),
+        # YAML's true is not the number 1 (pydantic's lax mode would take it as 1)
+        ({"ttft_ms": True}, "ttft_ms: expected a number, got true"),
+        ({"max_num_seqs": True}, "max_num_seqs: expected a number, got true"),
+        ({"startup_seconds": False}, "startup_seconds: expected a number, got false"),
+        ({"advisory": True}, None),
+        # a field and its Dynamo alias: said as such, not as an unknown field
+        ({"ttft": 300, "ttft_ms": 800}, "ttft_ms: the same field as ttft, given both"),
     ],
 )
 def test_invalid_config_names_the_field(data, message):

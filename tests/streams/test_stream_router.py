@@ -232,6 +232,9 @@ def test_late_event_is_dead_lettered_with_its_coordinates(planner):
     (b"alpha", b'{"type": "control", "deployment": "alpha", "time": 1, '
                b'"body": {"command": "set_config", "changes": {"max_num_seqs": 3}}}',
      "invalid", "max_num_seqs: fixed when the deployment starts"),
+    (b"alpha", b'{"type": "control", "deployment": "alpha", "time": 1, '
+               b'"body": {"command": "set_config", "changes": {"ttft_ms": true}}}',
+     "invalid", "body.changes: set_config: ttft_ms: expected a number, got true"),
     (b"alpha", b'{"type": "control", "deployment": "alpha", "time": 100, "body": {"command": "seed_traffic", '
                b'"windows": [{"start_s": -70, "duration_s": 180, "num_req": 9, "isl": 1, "osl": 1}]}}',
      "invalid", "body.windows.0: ends at 110, after the event's time 100"),

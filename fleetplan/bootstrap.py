@@ -34,7 +34,11 @@ def load_profile_for(config: PlannerConfig, profile: str | Path | None = None):
         return None
     from fleetplan.sim.profiles import load_profile
 
-    return load_profile(source, tp=config.profile_tp)
+    try:
+        return load_profile(source, tp=config.profile_tp)
+    except (ValueError, OSError) as err:
+        where = "--profile" if profile is not None else "profile_results_dir"
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def build_planner(

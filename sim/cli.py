@@ -16,6 +16,8 @@ import orjson
 import typer
 
 POLICIES = "planner|static-peak|static-mean|oracle|MODULE:CLASS"
+DEFAULT_PROFILE = "h200-llama3.1-8b"
+"""The engine profile a run uses when neither --profile nor the config's profile_results_dir names one."""
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +50,7 @@ def _is_number(text: str | None) -> bool:
 
 def simulate(
     trace: Annotated[Path | None, typer.Option("--trace", help="request trace: Azure CSV, Mooncake or dynamo.request.trace.v1 JSONL (.gz ok)")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="engine profile: bundled name (h200-llama3.1-8b, h100-llama3.3-70b), NPZ/JSON path, splitwise:FILE:MODEL:HW:TP or distserve:FILE:MODEL:TP")] = "h200-llama3.1-8b",
+    profile: Annotated[str | None, typer.Option("--profile", help="engine profile: bundled name (h200-llama3.1-8b, h100-llama3.3-70b), NPZ/JSON path, splitwise:FILE:MODEL:HW:TP or distserve:FILE:MODEL:TP; default: the config's profile_results_dir, else h200-llama3.1-8b")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="planner config, YAML or JSON (its SLA, mode and engine limits define the fleet)")] = None,
     policy: Annotated[str, typer.Option("--policy", help=f"who scales the fleet: {POLICIES}")] = "planner",
     out: Annotated[Path | None, typer.Option("--out", help="directory for events.jsonl, summary.json and report.html")] = None,
@@ -177,15 +179,21 @@ def _prepare(
         cfg = load_config(config)
     except ConfigError as err:
         raise _UserError(str(err)) from None
+    # the flag, else the config's field, else the bundled 8B profile; an error names the one used
+    where = "--profile" if profile is not None else "profile_results_dir"
+    if profile is None:
+        profile = cfg.profile_results_dir or DEFAULT_PROFILE
+        if cfg.profile_results_dir is None:
+            where = "--profile"
     try:
         prof = profile_from_spec(profile)
         converted = prof is not None
         if prof is None:
             prof = load_profile(profile, tp=cfg.profile_tp)
     except (ProfileError, ProfileConvertError) as err:
-        raise _UserError(f"profile {err}") from None
+        raise _UserError(f"{where}: profile {err}") from None
     except ValueError as err:
-        raise _UserError(f"profile {profile}: {err}") from None
+        raise _UserError(f"{where}: profile {profile}: {err}") from None
     if not deployment:
         raise _UserError("--deployment: must not be empty")
     options = SimOptions(

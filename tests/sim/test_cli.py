@@ -80,7 +80,8 @@ def test_table_output_and_baseline_policy(tmp_path):
     "args,message",
     [
         (["--trace", "BAD"], "BAD.csv:3: ContextTokens: a non-negative integer"),
-        (["--trace", CODE, "--profile", "no-such-profile"], "no such file or directory (bundled profiles"),
+        (["--trace", CODE, "--profile", "no-such-profile"], "--profile: profile no-such-profile: no such file or directory (bundled profiles"),
+        (["--trace", CODE, "--config", "NOPROF"], "profile_results_dir: profile nope: no such file"),
         (["--trace", CODE, "--config", "CFG"], "ttft_ms"),
         (["--trace", CODE, "--policy", "nope"], "expected MODULE:CLASS"),
         (["--trace", CODE, "--router", "random"], "--router: expected one of"),
@@ -118,7 +119,10 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     a_file.write_text("not a directory")
     warm_config = tmp_path / "WARM.yaml"
     warm_config.write_text(f"throughput_adjustment_interval_seconds: 60\nload_predictor_warmup_trace: {CODE}\n")
-    named = {"BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub"}
+    no_profile = tmp_path / "NOPROF.yaml"
+    no_profile.write_text("profile_results_dir: nope\n")
+    named = {"BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
+             "NOPROF": no_profile}
     args = [named.get(a, a) if isinstance(a, str) else a for a in args]
     result = simulate(*args, "--no-baselines")
     assert result.exit_code == 2
@@ -201,3 +205,13 @@ def test_a_warm_up_is_logged_as_a_seed_and_the_log_folds_to_the_same_decisions(t
                      "--rate-scale", 4, "--no-baselines")
     assert table.exit_code == 0, table.output
     assert "warm-up: the forecaster was seeded with 4 windows (0.1 h) of the traffic before --start" in table.stdout
+
+
+def test_the_configs_profile_is_used_without_the_flag(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(QUICKSTART.read_text() + "\nprofile_results_dir: h100-llama3.3-70b\n")
+    result = simulate("--trace", CODE, "--config", config, "--duration", 180, "--rate-scale", 2,
+                      "--no-baselines", "--json", "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["profile"] == "h100-llama3.3-70b"
+

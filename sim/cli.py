@@ -17,6 +17,10 @@ import typer
 
 POLICIES = "planner|static-peak|static-mean|oracle|MODULE:CLASS"
 DEFAULT_PROFILE = "h200-llama3.1-8b"
+MIN_WINDOW_S = 1.0
+"""--window floor: the baselines and the report bin a run by it (1e-9 s asked for 104 GiB)."""
+MIN_FPM_INTERVAL_S = 0.01
+"""--fpm-interval floor: a forward pass takes milliseconds; 1e-9 s sampled the engines without end."""
 """The engine profile a run uses when neither --profile nor the config's profile_results_dir names one."""
 
 
@@ -142,6 +146,10 @@ def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, 
             raise _UserError(f"{name}: must be > 0, got {value}")
         if value is not None and math.isinf(value):
             raise _UserError(f"{name}: must be a finite number, got {value}")
+    for name, value, floor in (("--window", window, MIN_WINDOW_S),
+                               ("--fpm-interval", fpm_interval, MIN_FPM_INTERVAL_S)):
+        if value < floor:
+            raise _UserError(f"{name}: at least {floor:g} s, got {value:g}")
     if not (start >= 0 and math.isfinite(start)):
         raise _UserError(f"--start: must be a finite number of seconds >= 0, got {start}")
     if oracle_rounds < 0:
@@ -231,6 +239,7 @@ def _prepare(
         planner = None
     try:
         initial_spec = _initial_spec(initial)
+        _check_initial(initial_spec, cfg)
     except ValueError as err:
         raise _UserError(f"--initial: {err}") from None
     return {
@@ -399,6 +408,27 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
         requests = speed_up(requests, speed)
         window = window / speed
     return Workload.from_requests(Path(trace).stem, requests, window), spread_s
+
+
+MAX_INITIAL_ENGINES = 10_000
+"""--initial's ceiling per role when the config sets none (decode=100000 ran without end)."""
+
+
+def _check_initial(spec, cfg) -> None:
+    """Counts for the roles the mode runs, within the config's ceilings and GPU budget."""
+    if not isinstance(spec, dict):
+        return
+    for role, count in spec.items():
+        if role not in cfg.roles:
+            raise ValueError(f"{role}: not a role of mode {cfg.mode} (its roles: {', '.join(cfg.roles)})")
+        ceiling = cfg.max_endpoints(role)
+        if count > (MAX_INITIAL_ENGINES if ceiling is None else ceiling):
+            limit = f"the config's ceiling ({ceiling})" if ceiling is not None else f"{MAX_INITIAL_ENGINES:,}"
+            raise ValueError(f"{role}={count}: more engines than {limit}")
+    if cfg.max_gpu_budget >= 0:
+        gpus = sum(spec.get(r, 1) * (cfg.gpus_per_engine(r) or 1) for r in cfg.roles)
+        if gpus > cfg.max_gpu_budget:
+            raise ValueError(f"{gpus} GPUs, more than max_gpu_budget ({cfg.max_gpu_budget})")
 
 
 def _initial_spec(text: str):

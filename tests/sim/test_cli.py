@@ -87,10 +87,15 @@ def test_table_output_and_baseline_policy(tmp_path):
         (["--trace", CODE, "--router", "random"], "--router: expected one of"),
         (["--trace", CODE, "--startup", "gamma:1:2"], "--startup"),
         (["--trace", CODE, "--initial", "prefill=x"], "--initial"),
+        (["--trace", CODE, "--initial", "agg=3"], "--initial: agg: not a role of mode disagg (its roles: prefill, decode)"),
+        (["--trace", CODE, "--initial", "prefill=2,decode=1000"], "--initial: 1002 GPUs, more than max_gpu_budget (8)"),
+        (["--trace", CODE, "--config", "NOBUDGET", "--initial", "decode=100000"], "--initial: decode=100000: more engines than 10,000"),
         (["--trace", CODE, "--spread-arrivals", "soon"], "--spread-arrivals: expected auto, off or a step"),
         ([], "give exactly one of --trace FILE or --servegen FILE"),
         (["--trace", CODE, "--goal", 2], "--goal: a fraction in (0, 1], got 2"),
         (["--trace", CODE, "--oracle-rounds", -1], "--oracle-rounds: must be >= 0, got -1"),
+        (["--trace", CODE, "--window", "1e-9"], "--window: at least 1 s, got 1e-09"),
+        (["--trace", CODE, "--fpm-interval", "1e-9"], "--fpm-interval: at least 0.01 s, got 1e-09"),
         (["--trace", CODE, "--duration", -10], "--duration: must be > 0, got -10.0"),
         (["--trace", CODE, "--start", -5], "--start: must be a finite number of seconds >= 0, got -5.0"),
         (["--trace", CODE, "--speed", "inf"], "--speed: must be a finite number, got inf"),
@@ -121,7 +126,9 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     warm_config.write_text(f"throughput_adjustment_interval_seconds: 60\nload_predictor_warmup_trace: {CODE}\n")
     no_profile = tmp_path / "NOPROF.yaml"
     no_profile.write_text("profile_results_dir: nope\n")
-    named = {"BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
+    no_budget = tmp_path / "NOBUDGET.yaml"
+    no_budget.write_text("max_gpu_budget: -1\n")
+    named = {"NOBUDGET": no_budget, "BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
              "NOPROF": no_profile}
     args = [named.get(a, a) if isinstance(a, str) else a for a in args]
     result = simulate(*args, "--no-baselines")

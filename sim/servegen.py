@@ -43,6 +43,9 @@ from fleetplan.sim.traces import TraceRequest
 from fleetplan.sim.workload import Workload
 
 WINDOW_S = 600.0
+MAX_CLIENT_RATE = 100_000.0
+"""Requests/s one client row may carry: 50 times the busiest in ServeGen's week (1,927);
+a window draws rate × 600 gaps, so 1e9 asked for terabytes."""
 _HEADER = ("t", "rate", "cv", "dist", "p1", "p2", "client", "model")
 
 
@@ -88,11 +91,21 @@ def read_client_windows(
                 rate, p1, p2 = float(fields[1]), float(fields[4]), float(fields[5])
             except ValueError:
                 raise ServeGenError(f"{p}:{lineno}: t/rate/p1/p2: expected numbers") from None
+            if not (math.isfinite(t) and t >= 0):
+                raise ServeGenError(f"{p}:{lineno}: t: expected seconds >= 0, got {fields[0]!r}")
             if not start_s <= t < end_s:
                 continue
+            if not (math.isfinite(rate) and 0 <= rate <= MAX_CLIENT_RATE):
+                raise ServeGenError(
+                    f"{p}:{lineno}: rate: expected requests/s in [0, {MAX_CLIENT_RATE:,.0f}], got {fields[1]!r}"
+                )
             if fields[3] not in ("Gamma", "Weibull", "Exponential"):
                 raise ServeGenError(
                     f"{p}:{lineno}: dist: expected Gamma, Weibull or Exponential, got {fields[3]!r}"
+                )
+            if fields[3] != "Exponential" and not (math.isfinite(p1) and p1 > 0 and math.isfinite(p2) and p2 > 0):
+                raise ServeGenError(
+                    f"{p}:{lineno}: p1/p2: a {fields[3]} needs a shape and a scale > 0, got {fields[4]!r}, {fields[5]!r}"
                 )
             rows.append(ClientWindow(t, rate, fields[3], p1, p2, fields[6]))
     if not rows:

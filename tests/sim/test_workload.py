@@ -110,6 +110,22 @@ def test_servegen_rejects_unknown_models_and_bad_files(tmp_path):
         servegen_workload(bad, "m-mid")
 
 
+@pytest.mark.parametrize(("row", "message"), [
+    ("0,-1,1.0,Gamma,1.0,1.0,c1,m-mid", "bad.csv:2: rate: expected requests/s in [0, 100,000], got '-1'"),
+    ("0,nan,1.0,Gamma,1.0,1.0,c1,m-mid", "bad.csv:2: rate: expected requests/s"),
+    ("0,1e9,1.0,Gamma,1.0,1.0,c1,m-mid", "bad.csv:2: rate: expected requests/s"),
+    ("0,5,1.0,Gamma,0,0,c1,m-mid", "bad.csv:2: p1/p2: a Gamma needs a shape and a scale > 0, got '0', '0'"),
+    ("0,5,1.0,Weibull,-1,2,c1,m-mid", "bad.csv:2: p1/p2: a Weibull needs a shape and a scale > 0"),
+    ("-600,5,1.0,Exponential,0,0,c1,m-mid", "bad.csv:2: t: expected seconds >= 0, got '-600'"),
+])
+def test_servegen_rows_out_of_range_name_the_line_and_field(tmp_path, row, message):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"t,rate,cv,dist,p1,p2,client,model\n{row}\n")
+    with pytest.raises(ServeGenError) as info:
+        servegen_workload(bad, "m-mid", lengths_path=DATA / "m-mid_mean_isl_osl_6h.csv")
+    assert message in str(info.value)
+
+
 # --- arrival times rounded to a step -----------------------------------------------
 
 

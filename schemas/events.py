@@ -25,8 +25,18 @@ MAX_COUNT = 2**63 - 1
 """Largest count or token total accepted: a signed 64-bit integer, what JSON encoders and
 Kafka consumers in other languages can carry (a bigger one could not be written to state)."""
 
+MAX_REQUEST_TOKENS = 10_000_000
+"""Most tokens one request may carry in (or out, or cached).
+
+Ten times the 1M-token context of today's longest-context served models
+and equal to the largest advertised (Llama 4 Scout, 10M): a count above it
+is a unit or parsing error, not a request (10**30 overflowed the capacity
+search's int64 arithmetic; 10**8 replayed as a fleet of 35 prefill engines;
+an event log's 10**18 stalled the throughput loop's capacity search)."""
+
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Tokens = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+RequestTokens = Annotated[int, Field(ge=0, le=MAX_REQUEST_TOKENS)]
 NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1, max_length=256)]
@@ -142,9 +152,9 @@ class RequestRecord(_Envelope):
     type: Literal["request"] = "request"
     request_id: Name
     model: str | None = None
-    input_tokens: Tokens
-    output_tokens: Tokens
-    cached_tokens: Tokens = 0
+    input_tokens: RequestTokens
+    output_tokens: RequestTokens
+    cached_tokens: RequestTokens = 0
     request_received_ms: Annotated[float, Field(ge=0.0, le=MAX_EVENT_TIME * 1000.0, allow_inf_nan=False)]
     prefill_wait_time_ms: NonNegative | None = None
     prefill_time_ms: NonNegative | None = None
@@ -177,7 +187,7 @@ class RequestArrival(_Envelope):
     type: Literal["arrival"] = "arrival"
     request_id: Name
     model: str | None = None
-    input_tokens: Tokens
+    input_tokens: RequestTokens
 
 
 # --- worker inventory, operator control, clock -----------------------------

@@ -34,6 +34,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from fleetplan.schemas.events import MAX_REQUEST_TOKENS
+
 __all__ = [
     "MAX_REQUEST_TOKENS",
     "MAX_TRACE_SPAN_S",
@@ -47,14 +49,6 @@ __all__ = [
 TRACE_FORMATS = ("azure", "mooncake", "dynamo")
 DYNAMO_SCHEMA = "dynamo.request.trace.v1"
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-
-MAX_REQUEST_TOKENS = 10_000_000
-"""Most tokens one request may carry in (or out, or cached).
-
-Ten times the 1M-token context of today's longest-context served models
-and equal to the largest advertised (Llama 4 Scout, 10M): a count above it
-is a unit or parsing error, not a request (10**30 overflowed the capacity
-search's int64 arithmetic; 10**8 replayed as a fleet of 35 prefill engines)."""
 
 MAX_TRACE_SPAN_S = 366 * 86_400
 """Longest span, first to last arrival, a trace may cover: a year.

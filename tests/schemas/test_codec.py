@@ -93,6 +93,11 @@ def _fpm_json(**overrides) -> bytes:
         (_fpm_json(surprise=1), "surprise", "Extra inputs"),
         (b'{"type":"fpm","deployment":"d","time":1,"role":"prefill"}', "worker_id", "required"),
         (b'{"type":"control","deployment":"d","time":1,"body":{"command":"reboot"}}', "body.command", "set_min_endpoints"),
+        # one request is not a million million tokens: a unit or parsing error (MAX_REQUEST_TOKENS)
+        (b'{"type":"request","deployment":"d","time":5,"request_id":"r","input_tokens":1000000000000000000,'
+         b'"output_tokens":1,"request_received_ms":1}', "input_tokens", "less than or equal to 10000000"),
+        (b'{"type":"arrival","deployment":"d","time":5,"request_id":"r","input_tokens":10000001}',
+         "input_tokens", "less than or equal to 10000000"),
     ],
 )
 def test_bad_input_names_field_and_expectation(raw, field, expected):

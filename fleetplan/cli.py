@@ -6,6 +6,7 @@ arguments, builds the pieces and hands over to the core or a runtime.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -67,6 +68,19 @@ def ensure_output_dir(option: str, path: Path) -> Path:
     return path
 
 
+class _OutputError(Exception):
+    """An output could not be written (a full disk, a closed pipe): its option and why."""
+
+
+@contextlib.contextmanager
+def _naming_output(option: str, path: Path | None):
+    """Turn an OSError while writing an output into one line naming its option."""
+    try:
+        yield
+    except OSError as err:
+        raise _OutputError(cannot_write(option, path, err)) from None
+
+
 def fold_log(fleet, events: Iterable, emit: Callable[[object], None]) -> ValueError | None:
     """Fold events into ``fleet``, handing each output to ``emit`` as it is made.
 
@@ -125,6 +139,7 @@ def plan(
     out = sys.stdout.buffer
     errors: list = []
     late = 0
+    unwritten = None  # the first output that could not be written
 
     def emit(item) -> None:
         nonlocal late
@@ -132,9 +147,11 @@ def plan(
             late += 1
             return
         if item.decision is not None:
-            out.write(encode_event(item.decision) + b"\n")
+            with _naming_output("stdout", Path("-")):
+                out.write(encode_event(item.decision) + b"\n")
         if report_fh:
-            report_fh.write(orjson.dumps(item.to_dict()) + b"\n")
+            with _naming_output("--reports", reports):
+                report_fh.write(orjson.dumps(item.to_dict()) + b"\n")
 
     fleet = Fleet(planner)
     try:
@@ -142,13 +159,25 @@ def plan(
                           check=lambda event: intake_problem(planner.config, event))
         stopped = fold_log(fleet, log, emit)
         if seed_fh:
-            for name in sorted(fleet.states):
-                write_seed(fleet.states[name], seed_fh)
+            with _naming_output("--seed-out", seed_out):
+                for name in sorted(fleet.states):
+                    write_seed(fleet.states[name], seed_fh)
+    except _OutputError as err:
+        unwritten = str(err)
     finally:
-        out.flush()
-        for fh in (report_fh, seed_fh):
-            if fh:
-                fh.close()
+        # a full disk often surfaces only here, at the last flush
+        closers = [("stdout", Path("-"), out.flush)] + [
+            (option, path, fh.close) for option, path, fh in
+            (("--reports", reports, report_fh), ("--seed-out", seed_out, seed_fh)) if fh
+        ]
+        for option, path, close in closers:
+            try:
+                with _naming_output(option, path):
+                    close()
+            except _OutputError as err:
+                unwritten = unwritten or str(err)
+    if unwritten:
+        fail(unwritten)
     for _, message in errors:
         typer.echo(f"fleetplan: skipped {message}", err=True)
     if late:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 from typer.testing import CliRunner
 
 from fleetplan.cli import app
@@ -181,3 +182,11 @@ def test_a_set_config_the_worker_would_dead_letter_is_a_bad_line(tmp_path):
     skipped = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--skip-invalid")
     assert skipped.exit_code == 0 and len(skipped.stdout.splitlines()) == 5
     assert "skipped" in skipped.stderr and ":3: body.changes" in skipped.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_is_one_line_naming_the_output():
+    result = _plan("--events", EXAMPLE, "--config", CONFIG, "--profile", "h100-llama3.3-70b",
+                   "--reports", "/dev/full")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "fleetplan: error: --reports: cannot write /dev/full (No space left on device)"

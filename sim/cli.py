@@ -215,8 +215,11 @@ def _prepare(
     try:
         workload, spread_s = _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed,
                                        spread)
-    except (TraceFormatError, ServeGenError, ValueError, OSError) as err:
+    except (TraceFormatError, ServeGenError, ValueError) as err:
         raise _UserError(str(err)) from None
+    except OSError as err:
+        option = "--trace" if trace else "--servegen"
+        raise _UserError(f"{option}: cannot read {err.filename or trace or servegen} ({err.strerror or err})") from None
     if policy in ("planner",):
         try:
             if converted:

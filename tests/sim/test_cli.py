@@ -111,6 +111,7 @@ def test_table_output_and_baseline_policy(tmp_path):
          "--warm-up: cannot seed the forecaster: the forecaster has been fed"),
         (["--trace", CODE, "--config", QUICKSTART, "--start", 300, "--warm-up", 240, "--publish", "tcp://127.0.0.1:1"],
          "--warm-up: not with --publish"),
+        (["--trace", "DIR"], "--trace: cannot read DIR_PATH (Is a directory)"),
         (["--trace", CODE, "--out", "FILE"], "--out: cannot write"),
         (["--trace", CODE, "--out", "FILE/sub"], "--out: cannot write"),
     ],
@@ -130,6 +131,8 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     no_budget.write_text("max_gpu_budget: -1\n")
     named = {"NOBUDGET": no_budget, "BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
              "NOPROF": no_profile}
+    named["DIR"] = tmp_path
+    message = message.replace("DIR_PATH", str(tmp_path))
     args = [named.get(a, a) if isinstance(a, str) else a for a in args]
     result = simulate(*args, "--no-baselines")
     assert result.exit_code == 2

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import orjson
 
+from fleetplan.models.config_changes import intake_problem
 from fleetplan.models.fleet import INPUT_TYPES, Fleet
 from fleetplan.models.planner import Planner, TickReport
 from fleetplan.models.sequencer import advance, canonical_key, offer
@@ -206,7 +207,7 @@ def audit_log(path: str | Path, deployment: str, *, config=None, profile=None,
     from fleetplan.bootstrap import build_planner
 
     planner = planner or build_planner(config, profile)
-    inputs, recorded, stopped = _read_log(Path(path), deployment)
+    inputs, recorded, stopped = _read_log(Path(path), deployment, planner.config)
     fleet = Fleet(planner)
     reports = refold_as_fed(fleet, inputs)
     result = AuditResult(deployment, str(path), inputs=len(inputs), events=inputs, reports=reports,
@@ -217,15 +218,18 @@ def audit_log(path: str | Path, deployment: str, *, config=None, profile=None,
     return compare(result, recorded, reports, horizon=horizon)
 
 
-def _read_log(path: Path, deployment: str) -> tuple[list, list[dict], str | None]:
-    """The deployment's inputs and recorded decisions, up to the first bad line (named, or None)."""
+def _read_log(path: Path, deployment: str, config) -> tuple[list, list[dict], str | None]:
+    """The deployment's inputs and recorded decisions, up to the first bad line (named, or None).
+
+    A line the live worker would dead-letter at intake is a bad line, as in ``fleetplan plan``.
+    """
     from fleetplan.eventlog import EventLogError, read_events
 
     inputs, recorded = [], []
     found: set[str] = set()
     stopped = None
     try:
-        for event in read_events(path):
+        for event in read_events(path, check=lambda event: intake_problem(config, event)):
             found.add(event.deployment)
             if event.deployment != deployment:
                 continue
@@ -297,6 +301,9 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
                 continue  # the worker dead-letters records not keyed by their deployment
             if (logical, p, r.offset) in refused:
                 excluded += 1
+                continue
+            if intake_problem(planner.config, event) is not None:
+                invalid += 1  # the worker dead-lettered it at intake (a set_config that cannot apply)
                 continue
             inputs.append(event)
 

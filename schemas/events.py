@@ -12,7 +12,8 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -203,7 +204,7 @@ class InventoryEvent(_Envelope):
     role: Role
     state: WorkerState
     gpus: Annotated[int, Field(ge=1, le=4096)] = 1
-    decision_id: int | None = Field(None, description="the decision that caused this step, if known")
+    decision_id: Count | None = Field(None, description="the decision that caused this step, if known")
 
 
 class SetMinEndpoints(_Model):
@@ -222,6 +223,24 @@ class SetConfig(_Model):
     command: Literal["set_config"] = "set_config"
     changes: dict[str, object]
 
+    @field_validator("changes")
+    @classmethod
+    def _encodable(cls, changes: dict[str, object]) -> dict[str, object]:
+        # Dynamo's runtime fields take any value and are ignored, but the event is still
+        # sorted and stored by its encoding: an integer past 64 bits could not be, and the
+        # worker would fail on it at every restart
+        try:
+            orjson.dumps(changes)
+        except orjson.JSONEncodeError as err:
+            raise ValueError(f"values JSON can carry (integers within 64 bits): {err}") from None
+        return changes
+
+
+MAX_SEED_REQUESTS = 1e12
+"""Most requests one seeded window may count: a million a second for a day is 8.6e10; a
+count near 1e19 broke the queueing model's arithmetic on the tick after the seed."""
+SeedCount = Annotated[float, Field(ge=0.0, le=MAX_SEED_REQUESTS, allow_inf_nan=False)]
+SeedTokens = Annotated[float, Field(ge=0.0, le=MAX_REQUEST_TOKENS, allow_inf_nan=False)]
 
 MAX_SEED_WINDOWS = 4096
 """Windows one ``seed_traffic`` may carry: a week and more of 180 s windows, and
@@ -235,12 +254,12 @@ class SeedWindow(_Model):
         description="when the window began, on the events' clock (the daily cycle is read from it)"
     )
     duration_s: Annotated[float, Field(gt=0.0, le=86_400.0, allow_inf_nan=False)]
-    num_req: NonNegative = Field(description="requests that arrived in the window")
-    isl: NonNegative = Field(description="their mean input length, tokens")
-    osl: NonNegative = Field(description="their mean output length, tokens")
+    num_req: SeedCount = Field(description="requests that arrived in the window")
+    isl: SeedTokens = Field(description="their mean input length, tokens")
+    osl: SeedTokens = Field(description="their mean output length, tokens")
     kv_hit_rate: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     accept_length: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] | None = None
-    peak: NonNegative | None = Field(
+    peak: SeedCount | None = Field(
         None, description="the busiest burst sub-window's count scaled to the window's length"
     )
 

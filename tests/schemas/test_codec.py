@@ -98,6 +98,14 @@ def _fpm_json(**overrides) -> bytes:
          b'"output_tokens":1,"request_received_ms":1}', "input_tokens", "less than or equal to 10000000"),
         (b'{"type":"arrival","deployment":"d","time":5,"request_id":"r","input_tokens":10000001}',
          "input_tokens", "less than or equal to 10000000"),
+        # what the worker sorts and stores by its encoding must encode (an int past 64 bits cannot)
+        (b'{"type":"inventory","deployment":"d","time":1,"worker_id":"w","role":"agg","state":"ready",'
+         b'"decision_id":99999999999999999999}', "decision_id", "less than or equal to"),
+        (b'{"type":"control","deployment":"d","time":1,"body":{"command":"set_config",'
+         b'"changes":{"namespace":{"a":[99999999999999999999]}}}}', "body.changes", "integers within 64 bits"),
+        (b'{"type":"control","deployment":"d","time":5,"body":{"command":"seed_traffic","windows":'
+         b'[{"start_s":0,"duration_s":1,"num_req":1e19,"isl":1,"osl":1}]}}', "body.windows.0.num_req",
+         "less than or equal to 1000000000000"),
     ],
 )
 def test_bad_input_names_field_and_expectation(raw, field, expected):

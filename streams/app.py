@@ -77,6 +77,10 @@ def create_app(settings: WorkerSettings) -> faust.App:
         producer_max_request_size=MAX_RECORD_BYTES,
         producer_linger_ms=0,
         consumer_max_fetch_size=16 * 1024 * 1024,
+        # A batch that fails half-way leaves the router's in-memory state half-applied;
+        # Faust's default supervisor would restart the agent on it in this process. Exit
+        # instead, so a restart recovers from the changelog and the committed offsets.
+        agent_supervisor="mode.CrashingSupervisor",
     )
     if settings.replication:
         options["topic_replication_factor"] = settings.replication

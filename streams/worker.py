@@ -238,11 +238,14 @@ class PlannerWorker:
         if not outputs:
             return
         producer = self.app.producer
+        sent = []
         for out in outputs:
             # A deployment's outputs go to its own partition; unattributable dead letters anywhere.
-            await producer.send(self._output_names[out.topic], out.key.encode(), orjson.dumps(out.value),
-                                partitions.get(out.key), None, None)
-        await producer.flush()
+            sent.append(await producer.send(self._output_names[out.topic], out.key.encode(),
+                                            orjson.dumps(out.value), partitions.get(out.key), None, None))
+        # the offsets these outputs came from settle next, and the outbox is cleared at the
+        # next save: an output the broker refused must stop the worker, not be dropped
+        await _durable(producer, sent, what="outputs (decisions, diagnostics, dead letters)")
 
     def _observe(self, batch: RoutedBatch, last_offsets: dict, started: float) -> None:
         m = self.metrics
@@ -422,13 +425,16 @@ delivery timeout and then fails its future; this bounds the wait if a future is 
 at all, so a stuck producer stops the worker (to be restarted and recover) instead of hanging it."""
 
 
-async def _durable(producer, written: list, timeout_s: float = DURABLE_TIMEOUT_S) -> None:
-    """Wait until every collected changelog message is on the broker (or raise its error)."""
+async def _durable(producer, written: list, timeout_s: float = DURABLE_TIMEOUT_S,
+                   what: str = "state writes to the changelog") -> None:
+    """Wait until every collected message is on the broker (or raise its error)."""
     await producer.flush()
+    if not written:
+        return
     _, pending = await asyncio.wait(written, timeout=timeout_s)
     if pending:
         raise RuntimeError(
-            f"{len(pending)} of {len(written)} state writes to the changelog not acknowledged within "
+            f"{len(pending)} of {len(written)} {what} not acknowledged within "
             f"{timeout_s:g} s; stopping so a restart recovers from the changelog"
         )
     for fut in written:

@@ -235,3 +235,29 @@ def test_a_seed_on_the_control_topic_starts_the_workers_forecaster(namespace, wo
                           topic_prefix=namespace.prefix, partitions=namespace.partitions)
     assert audited.state.traffic_history[:360] == [
         [w.start_s, w.duration_s, w.num_req, w.isl, w.osl, None, None, w.peak] for w in windows]
+
+
+def test_a_decision_the_broker_refuses_stops_the_worker(namespace, worker_factory):
+    """The decisions topic takes no record this large: the send fails, and the worker exits
+    (to be restarted from the changelog) rather than settle the offsets the decision came from
+    and carry on without it."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    async def shrink_decisions_topic() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=namespace.bootstrap)
+        await admin.start()
+        try:
+            await admin.alter_configs([ConfigResource(
+                ConfigResourceType.TOPIC, namespace.topics.decisions, {"max.message.bytes": "200"})])
+        finally:
+            await admin.close()
+
+    run_async(shrink_decisions_topic())
+    worker = worker_factory().start()
+    fa, ra = traffic("alpha", 60, batch=8)
+    produce(namespace, fa, ra)
+    wait_for(lambda: not worker.alive(), 90, "the worker to stop on the refused decision")
+    assert worker.proc.returncode != 0, worker.log()
+    assert decisions_of(namespace, "alpha") == []
+    assert "not acknowledged" in worker.log() or "MessageSizeTooLarge" in worker.log() or "TooLarge" in worker.log()

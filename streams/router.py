@@ -36,7 +36,7 @@ from fleetplan.schemas.codec import SchemaError, event_to_dict
 from fleetplan.schemas.events import DeadLetter
 from fleetplan.schemas.fpm_wire import decode_input
 from fleetplan.streams.tables import Output, StoredDeployment
-from fleetplan.streams.topics import TICKS
+from fleetplan.streams.topics import TICKS, partition_for
 from fleetplan.streams.watermark import Watermarks
 
 PAYLOAD_LIMIT = 4096
@@ -137,8 +137,11 @@ class Router:
         self, planner: Planner, watermarks: Watermarks, *,
         load: Callable[[str], StoredDeployment | None] = lambda name: None,
         clock: Callable[[], float] = time.time,
+        partitions: int | None = None,
     ) -> None:
         self.planner = planner
+        # the input topics' partition count: a deployment lives on partition_for(name, partitions)
+        self.partitions = partitions
         self.watermarks = watermarks
         self.load = load
         self.clock = clock
@@ -218,6 +221,10 @@ class Router:
                           " (records must be keyed by deployment)")
             return
         owner = self.partition_of(event.deployment)
+        if owner is None and self.partitions is not None:
+            # the deployment's first record must not decide where it lives: a stray one on
+            # another partition would take it over and refuse every correct record after it
+            owner = partition_for(event.deployment, self.partitions)
         if owner is not None and owner != rec.partition:
             self._invalid(rec, batch, "invalid",
                           f"deployment {event.deployment!r} lives on partition {owner}, record came on "

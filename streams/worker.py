@@ -73,7 +73,7 @@ class PlannerWorker:
         self.topics = settings.topics
         self.metrics = metrics or WorkerMetrics()
         self.watermarks = Watermarks(CLOCKED, settings.idle_after_s)
-        self.router = Router(planner, self.watermarks, load=self._load)
+        self.router = Router(planner, self.watermarks, load=self._load, partitions=settings.partitions)
         self.owned: set[int] = set()
         self.positions = InputPositions()
         self._committed: dict[tuple[str, int], int] = {}

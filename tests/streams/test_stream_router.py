@@ -15,7 +15,7 @@ import pytest
 from fleetplan.models.planner import Planner
 from fleetplan.schemas import topics as canonical
 from fleetplan.schemas.codec import MAX_EVENT_BYTES, encode_event
-from fleetplan.schemas.events import Decision
+from fleetplan.schemas.events import ControlEvent, Decision
 from fleetplan.streams.audit import refold_by_event_time
 from fleetplan.streams.router import InputRecord, Router
 from fleetplan.streams.tables import StoredDeployment
@@ -465,3 +465,20 @@ def test_a_set_config_wrong_only_against_the_config_is_counted_at_its_tick():
     state = h.router.deployments["alpha"].state
     assert [v for t, v in h.sent if t == canonical.DEADLETTER] == []
     assert (state.config.min_gpu_budget, state.config.max_gpu_budget, state.rejected_controls) == (-1, 16, 1)
+
+
+def test_a_record_on_the_wrong_partition_does_not_decide_where_its_deployment_lives():
+    """With the partition count known, a deployment lives on its murmur2 partition from its
+    first record on: a stray first record on another partition is refused, not adopted."""
+    from fleetplan.streams.topics import partition_for
+
+    right = partition_for("alpha", 8)
+    wrong = (right + 1) % 8
+    router = Router(deciding_planner(), Watermarks(CLOCKED, idle_after_s=1e9), clock=lambda: T0, partitions=8)
+    stray = ControlEvent(deployment="alpha", time=T0 - 1, body={"command": "set_advisory", "advisory": False})
+    batch = router.route([InputRecord(canonical.CONTROL, wrong, 0, b"alpha", encode_event(stray))], 0.0)
+    assert dict(batch.dead) == {"invalid": 1} and router.partition_of("alpha") is None
+    assert f"lives on partition {right}, record came on {wrong}" in batch.invalid[0].value["detail"]
+    fpms, _ = traffic("alpha", 5)
+    batch = router.route([InputRecord(FPM, right, i, b"alpha", encode_event(e)) for i, e in enumerate(fpms)], 1.0)
+    assert not batch.dead and router.partition_of("alpha") == right

@@ -49,6 +49,10 @@ import numpy as np
 from scipy.special import pdtr
 
 MAX_EXTRA_ENGINES = 10_000
+MAX_ENGINES = 100_000
+"""Most engines of one role any sizing returns: no GPU budget holds more (``MAX_GPU_BUDGET``),
+and past 2**53 engines the Erlang arithmetic breaks in floats (a seeded window of 1e12
+requests of 600k tokens asked for 2e19)."""
 RECURSION_SERVERS = 256
 """Up to this many servers (engines) Erlang B comes from its recursion; past it (decode slots), from
 the Poisson law, which agrees with it to 3e-10 (257 to 300,000 servers) and costs 5 µs where the
@@ -249,6 +253,8 @@ def slot_replicas(
 
 def _fewest(offered_engines: float, share: float, minimum: int, miss) -> int:
     """The fewest engines past ``offered_engines`` whose ``miss(n)`` is at most ``1 - share``."""
+    if offered_engines >= MAX_ENGINES:
+        return MAX_ENGINES
     n = max(math.floor(offered_engines) + 1, 1)
     for _ in range(MAX_EXTRA_ENGINES):
         if miss(n) <= 1.0 - share:

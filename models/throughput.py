@@ -29,6 +29,7 @@ from statistics import NormalDist
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.mix import LengthMix
 from fleetplan.models.queueing import (
+    MAX_ENGINES,
     Budgets,
     Dispersion,
     dispersion_points,
@@ -95,7 +96,8 @@ def replicas_for(demand_rps: float, engine_rps: float, minimum: int) -> int:
     if engine_rps <= 0:
         raise ValueError("engine capacity must be positive")
     # A tiny epsilon keeps exact multiples (10.0 / 5.0) from rounding up on float noise.
-    return max(math.ceil(demand_rps / engine_rps - 1e-9), minimum)
+    needed = demand_rps / engine_rps - 1e-9
+    return max(MAX_ENGINES if needed >= MAX_ENGINES else math.ceil(needed), minimum)
 
 
 def engine_capacity(

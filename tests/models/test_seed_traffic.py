@@ -162,3 +162,27 @@ def test_a_seed_carries_the_time_ordered_end_of_the_history():
     assert seed_windows([]) == []
     many = [row(T0 + 180.0 * i) for i in range(MAX_SEED_WINDOWS + 5)]
     assert seed_windows(many) == many[5:]
+
+
+@pytest.mark.parametrize("predictor", ["ensemble", "kalman", "arima_frozen"])
+def test_a_seed_at_the_schemas_limits_is_sized_not_crashed_on(predictor):
+    """1e12 requests of 600k tokens a window ask for more engines than any budget holds: the
+    sizing stops at MAX_ENGINES per role instead of breaking the Erlang arithmetic (which
+    failed this tick on every replay of the log)."""
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.fleet import Fleet
+    from fleetplan.models.queueing import MAX_ENGINES
+    from fleetplan.schemas.events import ControlEvent, SeedTraffic, SeedWindow
+    from fleetplan.sim.profiles import load_profile
+    from tests.models.factories import T0, ready, requests
+
+    cfg = config_from_dict({"load_predictor": predictor, "max_gpu_budget": -1})
+    fleet = Fleet(Planner(cfg, profile=load_profile("h200-llama3.1-8b")))
+    seed = ControlEvent(deployment="d", time=T0 + 0.5, body=SeedTraffic(windows=[
+        SeedWindow(start_s=T0 - 180.0 * (20 - k), duration_s=180.0, num_req=1e12 if k % 2 else 1.0,
+                   isl=3000.0, osl=600_000.0) for k in range(20)]))
+    reports = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), seed,
+                         *requests(1, T0 + 1, T0 + 185, isl=3000, osl=600_000)])
+    sized = [r for r in reports if r.throughput_reason != "not_due"]
+    assert sized and all(e.rate_replicas is None or e.rate_replicas <= MAX_ENGINES
+                         for r in sized for e in r.estimates.values())

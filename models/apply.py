@@ -145,6 +145,11 @@ def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
 def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
     body = ev.body
     if isinstance(body, SetMinEndpoints):
+        if any(_above_ceiling(state.config, role, n) for role, n in body.minimums.items()):
+            # a config file with the same contradiction is refused at load; so is this, in
+            # event-time order (it was clamped to the ceiling without a word)
+            state.rejected_controls += 1
+            return
         state.min_overrides.update(body.minimums)
     elif isinstance(body, SetAdvisory):
         state.advisory_override = body.advisory
@@ -161,6 +166,10 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
             return
         state.forecaster = forecaster
         state.config = config
+        if not config.throughput_enabled:
+            state.lower_bound = {}  # a floor from a loop that no longer runs must not hold the fleet
+        if not config.load_enabled:
+            state.down_since.clear()  # a scale-down run starts over when the loop comes back
     elif isinstance(body, SeedTraffic):
         history = seed_history(body.windows)
         if seed_problem(state.config, state.forecaster, history) is not None:
@@ -171,6 +180,11 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
         keep_last(history, state.config.predictor_history_windows)
         state.traffic_history = history
     state.config_version += 1
+
+
+def _above_ceiling(config, role: Role, minimum: int) -> bool:
+    ceiling = config.max_endpoints(role) if role in config.roles else None
+    return ceiling is not None and minimum > ceiling
 
 
 def _apply_ack(state: DeploymentState, ack: Ack) -> None:

@@ -106,17 +106,23 @@ def _raise_toward(
 def _shorten_downward(
     fitted: dict[Role, int], current: Mapping[Role, int], target: Mapping[Role, int],
     gpus: Mapping[Role, int], max_budget: int, min_budget: int,
+    maximums: Mapping[Role, int | None] | None = None,
 ) -> dict[Role, int]:
     """Shorten the downward legs until the floor budget holds; hold the current fleet when they
     cannot reach it under the ceiling.
 
     The current fleet is inside the band whenever this is called, so holding it always fits. An
     opposing rebalance in a narrow band can leave no step that lands inside it (one GPU short,
-    the next replica two GPUs over): the upward leg then waits with the downward one.
+    the next replica two GPUs over): the upward leg then waits with the downward one. A role's
+    replica ceiling (``maximums``) wins over the floor budget: a fleet above it (a ceiling
+    lowered at run time) still comes down to it, as a config whose floor budget the ceilings
+    cannot hold would otherwise keep a role above its ceiling for good.
     """
-    down = sorted(r for r in target if target[r] < current[r])
-    shortened = _raise_toward(fitted, current, down, gpus, max_budget, enough=min_budget)
-    return shortened if gpu_total(shortened, gpus) >= min_budget else dict(current)
+    maximums = maximums or {}
+    held = {r: current[r] if maximums.get(r) is None else min(current[r], maximums[r]) for r in current}
+    down = sorted(r for r in target if target[r] < held[r])
+    shortened = _raise_toward(fitted, held, down, gpus, max_budget, enough=min_budget)
+    return shortened if gpu_total(shortened, gpus) >= min_budget else held
 
 
 def fit_gpu_budget(
@@ -154,13 +160,14 @@ def fit_gpu_budget(
             return dict(current), "gpu_budget_guard_hold"
         if min_budget >= 0 and gpu_total(fitted, gpus) < min_budget <= gpu_total(current, gpus):
             # the full downward legs left too little: shorten them, never below the floor budget
-            fitted = _shorten_downward(fitted, current, target, gpus, max_budget, min_budget)
+            fitted = _shorten_downward(fitted, current, target, gpus, max_budget, min_budget, maximums)
         return fitted, "gpu_budget_guard_hold"
     if min_budget >= 0 and gpu_total(target, gpus) < min_budget:
         if gpu_total(current, gpus) >= min_budget:
             # inside the band: shorten the downward legs to the floor budget; no role that was
             # not proposed to move is moved
-            return _shorten_downward(target, current, target, gpus, max_budget, min_budget), "gpu_budget_guard_hold"
+            return _shorten_downward(target, current, target, gpus, max_budget, min_budget,
+                                     maximums), "gpu_budget_guard_hold"
         if gpu_total(target, gpus) < gpu_total(current, gpus):
             target = {r: max(current[r], target[r]) for r in target}
         grown = _grow_to_fit(target, gpus, min_budget, max_budget, maximums)

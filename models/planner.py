@@ -246,7 +246,10 @@ class Planner:
                     _start_window(state, now)
                     scratch.throughput_reason = "no_traffic_data"
                     return
-        duration = min(max(now - start, 1e-9), interval)
+        # the window's own length: after a set_config shortened the interval, the window
+        # began on the old grid and is longer than the new interval (capping it there read
+        # 180 s of requests as 20 s of them, a 9x rate)
+        duration = max(now - start, 1e-9)
         obs = state.window.observation(
             duration, by_arrival=state.seen_arrivals, last_osl=state.forecaster.forecaster.last_osl,
         )

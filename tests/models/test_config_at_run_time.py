@@ -1,0 +1,83 @@
+"""Config changed at run time (set_config, set_min_endpoints) leaves no stale part of the old one."""
+
+from __future__ import annotations
+
+from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
+from fleetplan.models.fleet import Fleet
+from fleetplan.models.planner import Planner
+from fleetplan.schemas import ClockEvent, ControlEvent, SetConfig, SetMinEndpoints
+from fleetplan.sim.profiles import load_profile
+from tests.models.factories import T0, fpm, ready, requests
+
+
+def _fleet(**changes) -> Fleet:
+    cfg = config_from_dict({**REFERENCE_SIZING, "load_predictor": "constant", "max_gpu_budget": 64, **changes})
+    return Fleet(Planner(cfg, profile=load_profile("h200-llama3.1-8b")))
+
+
+def _set(t: float, **changes) -> ControlEvent:
+    return ControlEvent(deployment="d", time=t, body=SetConfig(changes=changes))
+
+
+def test_a_shortened_throughput_interval_reads_the_window_at_its_own_length():
+    """The window open when 180 s became 20 s began on the old grid: 180 s of a steady 10 req/s
+    is 10 req/s, not 90 (it was divided by the new 20 s)."""
+    events = [ready("p0", "prefill"), ready("d0", "decode"), *requests(10, T0 + 1, T0 + 600),
+              _set(T0 + 350, throughput_adjustment_interval_seconds=20)]
+    reports = [r for r in _fleet().run(sorted(events, key=lambda e: e.time)) if r.predicted is not None]
+    assert [round(r.predicted.rps, 1) for r in reports[:3]] == [9.9, 10.0, 10.0]
+    assert not any(r.decision for r in reports)
+
+
+def test_switching_the_throughput_loop_off_drops_its_floor():
+    """A busy first window left a floor of 4 prefill engines; with the loop off, the idle fleet's
+    scale-down verdicts are no longer capped by it."""
+    events = [ready(f"p{i}", "prefill") for i in range(4)] + [ready("d0", "decode"), ready("d1", "decode")]
+    events += requests(60, T0 + 1, T0 + 180)
+    events.append(_set(T0 + 190, enable_throughput_scaling=False))
+    for t in range(181, 400, 5):
+        events += [fpm(f"p{i}", "prefill", T0 + t, counter=t) for i in range(4)]
+        events += [fpm(f"d{i}", "decode", T0 + t, counter=t, decode_reqs=1, decode_kv=100) for i in range(2)]
+    fleet = _fleet(enable_load_scaling=True, load_floor="none")
+    reports = fleet.run(sorted(events, key=lambda e: e.time))
+    assert fleet.states["d"].lower_bound == {}
+    decided = [r.decision for r in reports if r.decision is not None and r.time > T0 + 190]
+    assert decided and decided[0].targets["prefill"] < 4 and decided[0].load_reason == "scale_down"
+
+
+def test_a_load_loop_switched_back_on_waits_out_its_stabilization_again():
+    def released(toggle: bool) -> list[float]:
+        events = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
+        if toggle:
+            events += [_set(T0 + 60, enable_load_scaling=False), _set(T0 + 1000, enable_load_scaling=True)]
+        for t in range(1, 1400, 5):
+            if toggle and 60 < t < 1000:
+                continue
+            events += [fpm(f"p{i}", "prefill", T0 + t, counter=t) for i in range(3)]
+            events += [fpm("d0", "decode", T0 + t, counter=t, decode_reqs=4, decode_kv=12_000)]
+        fleet = _fleet(enable_load_scaling=True, enable_throughput_scaling=False,
+                       load_scale_down_stabilization_seconds=300.0)
+        return [r.time - T0 for r in fleet.run(sorted(events, key=lambda e: e.time)) if r.decision]
+
+    assert released(False)[0] == 305
+    assert released(True)[0] == 1305  # 300 s after the loop came back, not at its first verdict
+
+
+def test_a_minimum_above_the_ceiling_is_refused():
+    fleet = _fleet(prefill_max_endpoint=3)
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode"),
+               ControlEvent(deployment="d", time=T0 + 5, body=SetMinEndpoints(minimums={"prefill": 5})),
+               ClockEvent(deployment="d", time=T0 + 200)])
+    state = fleet.states["d"]
+    assert state.rejected_controls == 1 and state.min_overrides == {}
+
+
+def test_a_replica_ceiling_wins_over_the_floor_budget():
+    """Five agg engines over a ceiling of 3, with a floor budget of 4 GPUs the ceilings cannot
+    hold: the fleet comes down to its ceiling (the budget used to keep it at 4)."""
+    cfg = config_from_dict({"mode": "agg", "max_endpoint": 3, "min_gpu_budget": 4, "max_gpu_budget": -1,
+                            "load_predictor": "constant"})
+    reports = Fleet(Planner(cfg)).run([ready(f"w{i}", "agg") for i in range(5)]
+                                      + [ClockEvent(deployment="d", time=T0 + 200)])
+    decisions = [r.decision for r in reports if r.decision]
+    assert decisions and decisions[0].targets == {"agg": 3}

@@ -119,12 +119,19 @@ def test_agg_balanced_batches_and_both_slas():
     assert tight.rps == pytest.approx(45 / (100 * (0.01 + 1.105e-4 * 45)))
 
 
-def test_agg_unbalanced_batches_are_skipped():
+def test_agg_unbalanced_batches_are_skipped_and_none_balanced_serves_one_at_a_time():
     limits = EngineLimits(max_num_batched_tokens=2048, max_num_seqs=100, max_kv_tokens=10_000_000)
     # osl 1: admitted = 1000·bs must fit 2048 - bs -> only bs 1 and 2
     assert agg_capacity(MIXED, limits, 1000, 1, None, None, None, None).batch == 2
-    # isl 4000 never fits: no balanced batch at all
-    assert agg_capacity(MIXED, limits, 4000, 1, None, None, None, None) is None
+    # isl 4000 never fits: no balanced batch at all, so one request at a time (prefill-bound):
+    # its prompt in two passes (2048 + 1952 tokens), its one token alone
+    alone = agg_capacity(MIXED, limits, 4000, 1, None, None, None, None)
+    ttft = MIXED.predict(2048, 4000) + MIXED.predict(1952, 4000)
+    assert (alone.batch, alone.ttft_ms) == (1, pytest.approx(ttft * 1000))
+    assert alone.rps == pytest.approx(1 / (ttft + MIXED.predict(0, 4000)))
+    # a request larger than the cache still has no capacity
+    assert agg_capacity(MIXED, EngineLimits(max_num_batched_tokens=2048, max_kv_tokens=1000),
+                        4000, 1, None, None, None, None) is None
 
 
 def test_eligible_beats_ineligible_even_at_lower_rate():
@@ -173,6 +180,11 @@ def _loop_reference(role, fit, limits, isl, osl, ttft_ms, itl_ms, kv_hit, accept
         )
         if best is None or (ok and not best[1]) or (ok == best[1] and rps > best[0]):
             best = (rps, ok, bs)
+    if role == "agg" and best is None and batch_candidates(top).size:
+        # no balanced batch: one request at a time, its prompt chunked, its answer decoded alone
+        ttft, itl = chunked(eff, ctx), fit.predict(0, ctx) / acc
+        ok = (ttft_ms is None or ttft <= ttft_ms / 1000) and (itl_ms is None or itl <= itl_ms / 1000)
+        best = (1.0 / (ttft + osl * itl), ok, 1)
     return best
 
 

@@ -36,10 +36,11 @@ def write_report(
     ttft_ms: float,
     itl_ms: float,
     window_s: float,
-    arrivals: list[tuple[float, int]],
+    arrivals: list[tuple[float, int] | tuple[float, int, float]],
     title: str,
 ) -> Path:
-    """``results[0]`` is the main policy; ``arrivals`` is (window start, count) per window."""
+    """``results[0]`` is the main policy; ``arrivals`` is (window start, count) per window, or
+    (window start, count, seconds the window covers) where the last one is cut short."""
     horizon = max(r.end_s for r in results)
     fig = make_subplots(
         rows=6, cols=1, shared_xaxes=True, vertical_spacing=0.035,
@@ -48,9 +49,12 @@ def write_report(
             "SLA attainment per window", "GPU-hours spent",
         ),
     )
-    minutes = [t / 60.0 for t, _ in arrivals]
+    minutes = [a[0] / 60.0 for a in arrivals]
+    # a window's rate over the time it covers: a last window cut short by the end of the
+    # trace read as a full one looked like half its load
+    rates = [a[1] / (a[2] if len(a) > 2 and a[2] > 0 else window_s) for a in arrivals]
     fig.add_trace(go.Bar(
-        x=minutes, y=[n / window_s for _, n in arrivals], name="arrivals/s",
+        x=minutes, y=rates, name="arrivals/s",
         marker_color="#bbbbbb", legendgroup="load", offset=0, width=window_s / 60.0,
     ), row=1, col=1)
     main = results[0]

@@ -225,3 +225,18 @@ def test_the_configs_profile_is_used_without_the_flag(tmp_path):
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.stdout)["profile"] == "h100-llama3.3-70b"
 
+
+
+def test_the_reports_last_window_is_its_arrivals_over_the_time_it_covers(tmp_path):
+    out = tmp_path / "run"
+    result = simulate("--trace", CODE, "--config", QUICKSTART, "--duration", 150, "--rate-scale", 2,
+                      "--no-baselines", "--json", "--out", out)
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    bars = re.search(r'"name":"arrivals\\u002fs"[^{}]*?"y":\[([^\]]*)\]', html)
+    rates = [float(x) for x in bars.group(1).split(",")]
+    arrivals = [orjson.loads(line) for line in (out / "events.jsonl").read_bytes().splitlines()
+                if b'"type":"arrival"' in line]
+    start = min(a["time"] for a in arrivals)
+    last = sum(1 for a in arrivals if a["time"] - start >= 120)
+    assert len(rates) == 3 and rates[2] == pytest.approx(last / 30)  # [120, 150) s, not / 60

@@ -38,6 +38,7 @@ logged: a live run's log is the same as an offline run's.
 
 from __future__ import annotations
 
+import math
 import time as wallclock
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,12 @@ from fleetplan.sim.router import make_router
 from fleetplan.sim.startup import StartupTime, parse_startup
 from fleetplan.sim.timing import EngineTiming, engine_timing
 from fleetplan.sim.workload import Workload
+
+STALL_S = 3600.0
+"""After the trace, a run whose requests in flight stop finishing for this long (virtual
+seconds) is stalled: a policy left a role with no engine and nothing will serve them.
+Startups take minutes and a drain less, so an hour without a finished request is no
+slow fleet."""
 
 KV_BYTES_PER_TOKEN = {
     # 2 (K and V) · layers · KV heads · head dim · 2 bytes (bf16 KV cache)
@@ -402,6 +409,9 @@ class ClosedLoop(FleetListener):
         self.fpms = 0
         self.fed = 0
         self._last_progress = 0.0
+        self._finished_seen = 0
+        self._finished_at = 0.0  # when a request last finished: a fleet that stops finishing is stalled
+        self.stranded = 0
 
     # -- driving ------------------------------------------------------------------
 
@@ -428,6 +438,7 @@ class ClosedLoop(FleetListener):
                 break
         if live is not None:
             live.finish()
+        self._strand()
         end = max(clock.now, self.workload.duration_s)
         self.controller.finish()
         if self.progress is not None:
@@ -447,8 +458,32 @@ class ClosedLoop(FleetListener):
         )
 
     def active(self) -> bool:
-        """Work is left: arrivals to come, requests in flight, or trace time to cover."""
-        return self._arrivals_left or self.fleet.in_flight > 0 or self.clock.now < self.workload.duration_s
+        """Work is left: arrivals to come, requests in flight, or trace time to cover.
+
+        Requests in flight that no engine will ever serve (a policy left a role
+        with no engine after the trace ended) do not count once nothing has
+        finished for ``STALL_S``: the run ends and counts them as missed.
+        """
+        if self._arrivals_left or self.clock.now < self.workload.duration_s:
+            return True
+        return self.fleet.in_flight > 0 and not self._stalled()
+
+    def _stalled(self) -> bool:
+        if len(self.requests) != self._finished_seen:
+            self._finished_seen, self._finished_at = len(self.requests), self.clock.now
+        return self.clock.now - max(self._finished_at, self.workload.duration_s) > STALL_S
+
+    def _strand(self) -> None:
+        """Count the requests a stalled run left waiting as missed: TTFT (or ITL) up to the end."""
+        now = self.clock.now
+        for waiting in self.fleet.frontend.values():
+            for req in waiting:
+                first = req.first_token if req.first_token >= 0 else now
+                itl = (now - first) / (req.osl - 1) if req.osl > 1 else math.nan
+                self.requests.record(req.arrival, first - req.arrival, itl, req.isl, req.osl, req.cached, now)
+                self.stranded += 1
+                self.fleet.in_flight -= 1
+            waiting.clear()
 
     def apply(self, decision_id: int, targets: Mapping[str, int]) -> None:
         self.connector.apply(decision_id, targets)

@@ -42,6 +42,15 @@ class Broken:
 
 class NoDecide:
     pass
+
+
+class ToZero:
+    """Every role to zero engines at 30 s, with requests still arriving."""
+
+    interval_s = 5.0
+
+    def decide(self, view):
+        return {"prefill": 0, "decode": 0} if view.time >= 30 else None
 '''
 
 
@@ -143,3 +152,19 @@ def test_the_warm_fleet_covers_the_span_until_the_first_decision_is_ready():
     assert needs_before(needs, 60.0, 180.0) == {"prefill": 2}
     assert needs_before(needs, 60.0, 181.0) == {"prefill": 5}
     assert needs_before(needs, 60.0, 10.0) == {"prefill": 1}
+
+
+def test_a_run_whose_fleet_cannot_serve_what_is_left_ends_and_counts_it_missed(policy_module, make_setup_for):
+    """A policy left both roles at zero engines: the requests waiting for them would keep the run
+    going without end (it never stopped); an hour after the trace without a finished request it
+    stops, and every stranded request counts against the SLA."""
+    from fleetplan.sim.runner import STALL_S
+
+    policy = load_policy(f"{policy_module}:ToZero")
+    workload = synthetic(5, 60)
+    result = run_policy(workload, make_setup_for(), policy, "to-zero", {"prefill": 1, "decode": 1})
+    arrived = sum(1 for _ in workload.requests())
+    assert result.summary.requests == arrived  # the stranded ones included
+    assert result.summary.sla_attainment < 0.6
+    assert STALL_S < result.end_s < STALL_S + 600
+

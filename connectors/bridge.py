@@ -109,10 +109,34 @@ def parse_endpoints(sub: list[str], pull: list[str]) -> list[Endpoint]:
                 bind = mode == "bind"
             else:
                 address, bind = item, default_bind
-            if "://" not in address:
-                raise ValueError(f"--{kind}: a ZMQ address like tcp://host:port or ipc:///path, got {item!r}")
+            problem = _address_problem(address, bind)
+            if problem is not None:
+                raise ValueError(f"--{kind}: {problem}, got {item!r}")
             out.append(Endpoint(kind, address, bind))  # type: ignore[arg-type]
     return out
+
+
+_ZMQ_TRANSPORTS = ("tcp", "ipc", "inproc")
+
+
+def _address_problem(address: str, bind: bool) -> str | None:
+    """What is wrong with a ZMQ address that can be told before binding, or None.
+
+    The sockets are opened after the Kafka topics are created; an address
+    ZMQ would refuse then (an unknown transport, a tcp address without a
+    port, a wildcard host to connect to) is refused here, at start.
+    """
+    transport, sep, rest = address.partition("://")
+    if not sep or transport not in _ZMQ_TRANSPORTS or not rest:
+        return "a ZMQ address like tcp://host:port, ipc:///path or inproc://name"
+    if transport != "tcp":
+        return None
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return "a tcp address needs host:port with a port in 1..65535"
+    if host == "*" and not bind:
+        return "a wildcard host (*) can only be bound, not connected to"
+    return None
 
 
 @dataclass

@@ -90,7 +90,63 @@ def _bootstrap(value: str | None) -> str:
     bootstrap = value or os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         _fail(f"--bootstrap: give the Kafka bootstrap address (or set {BOOTSTRAP_ENV})")
+    for server in bootstrap.split(","):
+        host, colon, port = server.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            _fail(f"--bootstrap: expected host:port[,host:port...] with ports in 1..65535, got {bootstrap!r}")
     return bootstrap
+
+
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]*")
+MAX_NAME_PART = 200
+"""Longest --topic-prefix or --app-id: Kafka takes topic names of 249 characters, and the
+longest name built from one adds about 30."""
+
+
+def _topic_name_part(option: str, value: str, *, empty_ok: bool = True) -> str:
+    """A --topic-prefix or --app-id that Kafka topic names can carry, refused at start."""
+    if not value and not empty_ok:
+        _fail(f"{option}: must not be empty")
+    if not _TOPIC_CHARS.fullmatch(value) or len(value) > MAX_NAME_PART:
+        _fail(f"{option}: letters, digits, '.', '_' and '-' only (Kafka topic names), at most "
+              f"{MAX_NAME_PART} characters, got {value!r}")
+    return value
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _loglevel(value: str) -> str:
+    if value.lower() not in _LOG_LEVELS:
+        _fail(f"--loglevel: one of {', '.join(_LOG_LEVELS)}, got {value!r}")
+    return value.lower()
+
+
+def _free_port(option: str, port: int | None) -> None:
+    """Refuse a metrics port another process holds, before any topic is created."""
+    if port is None:
+        return
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as err:
+            _fail(f"{option}: cannot listen on port {port} ({err.strerror})")
+
+
+def _store(value: str) -> str:
+    """memory:// or rocksdb:// (the latter only with its extra installed)."""
+    import importlib.util
+
+    if value.startswith("memory://"):
+        return value
+    if value.startswith("rocksdb://"):
+        if importlib.util.find_spec("rocksdict") is None:
+            _fail("--store: rocksdb:// needs the optional extra: pip install 'fleetplan[rocksdb]'")
+        return value
+    _fail(f"--store: memory:// or rocksdb://, got {value!r}")
 
 
 Bootstrap = Annotated[str | None, typer.Option("--bootstrap", help=f"Kafka bootstrap host:port (default ${BOOTSTRAP_ENV})")]
@@ -135,16 +191,16 @@ def worker(
                   heartbeat=heartbeat, commit_interval=commit_interval)
     if heartbeat >= session_timeout:
         _fail(f"--heartbeat: must be below --session-timeout ({session_timeout}), got {heartbeat}")
+    _free_port("--metrics-port", metrics_port)
     settings = WorkerSettings(
-        bootstrap=_bootstrap(bootstrap), app_id=app_id, topic_prefix=topic_prefix,
-        partitions=partitions, replication=replication, store=store or default_store(),
+        bootstrap=_bootstrap(bootstrap), app_id=_topic_name_part("--app-id", app_id, empty_ok=False),
+        topic_prefix=_topic_name_part("--topic-prefix", topic_prefix),
+        partitions=partitions, replication=replication, store=_store(store or default_store()),
         datadir=str(datadir), config=None if config is None else str(config), profile=profile,
         batch_max=batch_max, batch_within_s=batch_within, idle_after_s=idle_after,
         session_timeout_s=session_timeout, heartbeat_s=heartbeat, commit_interval_s=commit_interval,
-        instance_id=instance_id, metrics_port=metrics_port, loglevel=loglevel,
+        instance_id=instance_id, metrics_port=metrics_port, loglevel=_loglevel(loglevel),
     )
-    if not settings.store.startswith(("memory://", "rocksdb://", "aerospike://")):
-        _fail(f"--store: memory:// or rocksdb://, got {settings.store!r}")
     ensure_output_dir("--datadir", datadir)
     try:
         with _reaching_kafka(settings.bootstrap):
@@ -185,6 +241,11 @@ def audit(
         ensure_output_dir("--report", report)
     if log is not None:
         refuse_overwriting("--seed-out", seed_out, "--log", log)
+    else:
+        bootstrap = _bootstrap(bootstrap)
+        _topic_name_part("--topic-prefix", topic_prefix)
+    # opened before the audit runs: a path that cannot be written costs nothing already done
+    seed_fh = open_output("--seed-out", seed_out) if seed_out is not None else None
     try:
         planner = build_planner(config, profile)
         if log is not None:
@@ -197,9 +258,9 @@ def audit(
         _fail(str(err))
     for line in result.lines(verbose=verbose):
         typer.echo(line)
-    if seed_out is not None and result.state is not None:
-        with open_output("--seed-out", seed_out) as fh:
-            if write_seed(result.state, fh):
+    if seed_fh is not None:
+        with seed_fh:
+            if result.state is not None and write_seed(result.state, seed_fh):
                 typer.echo(f"seed: {seed_out}")
     if report is not None:
         try:
@@ -241,9 +302,11 @@ def bridge(
         endpoints = parse_endpoints(sub, pull)
     except ValueError as err:
         _fail(str(err))
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _free_port("--metrics-port", metrics_port)
+    logging.basicConfig(level=_loglevel(loglevel).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = BridgeSettings(
-        bootstrap=_bootstrap(bootstrap), endpoints=endpoints, topic_prefix=topic_prefix,
+        bootstrap=_bootstrap(bootstrap), endpoints=endpoints,
+        topic_prefix=_topic_name_part("--topic-prefix", topic_prefix),
         partitions=partitions, replication=replication, buffer=buffer, pack_max=pack_max,
         pack_within_s=pack_within, heartbeat_s=heartbeat, linger_ms=linger_ms, metrics_port=metrics_port,
     )

@@ -128,6 +128,64 @@ def test_worker_numeric_options_are_named(tmp_path, args, message):
     assert message in _one_error_line(result)
 
 
+def _held_port() -> socket.socket:
+    """A socket listening on a port, so the port is taken."""
+    held = socket.socket()
+    held.bind(("0.0.0.0", 0))
+    held.listen()
+    return held
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # all refused before any connection is tried (they crashed inside aiokafka, or were found
+    # only after the topics were created)
+    (["--bootstrap", "host:notaport"], "--bootstrap: expected host:port[,host:port...] with ports in 1..65535"),
+    (["--bootstrap", "127.0.0.1:99999"], "--bootstrap: expected host:port"),
+    (["--topic-prefix", "bad prefix/!"], "--topic-prefix: letters, digits, '.', '_' and '-' only"),
+    (["--topic-prefix", "x" * 201], "at most 200 characters"),
+    (["--app-id", ""], "--app-id: must not be empty"),
+    (["--app-id", "bad id!"], "--app-id: letters, digits"),
+    (["--loglevel", "bogus"], "--loglevel: one of debug, info, warning, error, critical, got 'bogus'"),
+    (["--store", "aerospike://"], "--store: memory:// or rocksdb://, got 'aerospike://'"),
+])
+def test_worker_options_kafka_would_refuse_are_refused_first(tmp_path, args, message):
+    result = _worker(tmp_path, *args)
+    assert result.exit_code == 2
+    assert message in _one_error_line(result)
+
+
+def test_runtime_commands_refuse_a_metrics_port_that_is_taken(tmp_path):
+    with _held_port() as held:
+        port = held.getsockname()[1]
+        for result in (_worker(tmp_path, "--metrics-port", port),
+                       _run("bridge", "--bootstrap", "127.0.0.1:1", "--pull", "tcp://127.0.0.1:1",
+                            "--metrics-port", port)):
+            assert result.exit_code == 2
+            assert f"--metrics-port: cannot listen on port {port} (Address already in use)" in _one_error_line(result)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--pull", "xyz://127.0.0.1:25557"], "--pull: a ZMQ address like tcp://host:port"),
+    (["--pull", "tcp://127.0.0.1"], "--pull: a tcp address needs host:port"),
+    (["--sub", "tcp://*:5557"], "--sub: a wildcard host (*) can only be bound"),
+    (["--pull", "tcp://127.0.0.1:1", "--loglevel", "bogus"], "--loglevel: one of"),
+    (["--pull", "tcp://127.0.0.1:1", "--bootstrap", "host:notaport"], "--bootstrap: expected host:port"),
+])
+def test_bridge_options_are_checked_before_kafka(args, message):
+    result = _run("bridge", "--bootstrap", "127.0.0.1:1", *args)
+    assert result.exit_code == 2
+    assert message in _one_error_line(result)
+
+
+def test_audit_opens_its_seed_output_before_auditing(tmp_path, config):
+    log = tmp_path / "events.jsonl"
+    write_log(log)
+    result = _run("audit", "--deployment", "alpha", "--log", log, "--config", config,
+                  "--seed-out", tmp_path / "no" / "dir" / "seed.jsonl")
+    assert result.exit_code == 2 and result.stdout == ""  # nothing audited first
+    assert "--seed-out: cannot write" in _one_error_line(result)
+
+
 def test_worker_state_directory_is_checked(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

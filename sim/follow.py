@@ -16,7 +16,7 @@ completions. A decision the fleet has not reached when a newer one arrives
 is completed as ``superseded``. Settings come from the environment, since
 policies are built with no arguments: ``FLEETPLAN_REDIS_URL`` (default
 ``redis://127.0.0.1:6379/0``) and ``FLEETPLAN_VIRTUAL_PREFIX`` (the
-connector's ``--prefix``); the deployment is the simulation's
+connector's ``--virtual-prefix``); the deployment is the simulation's
 ``--deployment``.
 """
 

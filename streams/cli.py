@@ -211,7 +211,7 @@ def worker(
 
 def audit(
     deployment: Annotated[str, typer.Option("--deployment", help="the deployment to audit")],
-    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help="read the topics of this Kafka cluster")] = None,
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=f"read the topics of this Kafka cluster (default ${BOOTSTRAP_ENV} when --log is not given)")] = None,
     log: Annotated[Path | None, typer.Option("--log", help="read a local JSONL event log instead (fleetplan simulate)")] = None,
     config: Config = None,
     profile: Profile = None,
@@ -233,8 +233,10 @@ def audit(
     from fleetplan.models.config import ConfigError
     from fleetplan.streams.audit import audit_kafka, audit_log, write_audit_report
 
+    if bootstrap is None and log is None:
+        bootstrap = os.environ.get(BOOTSTRAP_ENV)  # as worker and bridge read it
     if (bootstrap is None) == (log is None):
-        _fail("give exactly one of --bootstrap (Kafka) or --log (JSONL file)")
+        _fail(f"give exactly one of --bootstrap (Kafka, or ${BOOTSTRAP_ENV}) or --log (JSONL file)")
     if not deployment:
         _fail("--deployment: must not be empty")
     if report is not None:

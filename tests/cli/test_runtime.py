@@ -204,3 +204,11 @@ def test_the_kafka_message_prefers_the_reason_aiokafka_logged():
     assert kafka_unreachable("h:1", err).startswith("--bootstrap h:1: cannot reach Kafka (Unable to bootstrap")
 
 
+def test_audit_reads_the_bootstrap_from_the_environment_as_worker_and_bridge_do(monkeypatch):
+    monkeypatch.setenv("FLEETPLAN_KAFKA_BOOTSTRAP", f"127.0.0.1:{_closed_port()}")
+    result = _run("audit", "--deployment", "alpha")
+    assert result.exit_code == 2
+    assert ": cannot reach Kafka (" in _one_error_line(result)  # not "give exactly one of ..."
+    monkeypatch.delenv("FLEETPLAN_KAFKA_BOOTSTRAP")
+    assert "give exactly one of --bootstrap" in _one_error_line(_run("audit", "--deployment", "alpha"))
+

@@ -18,6 +18,7 @@ import typer
 
 from fleetplan.connectors.base import Applier, ConnectorConfigError, check_seconds
 from fleetplan.connectors.ledger import DEFAULT_LEASE_S
+from fleetplan.options import bootstrap_problem, log_level_problem, port_problem
 from fleetplan.schemas import topics
 from fleetplan.schemas.events import ROLES
 
@@ -120,10 +121,12 @@ def connector(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
     """Apply the planner's decisions (each at most once) and acknowledge them."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     deployments = list(deployment or [])
     try:
+        for option, problem in (("--log-level", log_level_problem(log_level)),
+                                ("--bootstrap", bootstrap_problem(bootstrap))):
+            if problem is not None:
+                raise ConnectorConfigError(option, problem)
         if not 0 <= metrics_port <= 65535:
             raise ConnectorConfigError("--metrics-port", f"must be 0..65535, got {metrics_port}")
         check_seconds("--claim-lease", claim_lease)
@@ -171,6 +174,10 @@ def connector(
             deadletter_topic=deadletter_topic, session_timeout_ms=session_timeout_ms,
             metrics_port=metrics_port or None,
         )
+        if (problem := port_problem(metrics_port)) is not None:  # the last check: the others need no port
+            raise ConnectorConfigError("--metrics-port", problem)
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
         asyncio.run(_serve(settings, make_applier, redis_url, ledger_prefix, claim_lease))
     except ConnectorConfigError as err:
         _fail(str(err))

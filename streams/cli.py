@@ -18,6 +18,8 @@ from typing import Annotated
 
 import typer
 
+from fleetplan.options import bootstrap_problem, log_level_problem, port_problem
+
 BOOTSTRAP_ENV = "FLEETPLAN_KAFKA_BOOTSTRAP"
 _UNABLE_CONNECT = re.compile(r'^Unable connect to "[^"]*": ')  # aiokafka's prefix; the address is in ours
 
@@ -90,10 +92,9 @@ def _bootstrap(value: str | None) -> str:
     bootstrap = value or os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         _fail(f"--bootstrap: give the Kafka bootstrap address (or set {BOOTSTRAP_ENV})")
-    for server in bootstrap.split(","):
-        host, colon, port = server.strip().rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-            _fail(f"--bootstrap: expected host:port[,host:port...] with ports in 1..65535, got {bootstrap!r}")
+    problem = bootstrap_problem(bootstrap)
+    if problem is not None:
+        _fail(f"--bootstrap: {problem}")
     return bootstrap
 
 
@@ -113,27 +114,18 @@ def _topic_name_part(option: str, value: str, *, empty_ok: bool = True) -> str:
     return value
 
 
-_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
 def _loglevel(value: str) -> str:
-    if value.lower() not in _LOG_LEVELS:
-        _fail(f"--loglevel: one of {', '.join(_LOG_LEVELS)}, got {value!r}")
+    problem = log_level_problem(value)
+    if problem is not None:
+        _fail(f"--loglevel: {problem}")
     return value.lower()
 
 
 def _free_port(option: str, port: int | None) -> None:
     """Refuse a metrics port another process holds, before any topic is created."""
-    if port is None:
-        return
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError as err:
-            _fail(f"{option}: cannot listen on port {port} ({err.strerror})")
+    problem = port_problem(port)
+    if problem is not None:
+        _fail(f"{option}: {problem}")
 
 
 def _store(value: str) -> str:

@@ -35,6 +35,8 @@ def run(*args: str):
     (["--backend", "kubernetes", "--deployment", "a", "--kubeconfig", "/nonexistent"], "--kubeconfig"),
     (["--backend", "virtual", "--dgd", "x"], "--dgd"),
     (["--backend", "log", "--metrics-port", "70000"], "--metrics-port"),
+    (["--backend", "log", "--log-level", "bogus"], "--log-level"),
+    (["--backend", "log", "--bootstrap", "host:notaport"], "--bootstrap"),
     (["--backend", "log", "--redis-url", "redis://127.0.0.1:1/0"], "--redis-url"),
 ])
 def test_config_errors_name_the_option(args, field):

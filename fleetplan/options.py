@@ -1,0 +1,42 @@
+"""Checks of command-line values that every runtime command shares, as problems to name.
+
+Each returns what is wrong with a value (None when it is fine), so a
+command reports it in its own way (``fleetplan: error: OPTION: problem``)
+before it connects to anything: Kafka, ZMQ or the logging setup would
+otherwise find it later, with a traceback or after topics were created.
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def bootstrap_problem(value: str) -> str | None:
+    """Kafka bootstrap servers: ``host:port[,host:port...]`` with ports in 1..65535."""
+    for server in value.split(","):
+        host, colon, port = server.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            return f"expected host:port[,host:port...] with ports in 1..65535, got {value!r}"
+    return None
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def log_level_problem(value: str) -> str | None:
+    if value.lower() not in LOG_LEVELS:
+        return f"one of {', '.join(LOG_LEVELS)}, got {value!r}"
+    return None
+
+
+def port_problem(port: int | None) -> str | None:
+    """A port another process already listens on (0 or None: no port, nothing to check)."""
+    if not port:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as err:
+            return f"cannot listen on port {port} ({err.strerror})"
+    return None

@@ -17,11 +17,11 @@ import typer
 
 POLICIES = "planner|static-peak|static-mean|oracle|MODULE:CLASS"
 DEFAULT_PROFILE = "h200-llama3.1-8b"
+"""The engine profile a run uses when neither --profile nor the config's profile_results_dir names one."""
 MIN_WINDOW_S = 1.0
 """--window floor: the baselines and the report bin a run by it (1e-9 s asked for 104 GiB)."""
 MIN_FPM_INTERVAL_S = 0.01
 """--fpm-interval floor: a forward pass takes milliseconds; 1e-9 s sampled the engines without end."""
-"""The engine profile a run uses when neither --profile nor the config's profile_results_dir names one."""
 
 
 def register(app: typer.Typer) -> None:
@@ -188,11 +188,10 @@ def _prepare(
     except ConfigError as err:
         raise _UserError(str(err)) from None
     # the flag, else the config's field, else the bundled 8B profile; an error names the one used
-    where = "--profile" if profile is not None else "profile_results_dir"
-    if profile is None:
-        profile = cfg.profile_results_dir or DEFAULT_PROFILE
-        if cfg.profile_results_dir is None:
-            where = "--profile"
+    where = "--profile"
+    if profile is None and cfg.profile_results_dir is not None:
+        profile, where = cfg.profile_results_dir, "profile_results_dir"
+    profile = profile or DEFAULT_PROFILE
     try:
         prof = profile_from_spec(profile)
         converted = prof is not None

@@ -23,9 +23,14 @@ import faust
 from fleetplan.streams.topics import MAX_RECORD_BYTES, Topics
 
 
+def rocksdb_available() -> bool:
+    """Whether the ``rocksdb`` extra (rocksdict) is installed."""
+    return importlib.util.find_spec("rocksdict") is not None
+
+
 def default_store() -> str:
     """``rocksdb://`` when rocksdict is installed (local state survives restarts), else memory."""
-    return "rocksdb://" if importlib.util.find_spec("rocksdict") else "memory://"
+    return "rocksdb://" if rocksdb_available() else "memory://"
 
 
 @dataclass

@@ -92,10 +92,14 @@ def _bootstrap(value: str | None) -> str:
     bootstrap = value or os.environ.get(BOOTSTRAP_ENV)
     if not bootstrap:
         _fail(f"--bootstrap: give the Kafka bootstrap address (or set {BOOTSTRAP_ENV})")
-    problem = bootstrap_problem(bootstrap)
-    if problem is not None:
-        _fail(f"--bootstrap: {problem}")
+    _refuse("--bootstrap", bootstrap_problem(bootstrap))
     return bootstrap
+
+
+def _refuse(option: str, problem: str | None) -> None:
+    """Stop with ``OPTION: problem`` when a check (fleetplan/options.py) found one."""
+    if problem is not None:
+        _fail(f"{option}: {problem}")
 
 
 _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]*")
@@ -115,27 +119,18 @@ def _topic_name_part(option: str, value: str, *, empty_ok: bool = True) -> str:
 
 
 def _loglevel(value: str) -> str:
-    problem = log_level_problem(value)
-    if problem is not None:
-        _fail(f"--loglevel: {problem}")
+    _refuse("--loglevel", log_level_problem(value))
     return value.lower()
-
-
-def _free_port(option: str, port: int | None) -> None:
-    """Refuse a metrics port another process holds, before any topic is created."""
-    problem = port_problem(port)
-    if problem is not None:
-        _fail(f"{option}: {problem}")
 
 
 def _store(value: str) -> str:
     """memory:// or rocksdb:// (the latter only with its extra installed)."""
-    import importlib.util
+    from fleetplan.streams.app import rocksdb_available
 
     if value.startswith("memory://"):
         return value
     if value.startswith("rocksdb://"):
-        if importlib.util.find_spec("rocksdict") is None:
+        if not rocksdb_available():
             _fail("--store: rocksdb:// needs the optional extra: pip install 'fleetplan[rocksdb]'")
         return value
     _fail(f"--store: memory:// or rocksdb://, got {value!r}")
@@ -183,7 +178,7 @@ def worker(
                   heartbeat=heartbeat, commit_interval=commit_interval)
     if heartbeat >= session_timeout:
         _fail(f"--heartbeat: must be below --session-timeout ({session_timeout}), got {heartbeat}")
-    _free_port("--metrics-port", metrics_port)
+    _refuse("--metrics-port", port_problem(metrics_port))
     settings = WorkerSettings(
         bootstrap=_bootstrap(bootstrap), app_id=_topic_name_part("--app-id", app_id, empty_ok=False),
         topic_prefix=_topic_name_part("--topic-prefix", topic_prefix),
@@ -296,7 +291,7 @@ def bridge(
         endpoints = parse_endpoints(sub, pull)
     except ValueError as err:
         _fail(str(err))
-    _free_port("--metrics-port", metrics_port)
+    _refuse("--metrics-port", port_problem(metrics_port))
     logging.basicConfig(level=_loglevel(loglevel).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = BridgeSettings(
         bootstrap=_bootstrap(bootstrap), endpoints=endpoints,

@@ -1,6 +1,6 @@
 """What a ``seed_traffic`` control costs: its record, its decode, and the tick that applies it.
 
-    .venv/bin/python bench/bench_seed.py [--predictor ensemble] [--repeat 3]
+    .venv/bin/python bench/bench_seed.py [--predictor ensemble] [--repeat 3] [--windows 480,2880,4096]
 
 For seeds of a day, six days and the largest one accepted (480, 2,880 and
 4,096 windows of 180 s; synthetic counts with a daily swing), it reports
@@ -46,12 +46,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--predictor", default="ensemble", help="load_predictor")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--windows", default=f"480,2880,{MAX_SEED_WINDOWS}",
+                        help="seed sizes, comma-separated (the ARIMA kinds take minutes past a day)")
     args = parser.parse_args()
     planner = Planner(config_from_dict({"load_predictor": args.predictor, "mode": "agg"}))
     print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"predictor {args.predictor}, best and median of {args.repeat}")
     print("windows  record_KB  decode_ms (best/median)  applying_tick_s (best/median)  forecaster_state_KB")
-    for n in (480, 2880, MAX_SEED_WINDOWS):
+    for n in (int(w) for w in args.windows.split(",")):
         raw = encode_event(seed_control("d", T0, seed_rows(n)))
         decodes, ticks = [], []
         for _ in range(args.repeat):

@@ -31,11 +31,10 @@ CPORT="${FLEETPLAN_KAFKA_CONTROLLER_PORT:-19093}"
 TIMEOUT="${FLEETPLAN_SERVICES_TIMEOUT:-120}"
 HEAP="${FLEETPLAN_KAFKA_HEAP:-512m}"
 
-say() { printf '[kafka] %s\n' "$*" >&2; }
-die() {
-  printf '[kafka] ERROR: %s\n' "$*" >&2
-  exit 1
-}
+SERVICE=kafka
+PROCESS_PATTERN='kafka\.Kafka'
+# shellcheck source=scripts/services/common.sh
+source "$ROOT/scripts/services/common.sh"
 
 # Python for the readiness probe (stdlib only): the project venv if present, else python3.
 python_bin() {
@@ -165,19 +164,6 @@ format_if_needed() {
 }
 
 # --- process handling ------------------------------------------------------------
-# Prints the pid of the broker this script started, if it is still alive.
-running_pid() {
-  [[ -f "$PIDFILE" ]] || return 1
-  local pid
-  pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
-  # Guard against a recycled pid: it must be our java kafka.Kafka.
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka' || return 1
-  echo "$pid"
-}
-
-port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
 # Speaks the Kafka protocol: a Metadata v4 request must list at least one broker.
 probe() {
@@ -212,28 +198,7 @@ log_tail() {
   tail -n 20 "$OUT" >&2 2>/dev/null || true
 }
 
-stop() {
-  local pid
-  if ! pid="$(running_pid)"; then
-    rm -f "$PIDFILE"
-    say "not running"
-    return 0
-  fi
-  say "stopping pid $pid ..."
-  kill -TERM "$pid" 2>/dev/null || true
-  local i
-  for ((i = 0; i < 300; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "pid $pid still alive after 30 s; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    sleep 0.5
-  fi
-  rm -f "$PIDFILE"
-  say "stopped"
-}
+stop() { stop_server 30; }
 
 start() {
   mkdir -p "$SVC"
@@ -298,15 +263,7 @@ start() {
   say "ready on $HOST:$PORT (pid $pid) after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"
 }
 
-status() {
-  local pid
-  if pid="$(running_pid)" && probe; then
-    say "running (pid $pid) on $HOST:$PORT"
-    return 0
-  fi
-  say "not running"
-  return 1
-}
+status() { report_status probe; }
 
 case "${1:-start}" in
   install) install ;;

@@ -20,11 +20,10 @@ HOST=127.0.0.1
 PORT="${FLEETPLAN_REDIS_PORT:-16379}"
 TIMEOUT="${FLEETPLAN_SERVICES_TIMEOUT:-120}"
 
-say() { printf '[redis] %s\n' "$*" >&2; }
-die() {
-  printf '[redis] ERROR: %s\n' "$*" >&2
-  exit 1
-}
+SERVICE=redis
+PROCESS_PATTERN='redis-server'
+# shellcheck source=scripts/services/common.sh
+source "$ROOT/scripts/services/common.sh"
 
 as_root() {
   if [[ "$(id -u)" == 0 ]]; then
@@ -55,42 +54,9 @@ install() {
   say "installed $(redis-server --version | cut -d' ' -f3) in $((SECONDS - t0)) s"
 }
 
-running_pid() {
-  [[ -f "$PIDFILE" ]] || return 1
-  local pid
-  pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
-  # Guard against a recycled pid: it must be a redis-server.
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'redis-server' || return 1
-  echo "$pid"
-}
-
 ping() { [[ "$(redis-cli -h "$HOST" -p "$PORT" ping 2>/dev/null)" == PONG ]]; }
 
-port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
-
-stop() {
-  local pid
-  if ! pid="$(running_pid)"; then
-    rm -f "$PIDFILE"
-    say "not running"
-    return 0
-  fi
-  say "stopping pid $pid ..."
-  kill -TERM "$pid" 2>/dev/null || true
-  local i
-  for ((i = 0; i < 100; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "pid $pid still alive after 10 s; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$PIDFILE"
-  say "stopped"
-}
+stop() { stop_server 10; }
 
 start() {
   mkdir -p "$SVC"
@@ -131,15 +97,7 @@ start() {
   say "ready on $HOST:$PORT (pid $(cat "$PIDFILE"))"
 }
 
-status() {
-  local pid
-  if pid="$(running_pid)" && ping; then
-    say "running (pid $pid) on $HOST:$PORT"
-    return 0
-  fi
-  say "not running"
-  return 1
-}
+status() { report_status ping; }
 
 case "${1:-start}" in
   install) install ;;

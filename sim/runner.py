@@ -242,6 +242,18 @@ class PlannerController:
             self.loop.emit(emitter.retune_event(self.loop.deployment, self.loop.clock.now, changes))
 
 
+# A role's estimate fields and the tick row's column each lands in.
+_ESTIMATE_COLUMNS = (
+    ("ttft_ms", "est_ttft_ms"),
+    ("itl_ms", "est_itl_ms"),
+    ("engine_capacity_rps", "capacity_rps"),
+    ("rate_replicas", "rate_replicas"),
+    ("queueing_replicas", "queueing_replicas"),
+    ("measured_floor", "measured_floor"),
+    ("utilization", "utilization"),
+)
+
+
 def tick_row(report) -> dict:
     """A tick report as the run's report plots it (time in the run's seconds)."""
     row = {
@@ -253,30 +265,15 @@ def tick_row(report) -> dict:
         row["predicted_rps"] = report.predicted.rps
         row["predicted_isl"] = report.predicted.isl
         row["predicted_osl"] = report.predicted.osl
-        for name in ("sized_rps", "window_sized_rps"):
+        for name in ("sized_rps", "window_sized_rps", "horizon_windows", "quantile_calibrated"):
             if getattr(report.predicted, name) is not None:
                 row[name] = getattr(report.predicted, name)
-        if report.predicted.horizon_windows is not None:
-            row["horizon_windows"] = report.predicted.horizon_windows
-        if report.predicted.quantile_calibrated is not None:
-            row["quantile_calibrated"] = report.predicted.quantile_calibrated
     if report.observed is not None:
         row["observed_rps"] = report.observed.num_req / report.observed.duration_s
     for role, est in report.estimates.items():
-        if est.ttft_ms is not None:
-            row[f"{role}_est_ttft_ms"] = est.ttft_ms
-        if est.itl_ms is not None:
-            row[f"{role}_est_itl_ms"] = est.itl_ms
-        if est.engine_capacity_rps is not None:
-            row[f"{role}_capacity_rps"] = est.engine_capacity_rps
-        if est.rate_replicas is not None:
-            row[f"{role}_rate_replicas"] = est.rate_replicas
-        if est.queueing_replicas is not None:
-            row[f"{role}_queueing_replicas"] = est.queueing_replicas
-        if est.measured_floor is not None:
-            row[f"{role}_measured_floor"] = est.measured_floor
-        if est.utilization is not None:
-            row[f"{role}_utilization"] = est.utilization
+        for name, column in _ESTIMATE_COLUMNS:
+            if getattr(est, name) is not None:
+                row[f"{role}_{column}"] = getattr(est, name)
     return row
 
 

@@ -58,7 +58,7 @@ class Fleet:
         if late is not None:
             return [late]
         st = self.states[event.deployment]
-        return list(advance(self.planner, st, watermark_of(st)))
+        return list(advance(self.planner, st, watermark_of))
 
     def finish(self) -> list[TickReport]:
         """End of input: fire every tick up to each deployment's last event time."""

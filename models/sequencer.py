@@ -15,6 +15,7 @@ events in the same order (see :mod:`fleetplan.models.fold_ahead`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from fleetplan.models import fold_ahead
 from fleetplan.models.canonical import canonical_key
@@ -22,7 +23,11 @@ from fleetplan.models.fold_ahead import FoldAhead
 from fleetplan.models.planner import Planner, TickReport
 from fleetplan.models.state import DeploymentState
 
-__all__ = ["FoldAhead", "advance", "canonical_key", "first_tick_after", "offer", "watermark_of"]
+__all__ = ["FoldAhead", "Watermark", "advance", "canonical_key", "clock_watermark", "first_tick_after", "offer",
+           "watermark_of"]
+
+Watermark = Callable[[DeploymentState], float]
+"""A watermark that follows the state's config (see :func:`advance`)."""
 
 
 def first_tick_after(t: float, interval: int) -> float:
@@ -57,12 +62,20 @@ def offer(state: DeploymentState, event, ahead: FoldAhead | None = None, *,
     return True
 
 
-def advance(planner: Planner, state: DeploymentState, watermark: float,
+def advance(planner: Planner, state: DeploymentState, watermark: float | Watermark,
             ahead: FoldAhead | None = None) -> list[TickReport]:
     """Fire every tick at or before ``watermark``, in order; with ``ahead``, then
-    apply the events before ``watermark`` that wait for the next tick."""
+    apply the events before ``watermark`` that wait for the next tick.
+
+    ``watermark`` is a time, or a function of the state giving it (a source
+    clock minus the grace period: :func:`clock_watermark`). A function is
+    asked again before each tick, since a tick can apply a ``set_config``
+    that changes the grace period: the ticks after it fire under the new one,
+    however the events were split into calls.
+    """
+    at = watermark if callable(watermark) else (lambda _state: watermark)
     reports: list[TickReport] = []
-    while state.next_tick is not None and state.next_tick <= watermark:
+    while state.next_tick is not None and state.next_tick <= at(state):
         now = state.next_tick
         due = [e for e in state.buffer if e.time < now]
         if due:
@@ -79,12 +92,18 @@ def advance(planner: Planner, state: DeploymentState, watermark: float,
         if ahead is not None:
             ahead.settle()
     if ahead is not None:
-        fold_ahead.fold(planner, state, ahead, watermark)
+        fold_ahead.fold(planner, state, ahead, at(state))
     return reports
 
 
+def clock_watermark(clock: float) -> Watermark:
+    """The watermark of a source clock: the clock minus the grace period in force."""
+    return lambda state: clock - state.config.grace_seconds
+
+
 def watermark_of(state: DeploymentState) -> float | None:
-    """The single-source watermark: the latest event time minus the grace period."""
+    """The single-source watermark: the latest event time minus the grace period
+    (``advance`` accepts the function itself, and asks it again after each tick)."""
     if state.max_time is None:
         return None
     return state.max_time - state.config.grace_seconds

@@ -29,7 +29,7 @@ from fleetplan.models.config_changes import intake_problem
 from fleetplan.models.fleet import INPUT_TYPES
 from fleetplan.models.fold_ahead import settled_data
 from fleetplan.models.planner import Planner, TickReport
-from fleetplan.models.sequencer import FoldAhead, advance, offer
+from fleetplan.models.sequencer import FoldAhead, advance, clock_watermark, offer
 from fleetplan.models.state import DeploymentState
 from fleetplan.schemas import topics as canonical
 from fleetplan.schemas.codec import SchemaError, event_to_dict
@@ -68,7 +68,11 @@ class LiveDeployment:
     state: DeploymentState
     positions: dict[str, int] = field(default_factory=dict)
     outbox: list[Output] = field(default_factory=list)
-    held: list[tuple[float, object]] = field(default_factory=list)
+    # (event time, handle, topic, offset) of each record buffered for a tick not yet saved
+    held: list[tuple[float, object, str, int]] = field(default_factory=list)
+    # after recovery: per topic, the last record the saved state had buffered; no tick
+    # fires until each is read again (see ``Router.adopt``)
+    awaiting: dict[str, int] = field(default_factory=dict)
     dirty: bool = False
     last_throughput_tick: float | None = None
     ahead: FoldAhead = field(default_factory=FoldAhead)
@@ -77,8 +81,11 @@ class LiveDeployment:
         # The state as of its last tick (plus what offer recorded), not what was
         # folded ahead since: the held records of those events are read again after
         # a crash, so the stored state must not contain them yet.
+        awaiting = dict(self.awaiting)
+        for _, _, topic, offset in self.held:
+            awaiting[topic] = max(offset, awaiting.get(topic, -1))
         return StoredDeployment(self.partition, settled_data(self.state, self.ahead),
-                                dict(self.positions), list(self.outbox))
+                                dict(self.positions), list(self.outbox), awaiting)
 
 
 @dataclass
@@ -152,11 +159,22 @@ class Router:
     # --- ownership -----------------------------------------------------------
 
     def adopt(self, name: str, stored: StoredDeployment) -> LiveDeployment:
-        """Take over a deployment recovered from the table."""
+        """Take over a deployment recovered from the table.
+
+        The records its saved state had buffered for a tick are read again
+        (their offsets were never committed), but Kafka orders records only
+        within a partition: a busy topic's backlog can come back before a
+        sparse one's. Had a tick fired on that backlog first, a buffered
+        record read again after it would be late, although the run without the
+        crash folded it. So the deployment fires no tick, and folds nothing
+        ahead, until every topic has been read again up to its last buffered
+        record (``awaiting``); the crash then changes no decision.
+        """
         dep = LiveDeployment(
             name=name, partition=stored.partition,
             state=DeploymentState.from_data(stored.state),
             positions=dict(stored.positions), outbox=list(stored.outbox),
+            awaiting=dict(stored.awaiting),
         )
         self._own(dep)
         return dep
@@ -246,6 +264,8 @@ class Router:
             batch.fpms += len(event.fpms)
         self.watermarks.observe(rec.topic, rec.partition, event.deployment, event.time, rec.received_at)
 
+        if rec.offset >= dep.awaiting.get(rec.topic, rec.offset + 1):
+            del dep.awaiting[rec.topic]  # read up to the last record buffered before the crash
         position = dep.positions.get(rec.topic, -1)
         if rec.offset <= position and state.last_tick is not None and event.time < state.last_tick:
             batch.release.append(rec.handle)  # folded (or dead-lettered) before the last save
@@ -262,7 +282,7 @@ class Router:
                 batch.late[dep.name] += 1
                 dep.outbox.append(self._late_letter(rec, event, state.last_tick))
             return
-        dep.held.append((event.time, rec.handle))
+        dep.held.append((event.time, rec.handle, rec.topic, rec.offset))
         if state.next_tick != next_tick:
             dep.dirty = True
         if kind in ("request", "arrival"):  # the mirror counts demand by arrival once the core does
@@ -275,33 +295,39 @@ class Router:
             for name in names:
                 dep = self.deployments[name]
                 state = dep.state
-                if state.next_tick is None:
+                if state.next_tick is None or dep.awaiting:
                     continue
                 clock, _ = self.watermarks.time(partition, name, now)
                 if clock is not None:
-                    fold_ahead.fold(self.planner, state, dep.ahead, clock - state.config.grace_seconds)
+                    fold_ahead.fold(self.planner, state, dep.ahead, clock_watermark(clock)(state))
 
     def _fire(self, now: float, batch: RoutedBatch) -> None:
         for partition, names in self.by_partition.items():
             for name in sorted(names):
                 dep = self.deployments[name]
                 state = dep.state
-                if state.next_tick is None:
+                if state.next_tick is None or dep.awaiting:
                     continue
                 clock, advanced_at = self.watermarks.time(partition, name, now)
                 if clock is None:
                     continue
-                watermark = clock - state.config.grace_seconds
+                marks: list[float] = []
+
+                def watermark(state, clock=clock, marks=marks) -> float:
+                    # asked before each tick (then once more): marks[i] is the one tick i fired under
+                    marks.append(clock_watermark(clock)(state))
+                    return marks[-1]
+
                 reports = advance(self.planner, state, watermark, dep.ahead)
                 if not reports:
                     continue  # at most events folded ahead: nothing to save or release yet
-                for report in reports:
-                    batch.ticks.append(self._tick_outputs(dep, report, clock, watermark, advanced_at))
+                for report, mark in zip(reports, marks, strict=False):
+                    batch.ticks.append(self._tick_outputs(dep, report, clock, mark, advanced_at))
                 dep.dirty = True
                 last = state.last_tick
-                keep: list[tuple[float, object]] = []
-                for t, handle in dep.held:
-                    (batch.release.append(handle) if t < last else keep.append((t, handle)))
+                keep = []
+                for held in dep.held:
+                    (batch.release.append(held[1]) if held[0] < last else keep.append(held))
                 dep.held = keep
 
     def _tick_outputs(self, dep: LiveDeployment, report: TickReport, clock: float,

@@ -64,11 +64,14 @@ class StoredDeployment:
     state: dict
     positions: dict[str, int] = field(default_factory=dict)
     outbox: list[Output] = field(default_factory=list)
+    # per topic, the offset of the last record buffered for a tick when this was saved
+    awaiting: dict[str, int] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({
             "v": STORED_VERSION, "partition": self.partition, "state": self.state,
             "positions": self.positions, "outbox": [o.to_data() for o in self.outbox],
+            "awaiting": self.awaiting,
         })
 
     @classmethod
@@ -80,6 +83,8 @@ class StoredDeployment:
             partition=data["partition"], state=data["state"],
             positions={k: int(v) for k, v in data["positions"].items()},
             outbox=[Output.from_data(o) for o in data["outbox"]],
+            # records saved before 2026-12-05 have none: they resume as they did
+            awaiting={k: int(v) for k, v in data.get("awaiting", {}).items()},
         )
 
 

@@ -482,3 +482,80 @@ def test_a_record_on_the_wrong_partition_does_not_decide_where_its_deployment_li
     fpms, _ = traffic("alpha", 5)
     batch = router.route([InputRecord(FPM, right, i, b"alpha", encode_event(e)) for i, e in enumerate(fpms)], 1.0)
     assert not batch.dead and router.partition_of("alpha") == right
+
+
+def _with_control(seconds: float, control: ControlEvent) -> Log:
+    """One deployment's FPMs and requests with one control event, in event-time order."""
+    fpms, reqs = traffic("a", seconds)
+    tagged = sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in reqs]
+                    + [(control.time, canonical.CONTROL, control)], key=lambda x: x[0])
+    log = Log()
+    for _, topic, event in tagged:
+        log.append(topic, event)
+    return log
+
+
+def _deliver(h: Harness, records, n: int = 10) -> None:
+    for i in range(0, len(records), n):
+        h.route(records[i:i + n])
+
+
+def test_a_record_buffered_before_a_crash_is_folded_however_the_topics_come_back():
+    """Kafka orders records within a partition only: after a restart a busy topic's
+    backlog can come back before a sparse topic's record that the saved state had
+    buffered. No tick fires before that record is read again, so it is folded as in
+    the run without the crash, not dropped (it was, silently, before 2026-12-05)."""
+    control = ControlEvent.model_validate({"deployment": "a", "time": T0 + 22.1,
+                                           "body": {"command": "set_min_endpoints", "minimums": {"agg": 6}}})
+    log = _with_control(60, control)
+    reference = Harness(deciding_planner())
+    _deliver(reference, log.records)
+
+    h = Harness(deciding_planner())
+    cut = next(i for i, r in enumerate(log.records) if r.topic == FPM and orjson.loads(r.value)["time"] >= T0 + 24)
+    _deliver(h, log.records[:cut])
+    assert any(e.type == "control" for e in h.router.deployments["a"].state.buffer)
+    survivor = Harness(deciding_planner(), h.table)
+    survivor.sent, survivor.acked = h.sent, h.acked
+    survivor.recover_outboxes()
+    assert survivor.router.deployments["a"].awaiting[canonical.CONTROL] == 0
+    committed = survivor.committed(log)
+    pending = [r for r in log.records if r.offset >= committed[r.topic]]
+    dense = [r for r in pending if r.topic != canonical.CONTROL]
+    sparse = [r for r in pending if r.topic == canonical.CONTROL]
+    survivor.route(dense[:200])  # the backlog first: the clock passes the control's tick
+    assert survivor.router.deployments["a"].state.last_tick == h.router.deployments["a"].state.last_tick
+    _deliver(survivor, sparse + dense[200:])
+
+    dep = survivor.router.deployments["a"]
+    assert dep.awaiting == {} and dep.state.late_events == 0
+    assert dep.state.min_overrides == {"agg": 6}
+    assert not [v for t, v in survivor.sent if t == canonical.DEADLETTER]
+    assert survivor.decisions("a") == reference.decisions("a")
+    assert {"agg": 6} in [d["targets"] for d in survivor.decisions("a")]
+
+
+def test_a_grace_period_changed_by_a_tick_applies_to_the_next_tick_of_the_same_batch():
+    """A set_config raising the grace period from 1 to 10 s is applied at the tick of
+    T0+5; an event 8.7 s behind the clock is then within grace. Whether the ticks after
+    the change fire in the batch that applied it or in a later one must not decide
+    whether that event is late."""
+    from tests.streams.traffic import request
+
+    control = ControlEvent.model_validate({"deployment": "a", "time": T0 + 4.0,
+                                           "body": {"command": "set_config", "changes": {"grace_seconds": 10}}})
+    log = _with_control(40, control)
+    end = next(i for i, r in enumerate(log.records) if r.topic == FPM and orjson.loads(r.value)["time"] >= T0 + 21)
+    records = log.records[:end + 1]
+    records.append(log.append(REQ, request("a", T0 + 12.3, 9999)))
+    after = next(i for i, r in enumerate(records) if r.topic == FPM and orjson.loads(r.value)["time"] >= T0 + 6.5)
+
+    outcomes = set()
+    for cuts in ([after + 1, len(records) - 1], [after - 10, len(records) - 1]):
+        h, start = Harness(deciding_planner()), 0
+        for stop in [*cuts, len(records)]:
+            h.route(records[start:stop])
+            start = stop
+        state = h.router.deployments["a"].state
+        outcomes.add((state.config.grace_seconds, state.last_tick, state.late_events))
+    assert outcomes == {(10.0, T0 + 10, 0)}

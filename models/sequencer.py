@@ -63,7 +63,7 @@ def offer(state: DeploymentState, event, ahead: FoldAhead | None = None, *,
 
 
 def advance(planner: Planner, state: DeploymentState, watermark: float | Watermark,
-            ahead: FoldAhead | None = None) -> list[TickReport]:
+            ahead: FoldAhead | None = None, *, max_ticks: int | None = None) -> list[TickReport]:
     """Fire every tick at or before ``watermark``, in order; with ``ahead``, then
     apply the events before ``watermark`` that wait for the next tick.
 
@@ -72,10 +72,16 @@ def advance(planner: Planner, state: DeploymentState, watermark: float | Waterma
     asked again before each tick, since a tick can apply a ``set_config``
     that changes the grace period: the ticks after it fire under the new one,
     however the events were split into calls.
+
+    ``max_ticks`` stops after that many ticks; the rest fire on the next call.
+    Firing later never changes a tick's decision, only which events come too
+    late for it.
     """
     at = watermark if callable(watermark) else (lambda _state: watermark)
     reports: list[TickReport] = []
-    while state.next_tick is not None and state.next_tick <= at(state):
+    while state.next_tick is not None and state.next_tick <= at(state) and (
+        max_ticks is None or len(reports) < max_ticks
+    ):
         now = state.next_tick
         due = [e for e in state.buffer if e.time < now]
         if due:

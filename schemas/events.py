@@ -46,7 +46,12 @@ MAX_EVENT_TIME = 4_102_444_800.0
 """2100-01-01 in Unix seconds, the latest event time accepted. An event time in
 milliseconds or nanoseconds (1.7e12 or 1.7e18 today) is a unit mistake, and one
 event that far ahead would move its deployment's watermark past every tick in
-between, which the core fires one by one: the worker would never catch up."""
+between, which the core fires one by one: the worker would never catch up.
+The bound catches unit mistakes only. An event dated days ahead but before
+2100 (a clock-skewed engine) still moves the clock there: the worker fires
+those ticks a bounded number per batch (``streams.router.MAX_TICKS_PER_BATCH``)
+and the events that follow at the true time are late (counted and
+dead-lettered; docs/runtime.md, "A clock that jumps")."""
 EventTime = Annotated[float, Field(ge=0.0, le=MAX_EVENT_TIME, allow_inf_nan=False)]
 
 

@@ -46,6 +46,14 @@ FOLD_EVERY_FPMS = 20_000
 decoded at once: the decoded objects are what the garbage collector scans."""
 
 
+MAX_TICKS_PER_BATCH = 1000
+"""A deployment fires at most this many ticks per batch; the rest fire with the next.
+Each tick leaves a diagnostics record (about 0.5 kB) in the outbox, which is saved
+in the deployment's table record: a clock that jumps a day at 5-s ticks (one
+event dated ahead, or a source back after an outage) fired 17,280 ticks at once,
+and their 19 MB outbox was refused by the 16 MiB record limit on every restart."""
+
+
 @dataclass
 class InputRecord:
     """One consumed record. ``topic`` is the canonical (unprefixed) name."""
@@ -318,7 +326,7 @@ class Router:
                     marks.append(clock_watermark(clock)(state))
                     return marks[-1]
 
-                reports = advance(self.planner, state, watermark, dep.ahead)
+                reports = advance(self.planner, state, watermark, dep.ahead, max_ticks=MAX_TICKS_PER_BATCH)
                 if not reports:
                     continue  # at most events folded ahead: nothing to save or release yet
                 for report, mark in zip(reports, marks, strict=False):

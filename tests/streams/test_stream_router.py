@@ -19,7 +19,7 @@ from fleetplan.schemas.events import ControlEvent, Decision
 from fleetplan.streams.audit import refold_by_event_time
 from fleetplan.streams.router import InputRecord, Router
 from fleetplan.streams.tables import StoredDeployment
-from fleetplan.streams.topics import CLOCKED
+from fleetplan.streams.topics import CLOCKED, TICKS
 from fleetplan.streams.watermark import Watermarks
 from tests.streams.traffic import T0, deciding_planner, fpm, traffic
 
@@ -559,3 +559,33 @@ def test_a_grace_period_changed_by_a_tick_applies_to_the_next_tick_of_the_same_b
         state = h.router.deployments["a"].state
         outcomes.add((state.config.grace_seconds, state.last_tick, state.late_events))
     assert outcomes == {(10.0, T0 + 10, 0)}
+
+
+def test_a_clock_that_jumps_fires_its_ticks_a_bounded_number_per_batch(monkeypatch):
+    """One FPM dated far ahead moves an FPM-only deployment's clock past thousands
+    of ticks. Each tick leaves a diagnostics record in the outbox, saved with the
+    deployment, so a day's jump at 5-s ticks (19 MB) broke the 16 MiB record limit
+    on every restart. A batch now fires at most MAX_TICKS_PER_BATCH of them; the
+    next batches fire the rest, in order."""
+    import fleetplan.streams.router as router_module
+
+    monkeypatch.setattr(router_module, "MAX_TICKS_PER_BATCH", 100)
+    log = Log()
+    h = Harness(deciding_planner())
+    h.router.watermarks = Watermarks(CLOCKED, idle_after_s=0.005)  # the FPMs alone drive the clock
+    h.route([log.append(FPM, fpm("a", T0 + i * 0.25, i)) for i in range(40)])
+    jump = 2000.0  # 400 ticks of 5 s
+    fired = []
+    h.route([log.append(FPM, fpm("a", T0 + 10 + jump, 999))])
+    fired.append(len([t for t, _ in h.sent if t == TICKS]))
+    for i in range(5):
+        h.route([log.append(FPM, fpm("a", T0 + 11 + jump + i, 1000 + i))])
+        fired.append(len([t for t, _ in h.sent if t == TICKS]))
+    per_batch = [b - a for a, b in zip([0, *fired], fired, strict=False)]
+    assert max(per_batch) <= 100 and per_batch[0] == 100
+    state = h.router.deployments["a"].state
+    assert state.last_tick == T0 + 10 + jump  # every tick up to the watermark (3,013 s), none skipped
+    times = [v["time"] for t, v in h.sent if t == TICKS]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert times[-1] == state.last_tick and len(times) == (times[-1] - times[0]) / 5 + 1
+    assert max(len(raw) for raw in h.table.values()) < 200_000

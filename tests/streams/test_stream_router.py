@@ -343,7 +343,8 @@ def test_folding_ahead_changes_no_output_table_record_or_release(monkeypatch):
         n = rng.randint(1, 20)
         eager.route(log.records[i:i + n])
         with monkeypatch.context() as m:
-            m.setattr(router_module, "advance", lambda p, s, w, ahead=None: sequencer.advance(p, s, w))
+            m.setattr(router_module, "advance",
+                      lambda p, s, w, ahead=None, max_ticks=None: sequencer.advance(p, s, w, max_ticks=max_ticks))
             m.setattr(router_module, "offer", lambda s, e, ahead=None, raw=None: sequencer.offer(s, e))
             plain.route(log.records[i:i + n])
         i += n

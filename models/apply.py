@@ -64,10 +64,40 @@ def _admit_fpm(state: DeploymentState, fpm) -> bool:
     if worker is None:
         # Discovery: an engine that reports metrics exists, even before inventory says so.
         gpus = state.config.gpus_per_engine(role) or 1
-        state.workers[fpm.worker_id] = Worker(role, "ready", gpus, fpm.time)
+        state.workers[fpm.worker_id] = Worker(role, "ready", gpus, fpm.time, discovered=True)
     elif worker.state == "gone":
         return False
     return True
+
+
+def forget_silent_engines(state: DeploymentState, now: float) -> None:
+    """Drop the engines known only from their FPMs that sent none for
+    ``discovered_engine_ttl_seconds`` (0: never).
+
+    Without inventory events (the bridge relays none) nothing says an engine
+    left, so one that was scaled away stayed counted as ready, with its last
+    FPM, for good: a fleet that replaces its engines grew the deployment's
+    stored state without bound. An engine that is only idle sends one idle
+    heartbeat and then nothing (Dynamo's convention), so the default is a
+    day; it is found again by its next FPM. Judged in event time, at the tick.
+    """
+    ttl = state.config.discovered_engine_ttl_seconds
+    if ttl <= 0:
+        return
+    last: dict[str, float] = {}
+    for key, fpm in state.latest_fpm.items():
+        worker = key.rsplit("/", 1)[0]
+        last[worker] = max(fpm.time, last.get(worker, fpm.time))
+    for worker_id, worker in list(state.workers.items()):
+        if worker.discovered and now - last.get(worker_id, worker.since) > ttl:
+            _forget(state, worker_id)
+
+
+def _forget(state: DeploymentState, worker_id: str) -> None:
+    state.workers.pop(worker_id, None)
+    prefix = f"{worker_id}/"
+    for key in [k for k in state.latest_fpm if k.startswith(prefix)]:
+        del state.latest_fpm[key]
 
 
 def _apply_fpm(state: DeploymentState, fpm: ForwardPassMetrics) -> None:
@@ -131,10 +161,7 @@ def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
     if ev.role not in state.config.roles:
         return
     if ev.state == "gone":
-        state.workers.pop(ev.worker_id, None)
-        prefix = f"{ev.worker_id}/"
-        for key in [k for k in state.latest_fpm if k.startswith(prefix)]:
-            del state.latest_fpm[key]
+        _forget(state, ev.worker_id)
         return
     previous = state.workers.get(ev.worker_id)
     if ev.state == "ready" and (previous is None or previous.state == "starting"):

@@ -221,6 +221,7 @@ class PlannerConfig(BaseModel):
     # event time and actuation (fleetplan's own)
     grace_seconds: float = Field(2.0, ge=0, allow_inf_nan=False)
     ack_timeout_seconds: float = Field(1800.0, gt=0, allow_inf_nan=False)
+    discovered_engine_ttl_seconds: float = Field(86400.0, ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _check(self) -> PlannerConfig:

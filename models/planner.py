@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetplan.models.apply import apply_event
+from fleetplan.models.apply import apply_event, forget_silent_engines
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
 from fleetplan.models.forecast import TrafficObservation
@@ -161,6 +161,7 @@ class Planner:
         scratch = _Scratch()
         if state.pending is not None and now - state.pending.time >= cfg.ack_timeout_seconds:
             state.pending = None  # the connector never answered: proceed (Dynamo: 1800 s)
+        forget_silent_engines(state, now)
 
         ready = _count_workers(state, roles, "ready")
         starting = _count_workers(state, roles, "starting")

@@ -25,6 +25,8 @@ class Worker:
     state: str
     gpus: int
     since: float
+    # known only from its FPMs (no inventory event named it): forgotten when they stop
+    discovered: bool = False
 
 
 @dataclass
@@ -281,7 +283,8 @@ class DeploymentState:
             "min_overrides": dict(self.min_overrides),
             "advisory_override": self.advisory_override,
             "workers": {
-                w: [v.role, v.state, v.gpus, v.since] for w, v in self.workers.items()
+                w: [v.role, v.state, v.gpus, v.since, *([True] if v.discovered else [])]
+                for w, v in self.workers.items()
             },
             "latest_fpm": {k: event_to_dict(f) for k, f in self.latest_fpm.items()},
             "window": self.window.to_data(),

@@ -90,6 +90,21 @@ def test_bridge_and_fleet_commands_parse_with_the_real_options(compose):
         assert (COMPOSE.parent / fleet[option]).exists(), fleet[option]
 
 
+def test_worker_keeps_its_state_on_its_volume(compose):
+    """The worker's --datadir is where the worker-state volume is mounted, not the default in /tmp."""
+    from fleetplan.streams import cli as streams_cli
+
+    app = typer.Typer()
+    streams_cli.register(app)
+    worker = typer.main.get_command(app).commands["worker"]
+    command = compose["services"]["worker"]["command"]
+    ctx = worker.make_context("worker", command[2:])
+    assert not ctx.args, ctx.args
+    mounts = dict(v.split(":")[:2] for v in compose["services"]["worker"]["volumes"])
+    assert "worker-state" in compose["volumes"]
+    assert str(ctx.params["datadir"]) == mounts["worker-state"]
+
+
 def test_mounted_files_exist(compose):
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):

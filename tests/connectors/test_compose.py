@@ -46,6 +46,13 @@ def test_kafka_is_a_single_kraft_node(compose):
     assert "healthcheck" in kafka and "healthcheck" in compose["services"]["redis"]
 
 
+def test_kafka_keeps_its_log_on_its_volume(compose):
+    """Set by environment alone, the image's log.dirs stays under /tmp unless KAFKA_LOG_DIRS moves it."""
+    kafka = compose["services"]["kafka"]
+    mounts = dict(v.split(":")[:2] for v in kafka["volumes"])
+    assert kafka["environment"]["KAFKA_LOG_DIRS"] == mounts["kafka-data"]
+
+
 def test_connector_command_uses_real_options(compose):
     app = typer.Typer()
     register(app)

@@ -277,12 +277,17 @@ def bridge(
     metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="serve Prometheus /metrics on this port")] = None,
     loglevel: Annotated[str, typer.Option(help="log level")] = "warning",
 ) -> None:
-    """Run the ZMQ ingress bridge: validate FPMs and request records, produce them to Kafka."""
+    """Run the ZMQ ingress bridge: validate FPMs and request records, produce them to Kafka.
+
+    An existing topic with another partition count (``TopicMismatch``) stops
+    it with one line, as it stops the worker: the fix is the user's.
+    """
     import asyncio
     import logging
 
     from fleetplan.connectors.bridge import BridgeSettings, parse_endpoints, run_bridge
     from fleetplan.streams.gc_settings import tune_gc
+    from fleetplan.streams.topics import TopicMismatch
 
     sub, pull = sub or [], pull or []
     if not sub and not pull:
@@ -301,8 +306,11 @@ def bridge(
     )
     _check_finite(pack_within=pack_within, heartbeat=heartbeat)
     tune_gc()
-    with _reaching_kafka(settings.bootstrap):
-        asyncio.run(run_bridge(settings))
+    try:
+        with _reaching_kafka(settings.bootstrap):
+            asyncio.run(run_bridge(settings))
+    except TopicMismatch as err:
+        _fail(str(err))
 
 
 def register(app: typer.Typer) -> None:

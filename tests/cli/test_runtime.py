@@ -177,6 +177,23 @@ def test_bridge_options_are_checked_before_kafka(args, message):
     assert message in _one_error_line(result)
 
 
+def test_bridge_stops_in_one_line_on_a_topic_with_another_partition_count(monkeypatch):
+    """As the worker does: e.g. a decision topic auto-created with the broker's default count."""
+    from fleetplan.streams import topics
+
+    async def mismatch(bootstrap, specs, *, replication=None):
+        raise topics.TopicMismatch(
+            "topic fleetplan.decisions.v1 has 3 partitions, this installation uses 8; deployments would "
+            "move partitions (use another --topic-prefix, or recreate the topics)")
+
+    monkeypatch.setattr(topics, "ensure_topics", mismatch)
+    result = _run("bridge", "--bootstrap", "127.0.0.1:1", "--pull", f"tcp://127.0.0.1:{_closed_port()}")
+    assert result.exit_code == 2
+    assert _one_error_line(result).endswith(
+        "topic fleetplan.decisions.v1 has 3 partitions, this installation uses 8; deployments would "
+        "move partitions (use another --topic-prefix, or recreate the topics)")
+
+
 def test_audit_opens_its_seed_output_before_auditing(tmp_path, config):
     log = tmp_path / "events.jsonl"
     write_log(log)

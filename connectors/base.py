@@ -14,6 +14,7 @@ service turns into an ack status.
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -134,3 +135,42 @@ def ack_error(error: str | None) -> str | None:
     if error is None or len(error) <= MAX_ACK_ERROR:
         return error
     return f"{error[:MAX_ACK_ERROR]}... ({len(error) - MAX_ACK_ERROR} more characters)"
+
+
+TOPIC_POLL_S = 2.0
+"""Seconds between two looks for a topic that does not exist yet (``wait_for_topic``)."""
+
+TOPIC_REMIND_S = 60.0
+"""Seconds between two log lines saying the wait goes on."""
+
+
+async def topic_exists(bootstrap: str, topic: str) -> bool:
+    """Whether ``topic`` exists, asked without creating it (streams/topics.py lists, never describes a missing one)."""
+    from fleetplan.streams.topics import partition_counts
+
+    return topic in await partition_counts(bootstrap, [topic])
+
+
+async def wait_for_topic(topic: str, exists: Callable[[], Awaitable[bool]], log: logging.Logger, *,
+                         poll_s: float = TOPIC_POLL_S, remind_s: float = TOPIC_REMIND_S) -> None:
+    """Return once ``exists()`` says ``topic`` is there; say in the log why a start waits.
+
+    The decision topic is created by ``fleetplan worker`` and ``fleetplan
+    bridge`` with the installation's partition count (streams/topics.py).
+    A consumer that subscribes before then either has the broker create it
+    with its default count when auto-creation is on (and the worker and the
+    bridge then stop on the mismatch), or, with auto-creation off, hears of
+    the topic only at its next metadata refresh, up to five minutes after
+    it was created. So it subscribes only once the topic exists.
+    """
+    waited = 0.0
+    remind_at = 0.0
+    while not await exists():
+        if waited >= remind_at:
+            log.warning("topic %s does not exist yet: waiting for fleetplan worker or bridge to create it "
+                        "(looking every %g s)", topic, poll_s)
+            remind_at += remind_s
+        await asyncio.sleep(poll_s)
+        waited += poll_s
+    if waited:
+        log.info("topic %s exists: subscribing", topic)

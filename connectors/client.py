@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from fleetplan.connectors.base import HandOver, ack_error
+from fleetplan.connectors.base import HandOver, ack_error, topic_exists, wait_for_topic
 from fleetplan.connectors.virtual import (
     COMPLETE_SCRIPT,
     DEFAULT_PREFIX,
@@ -190,11 +190,14 @@ class KafkaOrchestratorClient(OrchestratorClient):
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
+        """Connect; the decision topic is subscribed to once it exists (``wait_for_topic``)."""
         try:
             self._producer = AIOKafkaProducer(
                 bootstrap_servers=self._bootstrap, acks="all", enable_idempotence=True
             )
             await self._producer.start()
+            await wait_for_topic(self._decisions_topic,
+                                 lambda: topic_exists(self._bootstrap, self._decisions_topic), log)
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=self._bootstrap, group_id=self._group_id,
                 group_instance_id=self._instance_id, enable_auto_commit=False,

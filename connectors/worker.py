@@ -38,12 +38,15 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from fleetplan.connectors.base import (
+    TOPIC_POLL_S,
     Applier,
     ApplyFailed,
     ConnectorConfigError,
     HandOver,
     Superseded,
     ack_error,
+    topic_exists,
+    wait_for_topic,
 )
 from fleetplan.connectors.ledger import Entry, Ledger, Outcome
 from fleetplan.connectors.metrics import ConnectorMetrics
@@ -76,6 +79,8 @@ class ServiceSettings:
     retry_backoff_s: float = 0.5
     retry_backoff_max_s: float = 10.0
     stop_grace_s: float = 10.0
+    topic_poll_s: float = TOPIC_POLL_S
+    """Seconds between two looks for a decision topic that does not exist yet."""
     metrics_port: int | None = None
     crash_at: str | None = field(default_factory=lambda: os.environ.get(CRASH_ENV) or None)
 
@@ -166,7 +171,11 @@ class ConnectorService:
     # --- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Validate the backend, then connect; raises before consuming on any setup error."""
+        """Validate the backend, then connect; raises before consuming on any setup error.
+
+        The decision topic is subscribed to once it exists (``wait_for_topic``):
+        until the worker or the bridge has created it, the start waits.
+        """
         s = self.settings
         if s.crash_at is not None and s.crash_at not in CRASH_POINTS:
             raise ConnectorConfigError(CRASH_ENV, f"must be one of {', '.join(CRASH_POINTS)}")
@@ -180,6 +189,8 @@ class ConnectorService:
                 bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=2,
             )
             await self._producer.start()
+            await wait_for_topic(s.decisions_topic, lambda: topic_exists(s.bootstrap, s.decisions_topic),
+                                 log, poll_s=s.topic_poll_s)
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=s.bootstrap, group_id=s.group_id,
                 group_instance_id=s.instance_id, enable_auto_commit=False,

@@ -10,6 +10,7 @@ them).
 from __future__ import annotations
 
 import asyncio
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -94,10 +95,15 @@ def producer() -> FakeProducer:
     return FakeProducer()
 
 
+async def _exists(*_) -> bool:
+    return True
+
+
 @pytest.fixture
 async def client(monkeypatch, consumer, producer):
     monkeypatch.setattr(client_module, "AIOKafkaConsumer", lambda *_, **__: consumer)
     monkeypatch.setattr(client_module, "AIOKafkaProducer", lambda *_, **__: producer)
+    monkeypatch.setattr(client_module, "topic_exists", _exists)
     async with KafkaOrchestratorClient("unused:1", ["llama", "mistral"]) as started:
         yield started
 
@@ -256,3 +262,21 @@ def test_the_last_decision_gauge_never_moves_back():
     for decision_id in (3, 5, 4):
         metrics.acked("llama", decision_id)
     assert metrics.registry.get_sample_value("fleetplan_connector_last_decision_id", {"deployment": "llama"}) == 5
+
+
+async def test_the_client_subscribes_only_once_the_decision_topic_exists(monkeypatch, consumer, producer):
+    """Subscribing first would have the broker create it with its own partition count, or leave
+    the client unassigned until its next metadata refresh (connectors/base.py: wait_for_topic)."""
+    looks = []
+
+    async def appears_on_the_second_look(bootstrap, topic) -> bool:
+        looks.append((topic, consumer.listener is None))  # not subscribed yet
+        return len(looks) > 1
+
+    monkeypatch.setattr(client_module, "AIOKafkaConsumer", lambda *_, **__: consumer)
+    monkeypatch.setattr(client_module, "AIOKafkaProducer", lambda *_, **__: producer)
+    monkeypatch.setattr(client_module, "topic_exists", appears_on_the_second_look)
+    monkeypatch.setattr(client_module, "wait_for_topic", functools.partial(client_module.wait_for_topic, poll_s=0.001))
+    async with KafkaOrchestratorClient("unused:1", ["llama"]):
+        assert looks == [(topics.DECISIONS, True), (topics.DECISIONS, True)]
+        assert consumer.listener is not None

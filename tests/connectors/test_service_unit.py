@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from fleetplan.connectors import worker as worker_module
+from fleetplan.connectors.base import wait_for_topic
 from fleetplan.connectors.ledger import Entry
 from fleetplan.connectors.log import LogApplier
 from fleetplan.connectors.metrics import ConnectorMetrics
@@ -133,3 +135,66 @@ async def test_a_reclaimed_decision_is_applied_unless_this_run_had_begun_applyin
     await service._handle(make_decision("llama", 2), None)
     assert applier.calls == ["apply", "apply", "recover"]
     assert sent == ["applied", "applied"]
+
+
+async def test_a_missing_topic_is_waited_for_with_a_line_that_says_why(caplog):
+    answers = iter([False] * 9 + [True])
+
+    async def exists() -> bool:
+        return next(answers)
+
+    poll = 2.0 ** -10  # binary fractions: the reminders fall on exact polls
+    with caplog.at_level(logging.INFO, logger="test.wait"):
+        await asyncio.wait_for(wait_for_topic("fleetplan.decisions.v1", exists, logging.getLogger("test.wait"),
+                                              poll_s=poll, remind_s=4 * poll), 5)
+    lines = [r.getMessage() for r in caplog.records]
+    waiting = [x for x in lines if "does not exist yet" in x]
+    assert len(waiting) == 3  # at the first look, then after every four polls (nine looks in all)
+    assert "fleetplan.decisions.v1" in waiting[0] and "fleetplan worker or bridge" in waiting[0]
+    assert lines[-1] == "topic fleetplan.decisions.v1 exists: subscribing"
+
+
+async def test_a_topic_already_there_is_not_waited_for(caplog):
+    async def exists() -> bool:
+        return True
+
+    with caplog.at_level(logging.INFO, logger="test.wait"):
+        await wait_for_topic("t", exists, logging.getLogger("test.wait"))
+    assert not caplog.records
+
+
+class _Client:
+    """Stands in for aiokafka's producer and consumer: notes what was called, in order."""
+
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def subscribe(self, topics, listener) -> None:
+        self.calls.append(f"{self.name} subscribe {','.join(topics)}")
+
+    async def start(self) -> None:
+        self.calls.append(f"{self.name} start")
+
+    async def stop(self) -> None:
+        self.calls.append(f"{self.name} stop")
+
+
+async def test_the_connector_subscribes_only_once_the_decision_topic_exists(monkeypatch):
+    """Until the worker or the bridge creates it (with auto-creation off, as in compose/), the start waits."""
+    calls: list[str] = []
+    answers = iter([False, False, True])
+
+    async def exists(bootstrap, topic) -> bool:
+        calls.append(f"exists {topic}")
+        return next(answers)
+
+    monkeypatch.setattr(worker_module, "AIOKafkaProducer", lambda **_: _Client(calls, "producer"))
+    monkeypatch.setattr(worker_module, "AIOKafkaConsumer", lambda **_: _Client(calls, "consumer"))
+    monkeypatch.setattr(worker_module, "topic_exists", exists)
+    service = ConnectorService(LogApplier(), ledger=None, metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1", topic_poll_s=0.001))
+    await asyncio.wait_for(service.start(), 5)
+    await service._close_clients()
+    d = topics.DECISIONS
+    assert calls == ["producer start", f"exists {d}", f"exists {d}", f"exists {d}",
+                     f"consumer subscribe {d}", "consumer start", "consumer stop", "producer stop"]

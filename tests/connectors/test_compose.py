@@ -44,6 +44,9 @@ def test_kafka_is_a_single_kraft_node(compose):
     assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert "zookeeper" not in compose["services"]
     assert "healthcheck" in kafka and "healthcheck" in compose["services"]["redis"]
+    # topics come from the worker and the bridge only, with their partition count (a connector
+    # subscribing first would have the broker create the decision topic with its own)
+    assert kafka["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
 
 
 def test_kafka_keeps_its_log_on_its_volume(compose):

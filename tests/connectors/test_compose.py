@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,14 @@ SERVICES = {"kafka", "redis", "prometheus", "grafana", "bridge", "worker", "conn
 @pytest.fixture(scope="module")
 def compose() -> dict:
     return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+
+
+_VARIABLE = re.compile(r"\$\{(?P<name>\w+)(?::-(?P<default>[^}]*))?\}")
+
+
+def interpolate(args: list[str], env: dict[str, str]) -> list[str]:
+    """A command as compose runs it: ``${NAME:-default}`` from the environment of ``docker compose``."""
+    return [_VARIABLE.sub(lambda m: env.get(m["name"]) or (m["default"] or ""), a) for a in args]
 
 
 def test_names_every_service(compose):
@@ -79,7 +88,8 @@ def test_bridge_and_fleet_commands_parse_with_the_real_options(compose):
     services = compose["services"]
     parsed = {}
     for name in ("bridge", "fleet"):
-        args = sim_cli.rewrite_args(services[name]["command"][1:])  # as fleetplan.cli.main does
+        command = interpolate(services[name]["command"], {})
+        args = sim_cli.rewrite_args(command[1:])  # as fleetplan.cli.main does
         ctx = commands[args[0]].make_context(args[0], args[1:])  # parses, converts, validates
         assert not ctx.args, ctx.args
         parsed[name] = ctx.params
@@ -98,6 +108,16 @@ def test_bridge_and_fleet_commands_parse_with_the_real_options(compose):
     assert bridge["sub"] == ["bind:tcp://0.0.0.0:5556"]
     for option in ("trace", "config"):
         assert (COMPOSE.parent / fleet[option]).exists(), fleet[option]
+
+
+def test_the_demo_deployment_is_named_by_the_composing_shell(compose):
+    """FLEETPLAN_DEPLOYMENT renames the demo fleet's deployment, as it does for scripts/stack-local.sh;
+    no container reads it, so it is not in their environment."""
+    fleet = compose["services"]["fleet"]["command"]
+    at = fleet.index("--deployment") + 1
+    assert interpolate(fleet, {})[at] == "demo"
+    assert interpolate(fleet, {"FLEETPLAN_DEPLOYMENT": "demo2"})[at] == "demo2"
+    assert "FLEETPLAN_DEPLOYMENT" not in compose["x-fleetplan"]["environment"]
 
 
 def test_worker_keeps_its_state_on_its_volume(compose):

@@ -350,7 +350,7 @@ def markdown(rows: list[dict], scales: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, help="the shared data folder (traces/, rates/)")
+    parser.add_argument("--data", type=Path, help="the shared data folder (traces/, rates/); required unless --render")
     parser.add_argument("--only", default="conv,code,mooncake,m-large,m-mid")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--min-engines", type=int, default=10)
@@ -358,7 +358,7 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--md", type=Path, default=None)
-    parser.add_argument("--render", type=Path, nargs="*", default=None, help="only render these JSON results as markdown")
+    parser.add_argument("--render", type=Path, nargs="+", default=None, help="only render these JSON results as markdown")
     parser.add_argument("--sla", default="500/50,200/20", help="SLAs to run, TTFT/ITL in ms, comma-separated")
     parser.add_argument("--sizings", default=",".join(SIZINGS),
                         help=f"any of {', '.join(SIZINGS + EXTRA_SIZINGS)} (default: {', '.join(SIZINGS)})")
@@ -375,6 +375,8 @@ def main() -> None:
             scales.update(data["scales"])
         print(markdown(rows, scales))
         return
+    if args.data is None:
+        parser.error("--data is required unless --render")
     unknown = set(args.sizings.split(",")) - set(SIZINGS + EXTRA_SIZINGS)
     if unknown:
         parser.error(f"--sizings: one of {', '.join(SIZINGS + EXTRA_SIZINGS)}, got {', '.join(sorted(unknown))}")

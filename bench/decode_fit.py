@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import build_workload, make_setup, specs  # noqa: E402
+from quality import TRACES, build_workload, make_setup, specs  # noqa: E402
 from sizing import VARIANTS  # noqa: E402
 
 from fleetplan.models.perf.capacity import decode_capacity  # noqa: E402
@@ -72,7 +72,7 @@ def run(spec, cfg, setup, workload, on_tick=None):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/)")
-    parser.add_argument("--only", default="conv", help="one trace of bench/quality.py: conv, code, mooncake")
+    parser.add_argument("--only", default="conv", choices=TRACES, help="one trace of bench/quality.py")
     parser.add_argument("--scale", type=float, required=True, help="the rate scale")
     parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
     parser.add_argument("--exact", action="store_true", help="also run with the engine's own decode capacity")

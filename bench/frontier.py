@@ -182,6 +182,10 @@ def main() -> None:
                         help="one setting for every load level: totals over the levels instead of verdicts")
     args = parser.parse_args()
     try:
+        policies = {policy for _, policy, _ in _points(args.runs)}
+        if args.default not in policies:  # a misspelled one printed an empty table, status 0
+            parser.error(f"--default: no row of the runs is {args.default!r}; their policies: "
+                         f"{', '.join(sorted(policies))}")
         if args.pool:
             print_pooled(pooled(args.runs, args.default))
             return

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import build_workload, make_setup, specs  # noqa: E402
+from quality import TRACES, build_workload, make_setup, specs  # noqa: E402
 from sizing import VARIANTS  # noqa: E402
 
 from fleetplan.models.planner import Planner  # noqa: E402
@@ -51,7 +51,7 @@ def held(hold: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/)")
-    parser.add_argument("--only", default="code", help="one trace of bench/quality.py: conv, code, mooncake")
+    parser.add_argument("--only", default="code", choices=TRACES, help="one trace of bench/quality.py")
     parser.add_argument("--scales", required=True, help="rate scales, comma-separated")
     parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
     parser.add_argument("--hold", type=int, default=1, help="ticks a scale-down waits for")

@@ -78,6 +78,9 @@ class Spec:
     warm_days: int = 0  # ServeGen: days before it fed to the planner's forecaster first (sim/warm.py)
 
 
+PREDICTORS = ("constant", "arima_frozen", "arima", "kalman", "ensemble", "prophet")
+"""Every predictor some sizing runs (``predictors``), in the tables' order."""
+
 SIZINGS = ("dynamo", "fleetplan")
 EXTRA_SIZINGS = ("reference-forecast",)
 """Run only when asked (``--sizings``): fleetplan's sizing, the reference's forecasting."""
@@ -269,8 +272,26 @@ def _task(args):
     return run_planner_config(spec, sla, *extra)
 
 
-EVERY_WORKLOAD = frozenset({"conv", "code", "mooncake", "mooncake-spread", "m-large", "m-mid"})
+WORKLOADS = ("conv", "code", "mooncake", "mooncake-spread", "m-large", "m-mid")
+EVERY_WORKLOAD = frozenset(WORKLOADS)
 """What ``specs`` can be asked for (its ``only``)."""
+
+TRACES = WORKLOADS[:4]
+"""The 30-minute traces (the rest are ServeGen days): what the one-trace scripts take."""
+
+
+def only_workloads(parser: argparse.ArgumentParser, value: str) -> set[str]:
+    """``--only`` as workload names, refusing one ``specs`` does not know.
+
+    ``specs`` skips a name it does not know, so a misspelled one ran
+    nothing and printed an empty table with status 0.
+    """
+    asked = {w.strip() for w in value.split(",") if w.strip()}
+    unknown = sorted(asked - EVERY_WORKLOAD)
+    if unknown or not asked:
+        parser.error(f"--only: workloads of {', '.join(WORKLOADS)}, comma-separated, got {value!r}"
+                     + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return asked
 
 
 def specs(
@@ -327,7 +348,7 @@ def markdown(rows: list[dict], scales: dict) -> str:
         order = ["static-peak", "static-mean", "oracle"] + [
             f"{sizing} {loops}" + ("" if loops == "load" else f" ({p})")
             for sizing in SIZINGS + EXTRA_SIZINGS for loops in LOOPS
-            for p in (["constant"] if loops == "load" else ["constant", "arima_frozen", "arima", "kalman", "ensemble", "prophet"])
+            for p in (["constant"] if loops == "load" else PREDICTORS)
         ]
         policies = [p for p in order if p in policies] + sorted(p for p in policies if p not in order)
         for p in policies:
@@ -351,7 +372,8 @@ def markdown(rows: list[dict], scales: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, help="the shared data folder (traces/, rates/); required unless --render")
-    parser.add_argument("--only", default="conv,code,mooncake,m-large,m-mid")
+    parser.add_argument("--only", default="conv,code,mooncake,m-large,m-mid",
+                        help=f"workloads, comma-separated: {', '.join(WORKLOADS)}")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--min-engines", type=int, default=10)
     parser.add_argument("--servegen-engines", type=int, default=24)
@@ -377,11 +399,16 @@ def main() -> None:
         return
     if args.data is None:
         parser.error("--data is required unless --render")
+    only = only_workloads(parser, args.only)
+    for option, value, known in (("--loops", args.loops, tuple(LOOPS)), ("--predictors", args.predictors, PREDICTORS)):
+        unknown = sorted({v for v in value.split(",") if v} - set(known))
+        if unknown:
+            parser.error(f"{option}: any of {', '.join(known)}, got {', '.join(unknown)}")
     unknown = set(args.sizings.split(",")) - set(SIZINGS + EXTRA_SIZINGS)
     if unknown:
         parser.error(f"--sizings: one of {', '.join(SIZINGS + EXTRA_SIZINGS)}, got {', '.join(sorted(unknown))}")
     started = time.time()
-    chosen = specs(args.data, set(args.only.split(",")), args.min_engines, args.servegen_engines, args.hours)
+    chosen = specs(args.data, only, args.min_engines, args.servegen_engines, args.hours)
     scales = {}
     for s in chosen:
         need, peak = peak_need(s)

@@ -57,9 +57,13 @@ def main() -> None:
     args = parser.parse_args()
     doc = json.loads(args.file.read_text())
     sla = tuple(doc["sla"])
-    workloads = _workloads(args.data)
     only = {p.strip() for p in args.only_policies.split(",") if p.strip()}
     rows = doc["rows"]
+    present = {row["policy"] for row in rows}
+    if only - present:  # a misspelled name would re-run nothing and still rewrite the file
+        parser.error(f"--only-policies: no row of {args.file} is {', '.join(map(repr, sorted(only - present)))}; "
+                     f"its policies: {', '.join(sorted(present))}")
+    workloads = _workloads(args.data)
     tasks = []
     copies: dict[tuple, list[int]] = {}  # a run is deterministic: a row repeated in the file runs once
     for i, row in enumerate(rows):

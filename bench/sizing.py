@@ -29,11 +29,13 @@ from pathlib import Path
 
 from quality import (
     REFERENCE_FORECAST,
+    WORKLOADS,
     Spec,
     _row,
     build_workload,
     make_setup,
     on_day,
+    only_workloads,
     predictors,
     specs,
     warm_history,
@@ -196,7 +198,8 @@ def _task(args):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--only", default="conv,code,mooncake")
+    parser.add_argument("--only", default="conv,code,mooncake",
+                        help=f"workloads, comma-separated: {', '.join(WORKLOADS)}")
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--variants", default=",".join(ABLATION),
                         help="variant names, comma-separated; 'frontier' adds the reference sweep, "
@@ -223,7 +226,7 @@ def main() -> None:
         parser.error(f"--load-factors: positive numbers, comma-separated, got {args.load_factors!r}")
     sla = tuple(float(x) for x in args.sla.split(","))
     chosen = []
-    for s in specs(args.data, set(args.only.split(",")), 10, 24, 24.0, choose=False):
+    for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
         scaled = [replace(s, scale=SCALES.get(s.name, s.scale) * f) for f in factors]
         if args.day is not None or args.warm_days:
             try:

@@ -6,9 +6,12 @@ so no data folder is needed.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parents[2]
 
@@ -28,3 +31,56 @@ def _refused(result: subprocess.CompletedProcess) -> str:
 def test_quality_needs_data_unless_it_only_renders():
     assert _refused(_bench("quality.py")).endswith("error: --data is required unless --render")
     assert "--render: expected at least one argument" in _refused(_bench("quality.py", "--render"))
+
+
+@pytest.mark.parametrize(("script", "args"), [
+    ("quality.py", ["--only", "conv,cnov"]),
+    ("sizing.py", ["--only", "conv,cnov"]),
+])
+def test_a_misspelled_workload_is_refused_not_skipped(script, args):
+    """It ran nothing and printed an empty table with status 0."""
+    line = _refused(_bench(script, "--data", "/nonexistent", *args))
+    assert "--only: workloads of conv, code, mooncake, mooncake-spread, m-large, m-mid" in line
+    assert line.endswith("(unknown: cnov)")
+
+
+@pytest.mark.parametrize(("option", "value"), [("--loops", "boht"), ("--predictors", "arima,ensmble")])
+def test_quality_refuses_loops_and_predictors_it_does_not_run(option, value):
+    line = _refused(_bench("quality.py", "--data", "/nonexistent", option, value))
+    assert f"error: {option}: any of" in line and line.endswith(value.split(",")[-1])
+
+
+@pytest.mark.parametrize(("script", "args"), [
+    ("held_scale_down.py", ["--scales", "1"]),
+    ("decode_fit.py", ["--scale", "1"]),
+])
+def test_the_one_trace_scripts_name_the_traces(script, args):
+    """A name that was not a trace crashed unpacking an empty list of workloads."""
+    line = _refused(_bench(script, "--data", "/nonexistent", "--only", "cnov", *args))
+    assert "argument --only: invalid choice: 'cnov'" in line and "'mooncake-spread'" in line
+
+
+def _runs(path: Path, *policies: str) -> Path:
+    rows = [{"workload": "azure-code-30min", "scale": 1.0, "sla": [500.0, 50.0], "policy": p,
+             "attainment": 0.5, "gpu_hours": 9.0} for p in policies]
+    path.write_text(json.dumps({"sla": [500.0, 50.0], "rows": rows}))
+    return path
+
+
+def test_remeasure_refuses_a_policy_the_file_does_not_hold(tmp_path):
+    """It re-ran nothing and rewrote the file as it was."""
+    runs = _runs(tmp_path / "runs.json", "oracle", "fleetplan (ensemble)")
+    before = runs.read_text()
+    line = _refused(_bench("remeasure.py", str(runs), "--data", "/nonexistent",
+                           "--only-policies", "fleetplan (ensembel)"))
+    assert line.endswith(f"--only-policies: no row of {runs} is 'fleetplan (ensembel)'; "
+                         "its policies: fleetplan (ensemble), oracle")
+    assert runs.read_text() == before
+
+
+@pytest.mark.parametrize("pool", [[], ["--pool"]])
+def test_frontier_refuses_a_default_no_run_holds(tmp_path, pool):
+    runs = _runs(tmp_path / "runs.json", "oracle", "fleetplan (ensemble)")
+    line = _refused(_bench("frontier.py", str(runs), "--default", "fleetplan (ensembel)", *pool))
+    assert line.endswith("--default: no row of the runs is 'fleetplan (ensembel)'; their policies: "
+                         "fleetplan (ensemble), oracle")

@@ -84,3 +84,11 @@ def test_frontier_refuses_a_default_no_run_holds(tmp_path, pool):
     line = _refused(_bench("frontier.py", str(runs), "--default", "fleetplan (ensembel)", *pool))
     assert line.endswith("--default: no row of the runs is 'fleetplan (ensembel)'; their policies: "
                          "fleetplan (ensemble), oracle")
+
+
+def test_bench_queueing_describes_itself_on_help_and_refuses_unknown_flags():
+    """Without a parser, --help ran the benchmark."""
+    shown = _bench("bench_queueing.py", "--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: bench_queueing.py")
+    assert "What the queueing models cost" in shown.stdout and "erlang_c(1024" not in shown.stdout
+    assert "unrecognized arguments: --bogus" in _refused(_bench("bench_queueing.py", "--bogus"))

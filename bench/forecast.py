@@ -1,6 +1,6 @@
 """Benchmark load predictors one step ahead on real traffic ("measure first").
 
-    .venv/bin/python bench/forecast.py [--data ../shared/data] [--kinds a,b,...]
+    .venv/bin/python bench/forecast.py --data /work/shared/data [--kinds a,b,...]
         [--series code-60,...] [--split test|dev] [--jobs 1] [--json out.json]
 
 Every predictor kind is run through the planner's own ``TrafficForecaster``
@@ -60,9 +60,6 @@ from fleetplan.models.forecast import (
 )
 from fleetplan.models.quantiles import DEFAULT_ADAPT_RATE, QuantileForecaster
 from fleetplan.sim.traces import read_trace, trace_arrivals
-
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO.parent / "shared" / "data"
 
 REFERENCE_KINDS = ("constant", "arima_frozen", "arima", "kalman", "prophet")
 DAY_S = 86_400
@@ -442,7 +439,7 @@ def cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder")
+    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/, rates/)")
     parser.add_argument("--kinds", help="comma-separated predictor kinds (default: all registered)")
     parser.add_argument("--series", help="comma-separated substrings of series names to keep")
     parser.add_argument("--split", choices=("test", "dev"), default="test")

@@ -1,6 +1,6 @@
 """How low can a one-step loss go on the forecast benchmark's series?
 
-    .venv/bin/python bench/forecast_bound.py [--data ../shared/data] [--scores forecast.json]
+    .venv/bin/python bench/forecast_bound.py --data /work/shared/data [--scores forecast.json]
 
 Issue 5 asks for a predictor at <= 0.8x the frozen-order ARIMA's loss on
 every series of ``bench/forecast.py --split test``. This script asks how
@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forecast import DEFAULT_DATA, REFERENCE_KINDS, Series, test_series  # noqa: E402
+from forecast import REFERENCE_KINDS, Series, test_series  # noqa: E402
 
 from fleetplan.models.forecast import window_loss  # noqa: E402
 
@@ -152,7 +152,7 @@ def spectral_bound(series: Series, of: str = "count") -> tuple[float, float] | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/, rates/)")
     parser.add_argument("--scores", type=Path, help="bench/forecast.py --json output (for the ratios)")
     args = parser.parse_args()
     frozen: dict[str, float] = {}

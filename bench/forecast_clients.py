@@ -1,6 +1,6 @@
 """Forecast a ServeGen model's traffic client by client and sum, against forecasting the aggregate.
 
-    .venv/bin/python bench/forecast_clients.py [--data ../shared/data] [--kind ensemble] [--top 1,3,10,0]
+    .venv/bin/python bench/forecast_clients.py --data /work/shared/data [--kind ensemble] [--top 1,3,10,0]
 
 ServeGen's finding (docs/forecasting.md, peers) is that most of a model's
 unpredictability comes from a few top clients while the rest are steady,
@@ -38,7 +38,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast import (  # noqa: E402
     DAY_S,
-    DEFAULT_DATA,
     SERVEGEN_WEEK,
     SERVEGEN_WINDOW_S,
     busiest_clients,
@@ -111,7 +110,7 @@ def score(windows: list[TrafficObservation], counts: dict[str, list[float]],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (rates/)")
     parser.add_argument("--kind", default="ensemble")
     parser.add_argument("--top", default="1,3,10,0",
                         help="comma-separated: forecast the k busiest clients and the rest (0: every client)")

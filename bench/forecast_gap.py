@@ -1,6 +1,6 @@
 """What an outage of the planner does to the ensemble's daily cycle.
 
-    .venv/bin/python bench/forecast_gap.py [--data ../shared/data] [--hours 6]
+    .venv/bin/python bench/forecast_gap.py --data /work/shared/data [--hours 6]
 
 A planner that is down (or a deployment with no ticks) for some hours
 never sees those windows. The ensemble's daily members read the phase of
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forecast import DEFAULT_DATA, SERVEGEN_WINDOW_S, Series, score, servegen_windows  # noqa: E402
+from forecast import SERVEGEN_WINDOW_S, Series, score, servegen_windows  # noqa: E402
 
 PER_DAY = int(86_400 // SERVEGEN_WINDOW_S)
 
@@ -33,7 +33,7 @@ def scored_loss(windows, warm: int, kind: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (rates/)")
     parser.add_argument("--hours", type=float, default=6.0, help="length of the outage before day 4")
     parser.add_argument("--kind", default="ensemble")
     args = parser.parse_args()

@@ -92,3 +92,9 @@ def test_bench_queueing_describes_itself_on_help_and_refuses_unknown_flags():
     assert shown.returncode == 0 and shown.stdout.startswith("usage: bench_queueing.py")
     assert "What the queueing models cost" in shown.stdout and "erlang_c(1024" not in shown.stdout
     assert "unrecognized arguments: --bogus" in _refused(_bench("bench_queueing.py", "--bogus"))
+
+
+@pytest.mark.parametrize("script", ["forecast.py", "forecast_bound.py", "forecast_clients.py", "forecast_gap.py"])
+def test_the_forecast_benches_need_the_data_folder_named(script):
+    """As every other bench script does: their default was a folder beside the author's checkout."""
+    assert "the following arguments are required: --data" in _refused(_bench(script))

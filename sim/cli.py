@@ -603,7 +603,8 @@ def retune_lines(decisions: list[dict]) -> list[str]:
     lines = []
     for d in decisions:
         start, end = d["window"]
-        head = f"retune [{start:g}, {end:g}) s, {d['requests']:,} requests, decided at {d['decided_at']:g} s: {d['outcome']}"
+        when = "" if d["decided_at"] is None else f", decided at {d['decided_at']:g} s"  # not run, or not landed
+        head = f"retune [{start:g}, {end:g}) s, {d['requests']:,} requests{when}: {d['outcome']}"
         if d["changes"]:
             head += " " + describe_changes(d["changes"])
         cands = d["candidates"]

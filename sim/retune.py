@@ -30,6 +30,11 @@ is that loop for ``fleetplan simulate`` (docs/retune.md):
   tick)`` and is fed to the core as an operator ``set_config`` control
   event, so the run's event log still folds to the same decisions
   (``fleetplan plan``, ``fleetplan audit``).
+- **The run's end.** A window whose decision would land after the
+  workload ends is not replayed: the change could at most steer the
+  drain. It is recorded as ``not run``, and a decision still in flight
+  when the run ends as ``not landed``, so every window that came due is
+  in ``decisions``.
 
 - **Predictor pre-sweep** (``load_predictor`` candidates, Dynamo's):
   each candidate, fed the windows the core kept up to the window start,
@@ -200,6 +205,7 @@ class Retuner:
         self._requests: list[tuple[float, float, int, TraceRequest]] = []  # (arrival, end, index, request)
         self._next_window = 0
         self._pending: _Pending | None = None
+        self._end_s: float | None = None  # the workload's end, once the run starts
 
     def _predictor_candidates(self, base: PlannerConfig) -> list[dict[str, Any]]:
         """Each ``load_predictor`` entry as a full set of the searched predictor fields, checked once."""
@@ -228,9 +234,25 @@ class Retuner:
 
     # --- fed by the run --------------------------------------------------------
 
-    def start(self, initial: dict[str, int], forecaster_state: dict) -> None:
-        """The run begins: window 0 starts from its initial fleet and forecaster (warmed, if the config says so)."""
+    def start(self, initial: dict[str, int], forecaster_state: dict, end_s: float | None = None) -> None:
+        """The run begins: window 0 starts from its initial fleet and forecaster (warmed, if the config says so).
+
+        ``end_s`` is when the workload ends: a sweep whose decision would
+        land after it is not replayed (``tick``).
+        """
         self._windows[0] = _Window(0, dict(initial), forecaster_state, self._predictor_now())
+        self._end_s = end_s
+
+    def finish(self) -> None:
+        """The run has ended: a decision still in flight is recorded, as never landed.
+
+        Without this the sweep's replays were run and their outcome dropped,
+        and ``decisions`` (the summary's ``retune``) missed a window.
+        """
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.record.update(decided_at=None, outcome="not landed: the run ended", changes=None)
+            self.decisions.append(pending.record)
 
     def _predictor_now(self) -> dict[str, Any]:
         return {n: self.current[n] for n in self.predictor_names}
@@ -265,25 +287,45 @@ class Retuner:
             if due:
                 newest = max(due)
                 self._next_window = newest + 1
-                self._pending = self._sweep(self._windows[newest], now, history())
+                if self._end_s is not None and self._lands_at(now) > self._end_s:
+                    # its decision would come after the workload: replaying the candidates is wasted
+                    self.decisions.append(self._not_run(self._windows[newest]))
+                else:
+                    self._pending = self._sweep(self._windows[newest], now, history())
                 for old in [w for w in self._windows if w <= newest]:
                     del self._windows[old]
         return landed
 
     # --- the sweep -------------------------------------------------------------
 
-    def _sweep(self, window: _Window, now: float, history: list[list]) -> _Pending:
+    def _lands_at(self, launched_at: float) -> float:
+        """When a sweep launched then lands: on the first tick at or after this."""
+        return launched_at + max(self.spec.decision_latency_seconds, self.setup.config.tick_interval_seconds)
+
+    def _record(self, window: _Window, launched_at: float | None) -> tuple[dict[str, Any], list[TraceRequest]]:
+        """A window's decision record, before any replay, and the requests it replays."""
         spec = self.spec
         start = window.index * spec.interval_seconds
         end = start + spec.interval_seconds
         requests = self.window_requests(start, end, end + spec.grace_seconds)
         self._requests = [r for r in self._requests if r[0] >= end]  # later windows need only these
         record: dict[str, Any] = {
-            "window": [start, end], "launched_at": now, "requests": len(requests),
+            "window": [start, end], "launched_at": launched_at, "requests": len(requests),
             "start_fleet": dict(window.ready),
             "current": dict(self.current), "outcome": None, "changes": None, "candidates": [],
         }
-        lands_at = now + max(spec.decision_latency_seconds, self.setup.config.tick_interval_seconds)
+        return record, requests
+
+    def _not_run(self, window: _Window) -> dict[str, Any]:
+        record, _ = self._record(window, None)
+        record.update(decided_at=None, outcome="not run: it would land after the run ends")
+        return record
+
+    def _sweep(self, window: _Window, now: float, history: list[list]) -> _Pending:
+        spec = self.spec
+        record, requests = self._record(window, now)
+        start, end = record["window"]
+        lands_at = self._lands_at(now)
         missing = [r for r in self.setup.roles if window.ready.get(r, 0) < 1]
         if missing:
             record["outcome"] = f"failed: no ready {'/'.join(missing)} worker at the window start"

@@ -206,7 +206,7 @@ class PlannerController:
             # the retune's first window starts where the run does: from what the seed will leave
             forecaster = (self.core.state(loop.deployment).forecaster if seed is None
                           else rebuild_forecaster(self.core.planner.config, seed_history(seed.body.windows)))
-            self.retune.start(loop.initial, forecaster.to_state())
+            self.retune.start(loop.initial, forecaster.to_state(), end_s=loop.workload.duration_s)
 
     def observe(self, event) -> None:
         self._handle(self.core.feed(event), apply=True)
@@ -217,6 +217,8 @@ class PlannerController:
 
     def finish(self) -> None:
         self._handle(self.core.finish(), apply=False)
+        if self.retune is not None:
+            self.retune.finish()  # the ticks above apply nothing: a decision in flight never lands
 
     def _handle(self, outputs, apply: bool) -> None:
         changes = None

@@ -134,6 +134,61 @@ def test_a_window_without_a_ready_worker_or_without_requests_decides_nothing(h20
     assert rt.current == {"target_utilization": 0.8}
 
 
+def test_a_window_whose_decision_would_land_after_the_run_is_recorded_not_replayed(h200, monkeypatch):
+    """Its decision could never apply: it is listed (every window that came due is), and
+    replaying its candidates would be wasted work."""
+    rt = retuner(h200)
+    rt.start({"prefill": 1, "decode": 1}, FRESH, end_s=230.0)
+    for req in (_request(0, 5.0, 9.0), _request(1, 100.0, 125.0)):
+        rt.request_done(req)
+    monkeypatch.setattr(rt, "_replay", lambda *a, **k: pytest.fail("replayed a window that cannot land"))
+    for t in (60.0, 120.0, 180.0):  # window [0, 120) launches at 180 and would land at 240
+        assert rt.tick(t, {"prefill": 1, "decode": 1}, lambda: FRESH) is None
+    (record,) = rt.decisions
+    assert record["window"] == [0.0, 120.0] and record["requests"] == 2
+    assert (record["launched_at"], record["decided_at"], record["changes"], record["candidates"]) == (None, None, None, [])
+    assert record["outcome"] == "not run: it would land after the run ends"
+    rt.finish()
+    assert len(rt.decisions) == 1 and rt.current == {"target_utilization": 0.8}
+
+
+def test_a_decision_in_flight_when_the_run_ends_is_recorded_as_not_landed(h200):
+    rt = retuner(h200)
+    rt.start({"prefill": 1, "decode": 1}, FRESH)
+    rt.request_done(_request(0, 5.0, 9.0))
+    for t in (60.0, 120.0, 180.0):  # launched at 180, due to land at 240: the run ends first
+        rt.tick(t, {"prefill": 1, "decode": 1}, lambda: FRESH)
+    assert rt.decisions == []
+    rt.finish()
+    (record,) = rt.decisions
+    assert record["window"] == [0.0, 120.0] and record["launched_at"] == 180.0
+    assert (record["decided_at"], record["changes"]) == (None, None)
+    assert record["outcome"] == "not landed: the run ended"
+    assert len(record["candidates"]) == 3  # the replays ran: their scores are kept
+    rt.finish()
+    assert len(rt.decisions) == 1
+
+
+@pytest.mark.parametrize(
+    "duration,spec,outcomes",
+    [
+        # window [120, 240) comes due at the tick at 300 and would land at 360, after the workload
+        (300, SPEC, ["applied", "not run: it would land after the run ends"]),
+        # window [0, 120) launches at 180 and lands on the first tick from 270 (300): the run ends first
+        (280, {**SPEC, "decision_latency_seconds": 90}, ["not landed: the run ended"]),
+    ],
+)
+def test_a_run_lists_every_window_that_came_due_even_past_its_end(h200, duration, spec, outcomes):
+    """A sweep held until after the run's last tick used to be run and then dropped."""
+    reqs = slice_trace(read_trace(CONV), 0, duration)
+    short = Workload.from_requests("conv", rate_scale(reqs, 12, seed=1, duration_s=duration), duration)
+    result, log = _retuned_run(short, h200, spec)
+    assert [d["outcome"] for d in result.retune] == outcomes
+    assert all(d["decided_at"] is None for d in result.retune[1 if outcomes[0] == "applied" else 0:])
+    controls = [orjson.loads(line) for line in log.splitlines() if b'"type":"control"' in line]
+    assert [c["body"]["changes"] for c in controls] == [d["changes"] for d in result.retune if d["outcome"] == "applied"]
+
+
 def test_gpu_hours_at_goal_takes_the_cheapest_candidate_that_meets_the_goal(h200):
     from fleetplan.sim.retune import Score
 
@@ -243,6 +298,8 @@ def test_simulate_retune_prints_each_decision_and_rejects_a_bad_spec(tmp_path):
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     assert "retune [0, 120) s, " in out.stdout
+    # window [120, 240) would land at 360, after the 300-s run: listed, without a decision time
+    assert "retune [120, 240) s, " in out.stdout and "requests: not run: it would land after the run ends" in out.stdout
     as_json = CliRunner().invoke(app, [*args, "--json", "--out", str(tmp_path / "run")])
     summary = orjson.loads(as_json.stdout)
     assert summary["retune"][0]["window"] == [0.0, 120.0]
@@ -345,7 +402,7 @@ def test_a_warm_run_retunes_from_its_seeded_forecaster(h200):
     setup = make_setup(cfg, h200, SimOptions(seed=5))
     rt = Retuner(load_retune(SPEC), setup, h200)
     started, start = [], rt.start
-    rt.start = lambda initial, state: (started.append(state), start(initial, state))
+    rt.start = lambda initial, state, **kw: (started.append(state), start(initial, state, **kw))
     result = run_planner(workload, setup, Planner(cfg, profile=h200), {"prefill": 2, "decode": 2}, retune=rt,
                          seed=rows)
     assert len(rows) == 4 and result.retune

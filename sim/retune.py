@@ -58,7 +58,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleetplan.models.config import PREDICTOR_FIELDS, STARTUP_FIELDS, ConfigError, PlannerConfig
+from fleetplan.models.config import (
+    PREDICTOR_FIELDS,
+    STARTUP_FIELDS,
+    ConfigError,
+    PlannerConfig,
+    check_gpu_budget,
+)
 from fleetplan.models.forecast import window_loss
 from fleetplan.models.predictor_swap import rebuild_forecaster, window_of
 from fleetplan.sim.metrics import sla_met
@@ -227,10 +233,19 @@ class Retuner:
         return out
 
     def _candidate(self, point: dict[str, Any], where: str) -> Candidate:
+        """A point as a config, refused as the run's own config would be.
+
+        ``with_changes`` knows an engine's GPUs only from the config; the
+        run's budget is also checked against the profile's (``make_setup``),
+        and so is each point's: under a budget that cannot hold one engine
+        of each role, a replay would leave a role with none.
+        """
         try:
-            return Candidate(dict(point), self.setup.config.with_changes(point))
-        except ConfigError as err:
+            config = self.setup.config.with_changes(point)
+            check_gpu_budget(config, self.setup.gpus)
+        except ValueError as err:  # ConfigError is one
             raise RetuneError(f"{where}: {err}") from None
+        return Candidate(dict(point), config)
 
     # --- fed by the run --------------------------------------------------------
 

@@ -63,6 +63,31 @@ def test_a_bad_spec_fails_before_the_run_and_names_its_field(h200, spec, message
     assert message in str(err.value)
 
 
+def test_a_gpu_budget_point_is_checked_against_the_profiles_engine_size(tmp_path):
+    """The run's own budget is checked against the profile's GPUs per engine (make_setup), so
+    a grid point is too: the config alone takes an engine for one GPU."""
+    from fleetplan.sim.profiles import load_profile
+
+    h100 = load_profile("h100-llama3.3-70b")  # two GPUs an engine
+    setup = make_setup(config_from_dict(CONFIG), h100, SimOptions(seed=5))
+    with pytest.raises(RetuneError) as err:
+        Retuner(load_retune({**SPEC, "planner": {"max_gpu_budget": [32, 3]}}), setup, h100)
+    assert str(err.value) == ("retune.planner point 1 {'max_gpu_budget': 3}: max_gpu_budget: 3 GPUs cannot hold "
+                              "one engine of each role (prefill 2 GPUs + decode 2 GPUs)")
+    Retuner(load_retune({**SPEC, "planner": {"max_gpu_budget": [4, 32]}}), setup, h100)
+    # the command stops before it runs, as with max_gpu_budget: 3 in --config
+    _register_optional()
+    config = tmp_path / "config.yaml"
+    config.write_text("".join(f"{k}: {v}\n" for k, v in RUN_CONFIG.items()))
+    spec = tmp_path / "retune.yaml"
+    spec.write_text("interval_seconds: 120\ngrace_seconds: 10\nplanner: {max_gpu_budget: [3, 32]}\n")
+    out = CliRunner().invoke(app, ["simulate", "--trace", str(CONV), "--duration", "300", "--config", str(config),
+                                   "--profile", "h100-llama3.3-70b", "--initial", "prefill=1,decode=1",
+                                   "--no-baselines", "--retune", str(spec)])
+    assert out.exit_code == 2, out.output
+    assert f"--retune: {spec}: retune.planner point 0 {{'max_gpu_budget': 3}}: max_gpu_budget: 3 GPUs" in out.stderr
+
+
 def test_a_spec_may_come_wrapped_in_a_retune_block(h200):
     assert load_retune({"retune": SPEC}) == load_retune(SPEC)
     with pytest.raises(RetuneError, match="expected a mapping of retune fields, got list"):

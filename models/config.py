@@ -442,7 +442,12 @@ def value_problem(key: str, value: object) -> str | None:
     YAML's ``true`` would load as 1 (``ttft_ms: true`` as a 1 ms target).
     """
     name = field_names().get(key)
-    if name is not None and isinstance(value, bool) and _numeric(PlannerConfig.model_fields[name].annotation):
+    return None if name is None else number_problem(key, value, PlannerConfig.model_fields[name].annotation)
+
+
+def number_problem(key: str, value: object, annotation) -> str | None:
+    """``value_problem`` for a field of any model, given its type: a bool where it takes a number."""
+    if isinstance(value, bool) and _numeric(annotation):
         return f"{key}: expected a number, got {str(value).lower()}"
     return None
 

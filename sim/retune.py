@@ -64,6 +64,7 @@ from fleetplan.models.config import (
     ConfigError,
     PlannerConfig,
     check_gpu_budget,
+    number_problem,
 )
 from fleetplan.models.forecast import window_loss
 from fleetplan.models.predictor_swap import rebuild_forecaster, window_of
@@ -117,6 +118,13 @@ def load_retune(data: Any, *, source: str = "retune") -> RetuneSpec:
         data = data["retune"]
     if not isinstance(data, dict):
         raise RetuneError(f"{source}: expected a mapping of retune fields, got {type(data).__name__}")
+    for key, value in data.items():
+        # pydantic's lax mode takes YAML's true as 1, as the planner's config refuses to
+        # (the grid's values and the predictor entries go through that config's check)
+        info = RetuneSpec.model_fields.get(key)
+        problem = None if info is None else number_problem(key, value, info.annotation)
+        if problem is not None:
+            raise RetuneError(f"{source}: {problem}")
     try:
         return RetuneSpec.model_validate(data)
     except ValidationError as err:

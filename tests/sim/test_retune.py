@@ -88,6 +88,33 @@ def test_a_gpu_budget_point_is_checked_against_the_profiles_engine_size(tmp_path
     assert f"--retune: {spec}: retune.planner point 0 {{'max_gpu_budget': 3}}: max_gpu_budget: 3 GPUs" in out.stderr
 
 
+@pytest.mark.parametrize(
+    "field,value",
+    [("attainment_goal", True), ("min_improvement_percentage", True), ("max_candidates", True),
+     ("grace_seconds", False), ("interval_seconds", True), ("decision_latency_seconds", False)],
+)
+def test_a_bool_for_a_number_is_refused_as_the_planners_config_refuses_it(field, value):
+    """Pydantic's lax mode took ``attainment_goal: true`` as a goal of 1.0."""
+    with pytest.raises(RetuneError) as err:
+        load_retune({**SPEC, field: value}, source="spec.yaml")
+    assert str(err.value) == f"spec.yaml: {field}: expected a number, got {str(value).lower()}"
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({**SPEC, "planner": {"target_utilization": [0.9, True]}},
+         "retune.planner point 1 {'target_utilization': True}: set_config: target_utilization: expected a number, got true"),
+        ({**SPEC, "load_predictor": [{"load_predictor": "kalman", "kalman_min_points": True}]},
+         "retune.load_predictor[0]: set_config: kalman_min_points: expected a number, got true"),
+    ],
+)
+def test_a_bool_in_the_grid_or_a_predictor_entry_is_refused_by_the_planners_config(h200, spec, message):
+    with pytest.raises(RetuneError) as err:
+        retuner(h200, spec)
+    assert str(err.value) == message
+
+
 def test_a_spec_may_come_wrapped_in_a_retune_block(h200):
     assert load_retune({"retune": SPEC}) == load_retune(SPEC)
     with pytest.raises(RetuneError, match="expected a mapping of retune fields, got list"):

@@ -68,8 +68,9 @@ def measured_floor(state, now, baseline, minimums, kv_hit, accept) -> dict[Role,
         floors = []
     elif now - start >= MEASURED_RATE_MIN_SECONDS:
         floors.append(engines_measured(state, now - start, baseline, minimums, kv_hit, accept))
-    elif state.window_start is None:
-        floors = [dict(baseline)]
+    elif now - state.first_traffic < MEASURED_RATE_MIN_SECONDS:
+        # the first minute of traffic, also when a window closed inside it
+        floors.append(dict(baseline))
     return {
         role: max(f[role] for f in floors if role in f)
         for role in state.config.roles if any(role in f for f in floors)

@@ -179,7 +179,9 @@ class Planner:
             scratch.throughput_reason = "disabled"
             if _due(now, interval_t):
                 began = window_began(state)
-                if measures_floor(cfg) and began is not None:
+                # a first window cut short by the tick is not a rate (traffic that began
+                # 50 ms before it: 10 requests read as 200 a second), as in the throughput loop
+                if measures_floor(cfg) and began is not None and now - began >= PARTIAL_WINDOW_SHARE * interval_t:
                     closed = engines_measured(state, now - began, baseline, minimums, kv_hit, accept)
                     state.measured_floors = [*state.measured_floors, closed][-cfg.floor_memory_windows:]
                 # a new window each interval keeps a load-only deployment's state bounded

@@ -183,6 +183,25 @@ def test_the_floor_brings_back_a_role_with_no_engine(make_fleet):
     assert up.load_reason == "scale_up_to_measured_rate"
 
 
+def test_traffic_that_began_just_before_the_tick_is_not_read_as_a_rate(make_fleet):
+    """Ten requests 50 ms before the first interval tick closed a 50-ms window, read as
+    200 a second: a floor of 16 prefill engines and a decision for 9, held for the floor
+    memory (before 2026-12-05). A window cut that short now measures nothing, as in the
+    throughput loop."""
+    from fleetplan.schemas import RequestRecord
+
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    for t in np.arange(1.0, 400, 5.0):
+        evs += [fpm("p0", "prefill", T0 + t, counter=int(t)),
+                fpm("d0", "decode", T0 + t, counter=int(t), decode_reqs=1, decode_kv=3000)]
+    evs += [RequestRecord(deployment="d", time=T0 + 179.99, request_id=f"x{i}", input_tokens=3000,
+                          output_tokens=150, request_received_ms=(T0 + 179.95) * 1000) for i in range(10)]
+    fleet = _load_only(make_fleet, sizing="fleetplan")
+    out = fleet.run([*sorted(evs, key=lambda e: e.time), ClockEvent(deployment="d", time=T0 + 400)])
+    assert decisions(out) == []
+    assert all(not floor for floor in fleet.state("d").measured_floors)
+
+
 def test_with_no_traffic_the_snapshots_decide(make_fleet):
     out = decisions(_load_only(make_fleet, sizing="fleetplan").run(_idle_fleet(T0 + 200)))
     assert out[0].time == T0 + 5 and out[0].targets["prefill"] == 2  # as Dynamo: nothing measured to hold

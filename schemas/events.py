@@ -35,6 +35,13 @@ is a unit or parsing error, not a request (10**30 overflowed the capacity
 search's int64 arithmetic; 10**8 replayed as a fleet of 35 prefill engines;
 an event log's 10**18 stalled the throughput loop's capacity search)."""
 
+MAX_ACCEPT_LENGTH = 256.0
+"""The most tokens a speculative decoder is taken to accept per step (drafts are a
+few to a few tens of tokens). Without a bound, one record's ``accept_length`` of
+1e307 made decode's capacity infinite and stopped every tick that sized it, on
+every replay (until 2026-12-05)."""
+AcceptLength = Annotated[float, Field(ge=1.0, le=MAX_ACCEPT_LENGTH, allow_inf_nan=False)]
+
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Tokens = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 RequestTokens = Annotated[int, Field(ge=0, le=MAX_REQUEST_TOKENS)]
@@ -168,7 +175,7 @@ class RequestRecord(_Envelope):
     total_time_ms: NonNegative | None = None
     avg_itl_ms: NonNegative | None = None
     kv_hit_rate: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    accept_length: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] | None = None
+    accept_length: AcceptLength | None = None
     queue_depth: Count | None = None
     prefill_worker_id: str | None = None
     decode_worker_id: str | None = None
@@ -263,7 +270,7 @@ class SeedWindow(_Model):
     isl: SeedTokens = Field(description="their mean input length, tokens")
     osl: SeedTokens = Field(description="their mean output length, tokens")
     kv_hit_rate: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    accept_length: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] | None = None
+    accept_length: AcceptLength | None = None
     peak: SeedCount | None = Field(
         None, description="the busiest burst sub-window's count scaled to the window's length"
     )

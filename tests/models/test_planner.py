@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -311,3 +313,17 @@ def test_an_ensemble_warmed_from_a_trace_moves_onto_the_window_clock(tmp_path):
     fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 185)])
     count = fleet.state("d").forecaster.forecaster.predictors[0].to_state()["model"]
     assert count["timed"] and count["clock"] == (T0 + 180) // 180
+
+
+def test_requests_at_the_largest_accept_length_size_a_finite_fleet(make_fleet):
+    """Every request at the schema's largest accept length (MAX_ACCEPT_LENGTH, 256 tokens a
+    step): decode's capacity is large but finite and the tick decides. At 1e307, which
+    the schema took until 2026-12-05, the capacity was infinite and the tick raised."""
+    from fleetplan.schemas.events import MAX_ACCEPT_LENGTH
+
+    fleet = make_fleet(sizing="fleetplan")
+    reqs = [r.model_copy(update={"accept_length": MAX_ACCEPT_LENGTH}) for r in requests(20, T0 + 1, T0 + 185)]
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *reqs])
+    (tick,) = [o for o in out if o.time == T0 + 180]
+    assert tick.throughput_reason in ("scale", "set_lower_bound", "no_change")
+    assert math.isfinite(tick.estimates["decode"].engine_capacity_rps)

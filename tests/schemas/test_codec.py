@@ -98,6 +98,14 @@ def _fpm_json(**overrides) -> bytes:
          b'"output_tokens":1,"request_received_ms":1}', "input_tokens", "less than or equal to 10000000"),
         (b'{"type":"arrival","deployment":"d","time":5,"request_id":"r","input_tokens":10000001}',
          "input_tokens", "less than or equal to 10000000"),
+        # a speculative decoder accepts a few tokens a step, not 1e307 (MAX_ACCEPT_LENGTH): an unbounded
+        # one made decode's capacity infinite and failed every tick that sized it
+        (b'{"type":"request","deployment":"d","time":5,"request_id":"r","input_tokens":10,'
+         b'"output_tokens":1,"request_received_ms":1,"accept_length":1e307}', "accept_length",
+         "less than or equal to 256"),
+        (b'{"type":"control","deployment":"d","time":5,"body":{"command":"seed_traffic","windows":'
+         b'[{"start_s":0,"duration_s":1,"num_req":1,"isl":1,"osl":1,"accept_length":300}]}}',
+         "body.windows.0.accept_length", "less than or equal to 256"),
         # what the worker sorts and stores by its encoding must encode (an int past 64 bits cannot)
         (b'{"type":"inventory","deployment":"d","time":1,"worker_id":"w","role":"agg","state":"ready",'
          b'"decision_id":99999999999999999999}', "decision_id", "less than or equal to"),

@@ -169,7 +169,7 @@ class Planner:
         baseline = dict(state.desired) if state.desired is not None else actual
         minimums = {r: state.min_overrides.get(r, cfg.min_endpoints(r)) for r in roles}
         maximums = {r: cfg.max_endpoints(r) for r in roles}
-        in_progress = state.pending is not None or any(starting.values())
+        in_progress = state.pending is not None or _starting_within(state, now, cfg.ack_timeout_seconds)
         kv_hit = state.last_kv_hit_rate or 0.0
         accept = state.last_accept_length or 1.0
 
@@ -534,6 +534,18 @@ def _count_workers(state: DeploymentState, roles, which: str) -> dict[Role, int]
         if w.state == which and w.role in counts:
             counts[w.role] += 1
     return counts
+
+
+def _starting_within(state: DeploymentState, now: float, timeout: float) -> bool:
+    """Whether a worker has been starting for less than ``timeout``: a scaling operation in flight.
+
+    One starting for longer is stuck (a pod Pending with no GPU: Dynamo issue
+    #14251) and stops holding the load loop, as an unacknowledged decision
+    stops blocking after the same ``ack_timeout_seconds``; before 2026-12-05 it
+    held the loop for good. Dynamo 1.6.1 (#14671) instead lets a decision cut
+    pending replicas at once; a startup that is only slow keeps holding here.
+    """
+    return any(w.state == "starting" and now - w.since < timeout for w in state.workers.values())
 
 
 def _gpus_per_role(state: DeploymentState, roles) -> dict[Role, int]:

@@ -257,7 +257,7 @@ def _fewest(offered_engines: float, share: float, minimum: int, miss) -> int:
         return MAX_ENGINES
     n = max(math.floor(offered_engines) + 1, 1)
     for _ in range(MAX_EXTRA_ENGINES):
-        if miss(n) <= 1.0 - share:
-            return max(n, minimum)
+        if n >= MAX_ENGINES or miss(n) <= 1.0 - share:
+            break
         n += 1
-    return max(n, minimum)
+    return min(max(n, minimum), MAX_ENGINES)

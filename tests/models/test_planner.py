@@ -327,3 +327,29 @@ def test_requests_at_the_largest_accept_length_size_a_finite_fleet(make_fleet):
     (tick,) = [o for o in out if o.time == T0 + 180]
     assert tick.throughput_reason in ("scale", "set_lower_bound", "no_change")
     assert math.isfinite(tick.estimates["decode"].engine_capacity_rps)
+
+
+def test_a_worker_stuck_starting_stops_holding_the_load_loop_after_the_ack_timeout(make_fleet):
+    """A scale-up pod Pending with no GPU stays `starting`. It holds the load loop as a
+    scaling operation in flight, but only for ack_timeout_seconds (Dynamo #14251: the
+    planner never scaled down; fleetplan did not either until 2026-12-05)."""
+    import numpy as np
+
+    from fleetplan.schemas import ClockEvent
+
+    def run(stuck: bool):
+        fleet = make_fleet(enable_load_scaling=True, ack_timeout_seconds=600)
+        evs = [*(ready(f"p{i}", "prefill") for i in range(4)), ready("d0", "decode")]
+        if stuck:
+            evs.append(ready("p9", "prefill", state="starting"))
+        for t in np.arange(1.0, 1000, 5.0):
+            evs += [fpm(f"p{i}", "prefill", T0 + t, counter=int(t)) for i in range(4)]
+            evs.append(fpm("d0", "decode", T0 + t, counter=int(t), decode_reqs=1, decode_kv=3000))
+        evs += requests(1, T0 + 1, T0 + 1000)
+        return decisions(fleet.run([*sorted(evs, key=lambda e: e.time), ClockEvent(deployment="d", time=T0 + 1000)]))
+
+    (healthy, *_) = run(stuck=False)
+    assert healthy.time == T0 + 5 and healthy.targets["prefill"] == 3
+    (unstuck, *_) = run(stuck=True)
+    assert unstuck.time == T0 + 605  # the first load tick after it had been starting 600 s (from T0 + 0.1)
+    assert unstuck.targets["prefill"] < 5 and unstuck.load_reason == "scale_down"

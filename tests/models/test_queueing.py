@@ -407,3 +407,11 @@ def test_the_planner_sizes_decode_by_its_slots_where_the_itl_has_room(make_fleet
     assert rate.targets["decode"] == rate.estimates["decode"].rate_replicas
     assert rate.estimates["decode"].queueing_replicas is None
     assert slots.targets["prefill"] == rate.targets["prefill"]  # prefill is untouched
+
+
+def test_the_queueing_floor_stops_at_max_engines_just_below_it():
+    """An offered load just under MAX_ENGINES with bursty arrivals searched past the cap
+    (100,748 engines) until 2026-12-05; the cap holds wherever the search starts."""
+    from fleetplan.models.queueing import MAX_ENGINES, queueing_replicas
+
+    assert queueing_replicas(99_999, 1, 0.001, 0.99, 1, arrival_dispersion=50) == MAX_ENGINES

@@ -1,10 +1,16 @@
 """Constraints every target passes through: replica bounds and the GPU budget.
 
 The budget guard preserves direction (Dynamo 1.6.1, fixing its issue
-#12428): each role ends between its current count and its proposal, so a
-guard can slow a move down but never reverse it, and an opposing rebalance
-(one role up, the other down) moves both legs or neither. The budget is
-never exceeded: at the ceiling an upward proposal holds.
+#12428): each role of a fleet inside the band and its replica bounds ends
+between its current count and its proposal, so a guard can slow a move
+down but never reverse it, and an opposing rebalance (one role up, the
+other down) moves both legs or neither. The budget is never exceeded: at
+the ceiling an upward proposal holds.
+
+``max_gpu_budget`` and each role's replica ceiling are hard limits; the floor
+budget (``min_gpu_budget``) and the role minimums are preferences that yield
+to them: no hold keeps a fleet that the budget or a ceiling (lowered at run
+time) forbids, and no held-back leg is held past them.
 """
 
 from __future__ import annotations
@@ -103,26 +109,47 @@ def _raise_toward(
     return fitted
 
 
+def _held(current: Mapping[Role, int], maximums: Mapping[Role, int | None]) -> dict[Role, int]:
+    """The current fleet with each role cut to its replica ceiling: the most a hold may keep.
+
+    A ceiling lowered at run time leaves a role above it; holding it there would keep it above
+    its ceiling for good, so every hold and every shortened downward leg stops at the ceiling.
+    """
+    return {r: current[r] if maximums.get(r) is None else min(current[r], maximums[r]) for r in current}
+
+
 def _shorten_downward(
     fitted: dict[Role, int], current: Mapping[Role, int], target: Mapping[Role, int],
     gpus: Mapping[Role, int], max_budget: int, min_budget: int,
-    maximums: Mapping[Role, int | None] | None = None,
+    maximums: Mapping[Role, int | None] | None = None, floors: Mapping[Role, int] | None = None,
 ) -> dict[Role, int]:
     """Shorten the downward legs until the floor budget holds; hold the current fleet when they
     cannot reach it under the ceiling.
 
-    The current fleet is inside the band whenever this is called, so holding it always fits. An
-    opposing rebalance in a narrow band can leave no step that lands inside it (one GPU short,
-    the next replica two GPUs over): the upward leg then waits with the downward one. A role's
-    replica ceiling (``maximums``) wins over the floor budget: a fleet above it (a ceiling
-    lowered at run time) still comes down to it, as a config whose floor budget the ceilings
-    cannot hold would otherwise keep a role above its ceiling for good.
+    An opposing rebalance in a narrow band can leave no step that lands inside it (one GPU
+    short, the next replica two GPUs over): the upward leg then waits with the downward one. A
+    role's replica ceiling (``maximums``) wins over the floor budget: a fleet above it (a ceiling
+    lowered at run time) still comes down to it (``_held``), as a config whose floor budget the
+    ceilings cannot hold would otherwise keep a role above its ceiling for good.
+
+    Only a fleet inside the band with every role at its minimum (``floors``) is held: the floor
+    budget is a preference, and holding a fleet over a ``max_budget`` lowered at run time, under
+    the floor once cut to its ceilings, or short of a role's minimum would keep it wrong for good.
+    The shortened fleet, which is under the max budget, then grows toward the floor budget as a
+    fleet below the band does, taking at once the move the next tick would (until 2026-12-05 such
+    a fleet was held, every tick, over the max budget or with a role short of its minimum).
     """
     maximums = maximums or {}
-    held = {r: current[r] if maximums.get(r) is None else min(current[r], maximums[r]) for r in current}
+    floors = floors or {}
+    held = _held(current, maximums)
     down = sorted(r for r in target if target[r] < held[r])
     shortened = _raise_toward(fitted, held, down, gpus, max_budget, enough=min_budget)
-    return shortened if gpu_total(shortened, gpus) >= min_budget else held
+    if gpu_total(shortened, gpus) >= min_budget:
+        return shortened
+    in_band = min_budget <= gpu_total(held, gpus) and (max_budget < 0 or gpu_total(held, gpus) <= max_budget)
+    if in_band and all(held[r] >= floors.get(r, 0) for r in held):
+        return held
+    return _grow_to_fit(shortened, gpus, min_budget, max_budget, maximums)
 
 
 def fit_gpu_budget(
@@ -156,20 +183,26 @@ def fit_gpu_budget(
         moved_up = any(fitted[r] > current[r] for r in up)
         moved_down = any(target[r] < current[r] for r in target)
         if up and moved_down and not moved_up:
-            # an opposing rebalance whose upward leg cannot move: hold both legs
-            return dict(current), "gpu_budget_guard_hold"
+            # an opposing rebalance whose upward leg cannot move: hold both legs (at their ceilings)
+            return _held(current, maximums), "gpu_budget_guard_hold"
         if min_budget >= 0 and gpu_total(fitted, gpus) < min_budget <= gpu_total(current, gpus):
             # the full downward legs left too little: shorten them, never below the floor budget
-            fitted = _shorten_downward(fitted, current, target, gpus, max_budget, min_budget, maximums)
+            fitted = _shorten_downward(fitted, current, target, gpus, max_budget, min_budget, maximums,
+                                       floors)
         return fitted, "gpu_budget_guard_hold"
     if min_budget >= 0 and gpu_total(target, gpus) < min_budget:
         if gpu_total(current, gpus) >= min_budget:
             # inside the band: shorten the downward legs to the floor budget; no role that was
-            # not proposed to move is moved
-            return _shorten_downward(target, current, target, gpus, max_budget, min_budget,
-                                     maximums), "gpu_budget_guard_hold"
+            # not proposed to move is moved. Above it the fleet is brought back (_shorten_downward)
+            over = 0 <= max_budget < gpu_total(current, gpus)
+            fitted = _shorten_downward(target, current, target, gpus, max_budget, min_budget, maximums, floors)
+            return fitted, "gpu_budget_reconcile" if over else "gpu_budget_guard_hold"
         if gpu_total(target, gpus) < gpu_total(current, gpus):
-            target = {r: max(current[r], target[r]) for r in target}
+            # below the band the downward legs are held, but only up to the max budget and each
+            # role's ceiling (until 2026-12-05 a rebalance was held whole, its upward leg on top)
+            held = _held(current, maximums)
+            target = _raise_toward(target, held, sorted(r for r in target if target[r] < held[r]),
+                                   gpus, max_budget)
         grown = _grow_to_fit(target, gpus, min_budget, max_budget, maximums)
         return grown, "gpu_budget_reconcile"
     return target, None

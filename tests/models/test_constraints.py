@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
 from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget, gpu_total
+from fleetplan.models.fleet import Fleet
+from fleetplan.models.planner import Planner
+from fleetplan.sim.profiles import load_profile
+from tests.models.factories import T0, decisions, ready, requests
 
 G = {"prefill": 1, "decode": 2}
 
@@ -109,3 +114,117 @@ def test_an_opposing_rebalance_that_cannot_land_in_a_narrow_band_is_held():
     # [6, 6]; shortening decode reaches 5 and the next replica would make 7, so both legs wait
     out, reason = fit_gpu_budget({"prefill": 0, "decode": 3}, {"prefill": 1, "decode": 0}, G, 6, min_budget=6)
     assert out == {"prefill": 0, "decode": 3} and reason == "gpu_budget_guard_hold"
+
+
+# --- the max budget and the ceilings are hard; the floor budget yields (2026-12-05) ---------------
+
+
+def test_a_rebalance_below_the_floor_budget_stops_at_the_max_budget():
+    """b3: band [8, 9], 1-GPU engines, 6 prefill + 1 decode (7, below the band), traffic asks
+    for 1 prefill and 4 decode. Decode's move is kept whole and prefill's downward leg is held
+    only as far as the max budget lets it: 9 GPUs, not 6 + 4 = 10."""
+    one = {"prefill": 1, "decode": 1}
+    out, reason = fit_gpu_budget({"prefill": 6, "decode": 1}, {"prefill": 1, "decode": 4}, one, 9,
+                                 min_budget=8, floors={"prefill": 1, "decode": 1})
+    assert out == {"prefill": 5, "decode": 4} and reason == "gpu_budget_reconcile"
+
+
+def test_the_planner_under_a_floor_budget_never_decides_past_the_max_budget():
+    """b3 end to end: the decision used to be P6/D4, 10 GPUs over a max_gpu_budget of 9."""
+    cfg = config_from_dict({"load_predictor": "constant", **REFERENCE_SIZING,
+                            "max_gpu_budget": 9, "min_gpu_budget": 8})
+    fleet = Fleet(Planner(cfg, profile=load_profile("h200-llama3.1-8b")))
+    events = [*(ready(f"p{i}", "prefill") for i in range(6)), ready("d0", "decode"),
+              *requests(30, T0 + 1, T0 + 185, isl=200, osl=1500)]
+    made = decisions(fleet.run(events))
+    assert made and all(sum(d.targets.values()) <= 9 for d in made)
+    assert made[0].targets == {"prefill": 5, "decode": 4}
+
+
+def test_below_the_floor_budget_a_role_is_held_no_higher_than_its_ceiling():
+    """b10: prefill_max_endpoint 4 with 6 prefill running, band [8, 12]: the clamped proposal
+    P4/D2 is 6 GPUs, under the floor; prefill is held at its ceiling (not at 6) and decode grows."""
+    one = {"prefill": 1, "decode": 1}
+    ceilings = {"prefill": 4, "decode": None}
+    proposed, _ = clamp_to_bounds({"prefill": 6, "decode": 2}, {"prefill": 1, "decode": 1}, ceilings)
+    out, reason = fit_gpu_budget({"prefill": 6, "decode": 1}, proposed, one, 12, min_budget=8,
+                                 floors={"prefill": 1, "decode": 1}, maximums=ceilings)
+    assert out == {"prefill": 4, "decode": 4} and reason == "gpu_budget_reconcile"
+
+
+def test_a_fleet_over_a_lowered_max_budget_is_not_held_there():
+    """b7: 2- and 4-GPU engines, band [19, 21], P1/D6 (26 GPUs, max_gpu_budget lowered) with a
+    proposal of P1/D1: holding the fleet kept it at 26 every tick. Decode's downward leg is
+    shortened under the max budget (P1/D4, 18) and the fleet grows into the band."""
+    two_four = {"prefill": 2, "decode": 4}
+    out, reason = fit_gpu_budget({"prefill": 1, "decode": 6}, {"prefill": 1, "decode": 1}, two_four, 21,
+                                 min_budget=19, floors={"prefill": 1, "decode": 1})
+    assert out == {"prefill": 2, "decode": 4} and reason == "gpu_budget_reconcile"
+    assert gpu_total(out, two_four) == 20
+
+
+def test_an_opposing_rebalance_held_at_the_max_budget_holds_no_role_above_its_ceiling():
+    """1-GPU prefill, 4-GPU decode, max budget 7: P5/D0 with prefill's ceiling lowered to 4 is
+    proposed P4/D1 (8 GPUs); decode cannot come up, so both legs hold, but prefill at its
+    ceiling of 4, not at the 5 it held before."""
+    out, reason = fit_gpu_budget({"prefill": 5, "decode": 0}, {"prefill": 4, "decode": 1},
+                                 {"prefill": 1, "decode": 4}, 7, maximums={"prefill": 4, "decode": None})
+    assert out == {"prefill": 4, "decode": 0} and reason == "gpu_budget_guard_hold"
+
+
+def test_a_role_short_of_its_minimum_is_not_held_there_for_the_floor_budget():
+    """Band [7, 9], 4-GPU prefill, 1-GPU decode, P2/D0 (8) proposed P1/D2 (6): shortening
+    prefill's leg cannot land in the band (10 GPUs), and holding P2/D0 kept decode at 0, below
+    its minimum of 1, every tick. The floor budget yields: P1/D2 grows to P1/D3 (7)."""
+    out, reason = fit_gpu_budget({"prefill": 2, "decode": 0}, {"prefill": 1, "decode": 2},
+                                 {"prefill": 4, "decode": 1}, 9, min_budget=7, floors={"prefill": 1, "decode": 1})
+    assert out == {"prefill": 1, "decode": 3} and reason == "gpu_budget_guard_hold"
+
+
+engine_gpus = st.integers(1, 4)
+counts = st.integers(0, 8)
+ceilings = st.one_of(st.none(), st.integers(0, 6))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(engine_gpus, engine_gpus, counts, counts, counts, counts, st.integers(-1, 30), st.integers(-1, 30),
+       st.integers(0, 3), st.integers(0, 3), ceilings, ceilings)
+def test_the_max_budget_and_the_ceilings_are_never_exceeded(gp, gd, cp, cd, pp, pd, low, high,
+                                                            min_p, min_d, ceil_p, ceil_d):
+    """Whatever the current fleet (over the band, under it, above a lowered ceiling, below a
+    raised minimum): the result is under the max budget and every role's ceiling; where the
+    minimums fit the max budget, a role ends below its minimum only when the budget has no room
+    for one more of its engines (the budget wins over the floors, docs/planner.md); the same
+    input, in either role order, gives the same output."""
+    gpus = {"prefill": gp, "decode": gd}
+    if high >= 0 and 0 <= high < low:
+        low, high = high, low  # the config refuses min_gpu_budget > max_gpu_budget
+    minimums = {"prefill": min_p, "decode": min_d}
+    # a config's minimum is at most its ceiling, and a ceiling is never 0 (models/config.py)
+    maximums = {r: None if c is None else max(c, minimums[r], 1)
+                for r, c in (("prefill", ceil_p), ("decode", ceil_d))}
+    current = {"prefill": cp, "decode": cd}
+    proposed, _ = clamp_to_bounds({"prefill": pp, "decode": pd}, minimums, maximums)  # as the planner does
+
+    out, reason = fit_gpu_budget(current, proposed, gpus, high, min_budget=low,
+                                 floors=minimums, maximums=maximums)
+
+    total = gpu_total(out, gpus)
+    if high >= 0:
+        assert total <= high, (current, proposed, out, reason)
+    minimums_fit = high < 0 or gpu_total(minimums, gpus) <= high
+    for r, n in out.items():
+        assert n >= 0
+        assert maximums[r] is None or n <= maximums[r], (current, proposed, out, reason)
+        if n < minimums[r] and minimums_fit:
+            assert 0 <= high < total + gpus[r], (current, proposed, out, reason)
+    within = (all(minimums[r] <= current[r] and (maximums[r] is None or current[r] <= maximums[r])
+                  for r in current)
+              and (low < 0 or gpu_total(current, gpus) >= low) and (high < 0 or gpu_total(current, gpus) <= high))
+    if within:  # a fleet inside every limit stays inside the band and keeps each role's direction
+        assert low <= total and (high < 0 or total <= high), (current, proposed, out, reason)
+        for r in out:
+            assert min(current[r], proposed[r]) <= out[r] <= max(current[r], proposed[r]), (current, proposed, out)
+    again = fit_gpu_budget(dict(reversed(current.items())), dict(reversed(proposed.items())), gpus,
+                           high, min_budget=low, floors=minimums, maximums=maximums)
+    assert again == (out, reason)

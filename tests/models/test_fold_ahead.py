@@ -113,7 +113,8 @@ def test_fold_ahead_equals_folding_at_the_tick_within_grace(make_fleet, seed):
 def test_fold_ahead_equals_folding_at_the_tick_beyond_grace(make_fleet, seed):
     """Delays up to 12 s against 3 s of grace and 5 s ticks: rollbacks and late events."""
     planner = make_fleet(enable_load_scaling=True, load_predictor="kalman", grace_seconds=3.0).planner
-    _compare(planner, _arrival(EVENTS, seed, spread=12.0))
+    ahead, out = _compare(planner, _arrival(EVENTS, seed, spread=12.0))
+    assert ahead.rollbacks > 0 and any(kind == "late" for kind, *_ in out), "the scenario must go beyond grace"
 
 
 def test_fold_ahead_keeping_the_bytes_of_applied_events(make_fleet):

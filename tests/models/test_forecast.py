@@ -163,7 +163,7 @@ def test_bucketing_does_not_depend_on_arrival_order():
 
 @pytest.mark.parametrize("interval", [0.0, -1.0, float("nan"), float("inf")])
 def test_bucketing_rejects_bad_intervals(interval):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="interval_s must be a positive finite number"):
         bucket_traffic([(0.0, 1.0, 1.0)], interval)
 
 

@@ -50,7 +50,7 @@ def test_agg_gets_both_kinds_of_rows():
     assert len(cols) == 6
     assert cols.sum_prefill_tokens.tolist() == [100, 1000, 2000, 0, 0, 0]
     assert cols.sum_decode_kv_tokens.tolist() == [0, 0, 0, 0, 2500, 5000]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown role 'encode'"):
         seed_samples(small_profile(), "encode")  # type: ignore[arg-type]
 
 
@@ -74,7 +74,7 @@ def test_invalid_profiles_name_the_field(overrides, key):
 
 def test_profile_arrays_are_read_only():
     profile = small_profile()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         profile.prefill_isl[0] = 5
 
 

@@ -164,18 +164,24 @@ def test_load_loop_needs_full_fpm_coverage(make_fleet):
 
 
 def test_throughput_floor_caps_load_scale_down(make_fleet):
+    """Dynamo's order: before the first throughput floor the load loop sheds an idle-looking
+    engine; once the floor is set, its scale-downs stop there and the fleet goes back up to it."""
     fleet = make_fleet(enable_load_scaling=True)
     evs = [ready(f"p{i}", "prefill") for i in range(2)] + [ready("d0", "decode")]
-    evs += requests(20, T0 + 1, T0 + 186)
-    for t in range(1, 186, 5):
+    evs += requests(20, T0 + 1, T0 + 191)
+    for t in range(1, 191, 5):
         evs += _engines(T0 + t, "prefill", 2, queued_prefill=0)
         evs += _engines(T0 + t, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    evs.append(ack(0, T0 + 7))  # the connector applied the first decision
     out = fleet.run(sorted(evs, key=lambda e: e.time))
-    early = [o for o in out if o.time < T0 + 180]
-    assert any(o.load_reason == "scale_down" for o in early) or decisions(early)
+    first, second = decisions(out)
+    assert first.time == T0 + 5 and first.load_reason == "scale_down" and first.targets["prefill"] == 1
+    assert all(o.load_reason == "scale_down" and o.decision is None for o in out if T0 + 5 < o.time < T0 + 180)
     at_180 = [o for o in out if o.time == T0 + 180][0]
     assert at_180.throughput_reason == "set_lower_bound"
     assert at_180.lower_bound == {"prefill": 2, "decode": 1}
+    assert at_180.load_reason == "scale_down_capped_by_throughput"
+    assert second is at_180.decision and second.targets == {"prefill": 2, "decode": 1}
 
 
 def test_scale_down_capped_by_throughput_reason(make_fleet):

@@ -92,7 +92,7 @@ def test_profile_survives_an_outage():
 def test_profile_needs_windows_shorter_than_a_quarter_day():
     assert DailyProfile(TEN_MIN).usable
     assert not DailyProfile(12 * 3600.0).usable
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="interval_s must be a positive finite number"):
         DailyProfile(0.0)
 
 

@@ -455,8 +455,16 @@ def test_the_queueing_floor_takes_the_busiest_minute_and_the_rate_count_the_wind
     {"throughput_sizing": "point"},   # no quantile at all
 ])
 def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rate(make_fleet, config):
-    for t in _minute_burst_run(make_fleet, **config)[0]:
+    ticks = _minute_burst_run(make_fleet, **config)[0]
+    assert len(ticks) == 15  # ticks at 180 .. 2700 s
+    for t in ticks:
         assert t.predicted.window_sized_rps is None
+        prefill = t.estimates["prefill"]
+        sized = t.predicted.sized_rps or t.predicted.rps
+        per_engine = prefill.engine_capacity_rps * prefill.utilization
+        assert prefill.rate_replicas == max(1, math.ceil(sized / per_engine))
+    if config == {"prefill_sizing": "rate"}:  # the busiest minute's P90, as the floor would have taken
+        assert all(t.predicted.sized_rps >= 39 for t in ticks)
 
 
 def test_state_written_before_the_newer_fields_still_restores(make_fleet):

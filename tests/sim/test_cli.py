@@ -73,7 +73,11 @@ def test_a_planner_held_by_the_gpu_budget_is_flagged():
 def test_table_output_and_baseline_policy(tmp_path):
     result = simulate("--trace", CODE, "--duration", 120, "--policy", "static-mean", "--no-baselines")
     assert result.exit_code == 0, result.output
-    assert "static-mean" in result.stdout and "SLA" in result.stdout
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("│ static-mean")]
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    # SLA met, TTFT p90, ITL p90, goodput, tok/s/GPU, GPU-h, x oracle, peak, decisions
+    assert re.fullmatch(r"\d+\.\d\d%", cells[1]) and float(cells[6]) > 0
+    assert cells[8] == "P1 D1" and cells[9] == "0"  # a static baseline makes no decision
 
 
 @pytest.mark.parametrize(

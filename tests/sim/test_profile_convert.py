@@ -143,7 +143,11 @@ def test_distserve_bad_coefficients_name_file_model_and_key(tmp_path, params, me
 def test_distserve_tolerates_a_negative_coefficient_whose_times_stay_positive(tmp_path):
     path = tmp_path / "ds.json"  # DistServe's own OPT-66B TP2 fit has a negative quadratic term
     path.write_text(json.dumps(_distserve_with(prefill=[58.38, 0.3826, -7.11e-06])))
-    assert profile_from_spec(f"distserve:{path}:facebook/opt-13b:1") is not None
+    profile = profile_from_spec(f"distserve:{path}:facebook/opt-13b:1")
+    isl = profile.prefill_isl
+    # the negative term is used as given at every sampled length, not clipped, and stays positive
+    assert profile.prefill_ttft_ms.tolist() == pytest.approx((58.38 + 0.3826 * isl - 7.11e-06 * isl**2).tolist())
+    assert isl.max() >= 2048 and (profile.prefill_ttft_ms > 0).all()
 
 
 @pytest.mark.parametrize(

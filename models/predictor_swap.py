@@ -80,15 +80,19 @@ def seed_control(deployment: str, time: float, history: list[list], issued_by: s
 
 def seed_windows(history: list[list]) -> list[list]:
     """The rows of ``history`` a seed can carry: the longest run at its end in time
-    order, no more than a seed holds.
+    order with a start time, no more than a seed holds.
 
-    A deployment's kept windows are its live ones, oldest first, after a
-    warm-up trace's if it had one. Those are on the trace's own clock, from
-    0: they go along where they come before the live ones in time (they
-    warmed this forecaster too) and are left out where they overlap them.
+    A deployment's kept windows are its live ones, oldest first, after the
+    ones it started from. A ``load_predictor_warmup_trace``'s windows have
+    no start (``bucket_traffic``: a trace's clock is not the events'), and a
+    seed window must have one, so the run stops at the first of them: the
+    warm-up stays out of the seed. Windows that have a start on another
+    clock (a simulator's run and its history, both from 0) go along where
+    they come before the live ones in time and are left out where they
+    overlap them.
     """
     start = len(history)
-    while start > 0 and len(history) - start < MAX_SEED_WINDOWS and (
+    while start > 0 and len(history) - start < MAX_SEED_WINDOWS and history[start - 1][0] is not None and (
         start == len(history) or history[start - 1][0] + history[start - 1][1] <= history[start][0]
     ):
         start -= 1

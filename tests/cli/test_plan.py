@@ -140,6 +140,24 @@ def test_seed_out_writes_the_windows_a_new_planner_starts_from(tmp_path):
     assert moved.forecaster.forecast() == state.forecaster.forecast()
 
 
+def test_seed_out_with_a_warm_up_trace_writes_the_live_windows(tmp_path):
+    """The warm-up trace's windows have no start time and stay out of the seed (until 2026-12-05
+    --seed-out crashed adding to their None start)."""
+    from fleetplan.schemas import decode_event
+
+    trace = tmp_path / "warm.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.0000000,2000,150\n" for i in range(600)))
+    config = tmp_path / "warm.yaml"
+    config.write_text(CONFIG.read_text() + f"load_predictor_warmup_trace: {trace}\n")
+    seeds = tmp_path / "seed.jsonl"
+    result = _plan("--events", EXAMPLE, "--config", config, "--profile", "h100-llama3.3-70b", "--seed-out", seeds)
+    assert result.exit_code == 0, result.output
+    (line,) = seeds.read_bytes().splitlines()
+    windows = decode_event(line).body.windows
+    assert len(windows) == 10 and all(w.start_s is not None for w in windows)
+
+
 def test_seed_out_refuses_the_events_file():
     result = _plan("--events", EXAMPLE, "--seed-out", EXAMPLE)
     assert result.exit_code == 2

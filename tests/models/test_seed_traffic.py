@@ -152,8 +152,8 @@ def test_a_seed_carries_the_time_ordered_end_of_the_history():
     def row(start: float) -> list:
         return [start, 180.0, 10.0, 100.0, 10.0, None, None, None]
 
-    # a warm-up trace's windows (its own clock, from 0) before live ones: they warmed this
-    # forecaster too and go along while in time order (a deployment on the Unix clock)...
+    # windows on another clock (from 0) before live ones: they warmed this forecaster too
+    # and go along while in time order (a deployment on the Unix clock)...
     history = [row(0.0), row(180.0), row(T0), row(T0 + 180), row(T0 + 360)]
     assert seed_windows(history) == history
     # ...and are left out where they overlap the live ones (a simulator's run, from 0 too)
@@ -162,6 +162,27 @@ def test_a_seed_carries_the_time_ordered_end_of_the_history():
     assert seed_windows([]) == []
     many = [row(T0 + 180.0 * i) for i in range(MAX_SEED_WINDOWS + 5)]
     assert seed_windows(many) == many[5:]
+
+
+def test_a_warm_up_traces_windows_stay_out_of_the_seed(h200):
+    """A warm-up trace's windows have no start time (its clock is not the events'): the seed is
+    the live windows after them, and validates (the scan added to a None start until 2026-12-05)."""
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.fleet import Fleet
+    from fleetplan.models.forecast import bucket_traffic
+    from fleetplan.models.predictor_swap import seed_windows
+
+    warm = bucket_traffic([(i * 0.5, 2000.0, 150.0) for i in range(2000)], 180)
+    assert warm and all(w.start_s is None for w in warm)
+    fleet = Fleet(Planner(config_from_dict({"max_gpu_budget": 64}), profile=h200, warmup=warm))
+    fleet.run(_traffic()[:2] + requests(2, T0 + 1, T0 + 600))
+    history = fleet.state("d").traffic_history
+    assert [row[0] for row in history[:len(warm)]] == [None] * len(warm)
+    live = history[len(warm):]
+    assert len(live) == 3 and all(row[0] is not None for row in live)
+    assert seed_windows(history) == [row[:8] for row in live]
+    seed = _seed(T0 + 700, seed_windows(history))
+    assert [w.start_s for w in seed.body.windows] == [row[0] for row in live]
 
 
 @pytest.mark.parametrize("predictor", ["ensemble", "kalman", "arima_frozen"])

@@ -183,7 +183,7 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
     elif isinstance(body, SetConfig):
         try:
             config = state.config.with_changes(body.changes)
-            forecaster = (rebuild_forecaster(config, state.traffic_history)
+            forecaster = (rebuild_forecaster(config, state.traffic_history, asked=state.forecaster.asked)
                           if predictor_changed(state.config, config) else state.forecaster)
         except (ConfigError, PredictorUnavailable):
             # intake refuses what is wrong on its own (models/config_changes.py); what is wrong

@@ -284,7 +284,8 @@ class Planner:
         # a partial first window has partial sub-windows too: its peak is not a peak
         peak = peak if duration >= interval else None
         state.forecaster.observe(full, peak=peak)
-        remember_window(state.traffic_history, full, peak, cfg.predictor_history_windows)
+        remember_window(state.traffic_history, full, peak, cfg.predictor_history_windows,
+                        asked=state.forecaster.last_asked)
         forecast = state.forecaster.forecast()
         sized = horizon = utilization = calibrated = window = None
         if cfg.throughput_sizing == "startup_quantile":

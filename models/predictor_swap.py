@@ -8,7 +8,8 @@ or the config would name one predictor while another forecasts. A new
 predictor that starts empty would then size the fleet from nothing for its
 first windows, so the core keeps the last ``predictor_history_windows``
 windows it fed the forecaster (each with the busiest sub-window the sizing
-quantile calibrates on) and replays them into the new one. That is what
+quantile calibrates on, and the sizing quantiles asked for before it) and
+replays them into the new one. That is what
 Dynamo's retune does when it swaps predictors (planner-design, "Predictor
 Swap"), except that the windows come from the core's own state, so an
 operator's ``set_config`` gets the same warm start and the event log still
@@ -24,11 +25,11 @@ from __future__ import annotations
 
 from fleetplan.models.config import PREDICTOR_FIELDS, PlannerConfig
 from fleetplan.models.forecast import TrafficObservation
-from fleetplan.models.quantiles import QuantileForecaster
+from fleetplan.models.quantiles import QuantileForecaster, asked_requests
 from fleetplan.schemas.events import MAX_SEED_WINDOWS, ControlEvent
 
 __all__ = [
-    "build_forecaster", "keep_last", "predictor_changed", "rebuild_forecaster", "remember_window", "seed_control",
+    "asked_of", "build_forecaster", "keep_last", "predictor_changed", "rebuild_forecaster", "remember_window", "seed_control",
     "seed_history", "seed_problem", "seed_windows", "window_of",
 ]
 
@@ -45,12 +46,24 @@ def predictor_changed(old: PlannerConfig, new: PlannerConfig) -> bool:
     return any(getattr(old, name) != getattr(new, name) for name in PREDICTOR_FIELDS)
 
 
-def remember_window(history: list[list], obs: TrafficObservation, peak: float | None, keep: int) -> None:
-    """Append one window the forecaster was fed, keeping the last ``keep``."""
-    history.append([
+def remember_window(
+    history: list[list], obs: TrafficObservation, peak: float | None, keep: int, asked=(),
+) -> None:
+    """Append one window the forecaster was fed, keeping the last ``keep``.
+
+    ``asked`` are the quantile requests made before the window was fed (the
+    forecaster's ``last_asked``): they move its adaptive levels, so a rebuild
+    replays them too. A window with none has the eight fields of
+    ``SEED_KEYS`` only, as stored states and seeds do; one with some has them
+    as a ninth, ``[[q, horizon_windows, of], ...]``.
+    """
+    row = [
         obs.start_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate,
         obs.accept_length, peak,
-    ])
+    ]
+    if asked:
+        row.append([list(request) for request in asked])
+    history.append(row)
     keep_last(history, keep)
 
 
@@ -60,7 +73,10 @@ def keep_last(history: list[list], keep: int) -> None:
 
 
 SEED_KEYS = ("start_s", "duration_s", "num_req", "isl", "osl", "kv_hit_rate", "accept_length", "peak")
-"""A ``remember_window`` row's fields, in order, as a seed window names them."""
+"""A ``remember_window`` row's fields, in order, as a seed window names them.
+
+A seed carries no quantile requests (a row's ninth field): a forecaster
+rebuilt from one starts its adaptive levels at q."""
 
 
 def seed_history(windows) -> list[list]:
@@ -74,7 +90,8 @@ def seed_control(deployment: str, time: float, history: list[list], issued_by: s
     inverse of :func:`seed_history`, validated like any event."""
     return ControlEvent.model_validate({
         "deployment": deployment, "time": float(time), "type": "control", "issued_by": issued_by,
-        "body": {"command": "seed_traffic", "windows": [dict(zip(SEED_KEYS, row, strict=True)) for row in history]},
+        "body": {"command": "seed_traffic",
+                 "windows": [dict(zip(SEED_KEYS, row[:len(SEED_KEYS)], strict=True)) for row in history]},
     })
 
 
@@ -96,7 +113,7 @@ def seed_windows(history: list[list]) -> list[list]:
         start == len(history) or history[start - 1][0] + history[start - 1][1] <= history[start][0]
     ):
         start -= 1
-    return [list(row) for row in history[start:]]
+    return [list(row[:len(SEED_KEYS)]) for row in history[start:]]
 
 
 def seed_problem(cfg: PlannerConfig, forecaster: QuantileForecaster, history: list[list]) -> str | None:
@@ -118,7 +135,7 @@ def seed_problem(cfg: PlannerConfig, forecaster: QuantileForecaster, history: li
 
 def window_of(row: list) -> tuple[TrafficObservation, float | None]:
     """A kept window (``remember_window``'s row) as the observation and peak it was fed."""
-    start_s, duration_s, num_req, isl, osl, kv, accept, peak = row
+    start_s, duration_s, num_req, isl, osl, kv, accept, peak = row[:len(SEED_KEYS)]
     obs = TrafficObservation(
         duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, kv_hit_rate=kv,
         accept_length=accept, start_s=start_s,
@@ -126,18 +143,29 @@ def window_of(row: list) -> tuple[TrafficObservation, float | None]:
     return obs, peak
 
 
-def rebuild_forecaster(cfg: PlannerConfig, history: list[list]) -> QuantileForecaster:
+def asked_of(row: list) -> list:
+    """The quantile requests made before a kept window was fed (none for a row without them)."""
+    return asked_requests(row[len(SEED_KEYS)]) if len(row) > len(SEED_KEYS) else []
+
+
+def rebuild_forecaster(cfg: PlannerConfig, history: list[list], asked=()) -> QuantileForecaster:
     """A forecaster for ``cfg`` that has seen ``history`` as the old one did.
 
     Each window is fed with its peak, as the throughput loop fed it, so the
-    sizing quantile calibrates on the same targets. When ``history`` holds
-    every window since the deployment's first, the result is the forecaster
-    it would have had with ``cfg``'s predictor from the start. The windows
-    are live traffic, not a warm-up trace, so an idle start is not skipped
-    again afterwards.
+    sizing quantile calibrates on the same targets, and after the quantile
+    requests made before it (:func:`asked_of`), so the adaptive levels move
+    on the same misses; ``asked`` are the ones made since the last window
+    (the old forecaster's ``asked``), made again at the end. When
+    ``history`` holds every window since the deployment's first, the result
+    is the forecaster it would have had with ``cfg``'s predictor from the
+    start (a seed's windows carry no requests: its levels start at q). The
+    windows are live traffic, not a warm-up trace, so an idle start is not
+    skipped again afterwards.
     """
     forecaster = build_forecaster(cfg)
     for row in history:
         obs, peak = window_of(row)
+        forecaster.ask(asked_of(row))
         forecaster.observe(obs, peak=peak)
+    forecaster.ask(asked)
     return forecaster

@@ -156,6 +156,10 @@ class QuantileForecaster:
         # per (q, h, series): the adaptive level, and the log1p quantiles issued at origins not yet resolved
         self._levels: dict[tuple[float, int, Series], float] = {}
         self._issued: dict[tuple[float, int, Series], dict[int, float]] = {}
+        # the quantile requests (q, horizon, series) made at the current origin, and at the
+        # origin of the window observed last: a rebuild replays them (:meth:`ask`)
+        self._asked: list[tuple[float, int, Series]] = []
+        self._last_asked: list[tuple[float, int, Series]] = []
 
     @classmethod
     def wrapping(
@@ -200,6 +204,7 @@ class QuantileForecaster:
             del self._counts[:excess]
         self._forecaster.observe(obs)
         self._next = None
+        self._last_asked, self._asked = self._asked, []
 
     def _resolve(self) -> None:
         """Score every issued quantile whose h windows are now all in, and move its level."""
@@ -217,6 +222,34 @@ class QuantileForecaster:
             miss = 1.0 if peak > value else 0.0
             level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
             self._levels[key] = min(1.0, max(0.0, level))
+
+    @property
+    def asked(self) -> list[tuple[float, int, Series]]:
+        """The quantile requests ``(q, horizon_windows, of)`` made since the last window was
+        observed (at the current origin), in the order first made."""
+        return list(self._asked)
+
+    @property
+    def last_asked(self) -> list[tuple[float, int, Series]]:
+        """The quantile requests made before the last window was observed (at its origin).
+
+        The adaptive levels move on what was asked, not only on what was
+        observed: a forecaster rebuilt from the windows alone would start its
+        levels again at q. Kept with the window (``remember_window``), they let
+        :meth:`ask` replay them.
+        """
+        return list(self._last_asked)
+
+    def ask(self, requests) -> None:
+        """Make the quantile requests ``(q, horizon_windows, of)`` again, for what they issue.
+
+        A rebuild (models/predictor_swap.py) calls it with each window's
+        :attr:`last_asked` before observing the window, so the levels and the
+        issued quantiles come out as in a deployment that ran this forecaster
+        all along.
+        """
+        for q, horizon, of in requests:
+            self.quantiles(q, horizon, of=of)
 
     def warm(self, observations) -> None:
         """Replay recorded windows (they calibrate too), then skip an idle start again."""
@@ -294,6 +327,8 @@ class QuantileForecaster:
         q, horizon = _check(q, horizon_windows)
         if of not in SERIES:
             raise ValueError(f"of must be one of {SERIES}, got {of!r}")
+        if (q, horizon, of) not in self._asked:  # made again at this origin, it issues the same
+            self._asked.append((q, horizon, of))
         point = self.forecast()[0]
         zero = point == 0.0
         base = math.log1p(point)
@@ -355,6 +390,7 @@ class QuantileForecaster:
             "seen": self._seen,
             "levels": {_key_text(k): v for k, v in self._levels.items()},
             "issued": {_key_text(k): [[o, v] for o, v in issued.items()] for k, issued in self._issued.items()},
+            "asked": [list(request) for request in self._asked],
         }
 
     @classmethod
@@ -378,7 +414,20 @@ class QuantileForecaster:
         qf._issued = {
             _key_of(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("issued", {}).items()
         }
+        # states written before the requests were kept have none to replay
+        qf._asked = asked_requests(state.get("asked", []))
+        qf._last_asked = []
         return qf
+
+
+def asked_requests(rows) -> list[tuple[float, int, Series]]:
+    """Quantile requests as stored (``[q, horizon_windows, of]`` lists), checked, as tuples."""
+    out: list[tuple[float, int, Series]] = []
+    for q, horizon, of in rows:
+        if of not in SERIES:
+            raise ValueError(f"quantile state: unknown series {of!r} in a request")
+        out.append((*_check(q, horizon), of))
+    return out
 
 
 def _adapt_rate(value: float) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleetplan.models.state import DeploymentState
-from fleetplan.schemas import ControlEvent
+from fleetplan.schemas import ClockEvent, ControlEvent
 from fleetplan.schemas.events import SetConfig
 from tests.models.factories import T0, ready, requests
 
@@ -41,6 +41,59 @@ def test_a_swap_gives_the_forecaster_the_new_predictor_would_have_had(make_fleet
     # from the first tick after the swap (T0 + 1080, the sixth), the forecasts are kalman's
     assert _forecasts(out)[6:] == _forecasts(reference)[6:]
     assert _forecasts(out)[:6] != _forecasts(reference)[:6]
+
+
+QUIET = (1, 2, 5, 2, 1, 3, 3, 5, 3, 1, 2, 3, 2, 1, 3, 1, 1, 5, 5, 3, 1, 2, 1, 1, 3, 5, 1, 5, 3, 1)
+"""A low, jumpy rate (requests a second per window): the sizing quantile misses often enough to move its levels."""
+
+
+def _quiet():
+    out = [ready("p0", "prefill"), ready("d0", "decode")]
+    for i, rate in enumerate(QUIET):
+        start = T0 + 1 + 180 * i
+        out += requests(rate, start, start + 179, isl=2000, osl=150, tag=f"q{i}-")
+    return out
+
+
+def test_a_swap_replays_the_quantiles_asked_so_the_adaptive_levels_match(make_fleet):
+    """The sizing quantile's adaptive levels move on the quantiles the loop asked for, not only on
+    the windows: the swap replays those too (until 2026-12-05 it started them again at q, and the
+    swapped P90 was 2113 where the native one was 1269)."""
+    swap = _set(T0 + 180 * 25 + 10, load_predictor="kalman")
+    swapped = make_fleet(sizing="fleetplan", load_predictor="ensemble")
+    swapped.run(_timed(*_quiet(), swap))
+    native = make_fleet(sizing="fleetplan", load_predictor="kalman")
+    native.run(_quiet())
+    moved, reference = swapped.state("d").forecaster, native.state("d").forecaster
+    assert reference.to_state()["levels"] and any(v != 0.9 for v in reference.to_state()["levels"].values())
+    assert moved.to_state() == reference.to_state()
+    # the same at the tick the swap lands at, which first replays the requests made since the
+    # last window (the old forecaster's ``asked``), then observes the next window
+    at_swap, before = make_fleet(sizing="fleetplan", load_predictor="ensemble"), make_fleet(
+        sizing="fleetplan", load_predictor="kalman")
+    tick = ClockEvent(deployment="d", time=T0 + 180 * 26 + 5)
+    at_swap.run(_timed(*[e for e in _quiet() if e.time < swap.time], swap, tick))
+    before.run(_timed(*[e for e in _quiet() if e.time < swap.time], tick))
+    assert at_swap.state("d").config.load_predictor == "kalman"
+    assert at_swap.state("d").forecaster.to_state() == before.state("d").forecaster.to_state()
+
+
+def test_a_stored_history_without_the_quantiles_asked_still_rebuilds(make_fleet):
+    """States written before 2026-12-05 keep eight fields a window: read as nothing asked."""
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.predictor_swap import rebuild_forecaster
+
+    fleet = make_fleet(sizing="fleetplan", load_predictor="ensemble")
+    fleet.run(_quiet()[:2] + [e for e in _quiet()[2:] if e.time < T0 + 180 * 12])
+    state = fleet.state("d")
+    assert all(len(row) == 9 for row in state.traffic_history[1:])  # the first window has none
+    old = state.to_data()
+    old["traffic_history"] = [row[:8] for row in old["traffic_history"]]
+    restored = DeploymentState.from_data(old)
+    cfg = config_from_dict({"load_predictor": "kalman", "max_gpu_budget": 64})
+    plain = rebuild_forecaster(cfg, restored.traffic_history)
+    assert plain.windows_seen == len(restored.traffic_history)
+    assert all(v == 0.9 for v in plain.to_state()["levels"].values())
 
 
 def test_the_history_is_bounded_and_a_swap_sees_only_what_it_kept(make_fleet):

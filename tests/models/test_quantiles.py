@@ -236,6 +236,36 @@ def test_a_state_from_before_the_adaptive_levels_restores():
     assert bits(restored.quantile(0.9, 2)) == bits(qf.quantile(0.9, 2))
 
 
+def test_replaying_the_requests_asked_at_each_origin_gives_the_same_levels():
+    """The levels move on the quantiles asked for: a forecaster fed the same windows and asked
+    the same (``last_asked`` per window, via ``ask``) is the same, bit for bit; one fed the
+    windows alone keeps its levels at q (what a predictor swap rebuilt until 2026-12-05)."""
+    counts = lognormal_counts(60, seed=8, sigma=0.6)
+    live, replayed, windows_only = (QuantileForecaster("ensemble", history=32, adapt_rate=0.05) for _ in range(3))
+    for i, n in enumerate(counts):
+        live.quantiles(0.9, 3)
+        if i % 3:
+            live.quantile(0.9, 2, of="window")
+            live.quantiles(0.9, 3)  # asked again: recorded once
+        assert live.asked == [(0.9, 3, "peak"), (0.9, 2, "window")][: 1 + bool(i % 3)]
+        live.observe(window(n))
+        assert live.asked == [] and live.last_asked == [(0.9, 3, "peak"), (0.9, 2, "window")][: 1 + bool(i % 3)]
+        replayed.ask(live.last_asked)
+        replayed.observe(window(n))
+        windows_only.observe(window(n))
+    assert replayed.to_state() == {**live.to_state(), "asked": []}
+    assert any(v != 0.9 for v in live.to_state()["levels"].values())
+    assert windows_only.to_state()["levels"] == {}
+    # the requests made at the current origin are state: a restart between the tick that
+    # asked and the next window keeps them
+    live.quantiles(0.8, 1)
+    restored = QuantileForecaster.from_state(json.loads(json.dumps(live.to_state())))
+    assert restored.asked == [(0.8, 1, "peak")] and restored.to_state() == live.to_state()
+    assert QuantileForecaster.from_state({k: v for k, v in live.to_state().items() if k != "asked"}).asked == []
+    with pytest.raises(ValueError, match="unknown series 'burst' in a request"):
+        QuantileForecaster.from_state({**live.to_state(), "asked": [[0.9, 1, "burst"]]})
+
+
 # --- never negative, exact state -----------------------------------------------
 
 nasty = st.one_of(

@@ -59,6 +59,13 @@ def _count(value: float) -> float:
     return v if math.isfinite(v) and v > 0.0 else 0.0
 
 
+def _length(value: float, last: float | None) -> float:
+    """A busy window's mean length as fed: the window's own when it is a positive finite number,
+    else the last one known, else 0 (nothing known yet)."""
+    v = _count(value)
+    return v if v > 0.0 else (last or 0.0)
+
+
 class TrafficForecaster:
     """Request count, ISL and OSL predictors of one kind, fed together.
 
@@ -68,6 +75,16 @@ class TrafficForecaster:
     undefined, not zero, and a zero would make the next busy window look
     like tiny requests. While the count predictor is still skipping an idle
     start, the lengths are not fed either, so the three series stay aligned.
+
+    A busy window whose mean ISL or OSL is undefined (NaN: requests arrived
+    and none finished, Dynamo's 0/0) or zero is read the same way, per
+    series: the last known length is fed and kept, since its requests have
+    a length that was not measured, not a length of 0 (fed as 0, it
+    forecast 0 tokens for the next window). A series with no length known
+    yet is fed 0, as before: its predictor drops it as the idle start it
+    still is, so the series begins at its first measured length, as the
+    count begins at its first request, and no 0 is kept as a length to
+    carry. From its first measured length on, every window feeds all three.
     """
 
     def __init__(self, kind: str = "arima", **params: Any) -> None:
@@ -97,17 +114,18 @@ class TrafficForecaster:
                 predictor.note_window_start(start)
         num_req = _count(obs.num_req)
         if num_req > 0.0:
-            isl, osl = _count(obs.isl), _count(obs.osl)
+            isl, osl = _length(obs.isl, self._last_isl), _length(obs.osl, self._last_osl)
             self._num_req.add_data_point(num_req)
             self._isl.add_data_point(isl)
             self._osl.add_data_point(osl)
-            self._last_isl, self._last_osl = isl, osl
+            self._last_isl, self._last_osl = isl or None, osl or None  # 0: none known yet
             return
         self._num_req.add_data_point(0.0)
-        if self._num_req.is_skipping_idle or self._last_isl is None:
+        if self._num_req.is_skipping_idle:
             return  # idle start: the zero was dropped, drop the lengths too
-        self._isl.add_data_point(self._last_isl)
-        self._osl.add_data_point(self._last_osl)
+        # a series with no length known yet is still in its idle start: its 0 is dropped too
+        self._isl.add_data_point(self._last_isl or 0.0)
+        self._osl.add_data_point(self._last_osl or 0.0)
 
     def warm(self, observations: Iterable[TrafficObservation]) -> None:
         """Replay recorded windows, then skip a live idle start again."""
@@ -128,7 +146,7 @@ class TrafficForecaster:
 
     @property
     def last_osl(self) -> float | None:
-        """The mean OSL of the last busy window fed, if any."""
+        """The last mean OSL a busy window measured (a positive number), if any."""
         return self._last_osl
 
     @property

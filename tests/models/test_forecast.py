@@ -50,6 +50,40 @@ def test_idle_window_after_traffic_carries_lengths_forward():
     assert f.forecast() == (4.0, 1000.0, 50.0)
 
 
+@pytest.mark.parametrize("kind", ["constant", "kalman", "ensemble"])
+@pytest.mark.parametrize("undefined", [float("nan"), 0.0, float("inf"), -1.0])
+def test_a_busy_window_with_an_undefined_length_carries_the_last_one(kind, undefined):
+    """Requests arrived and none finished (Dynamo's 0/0): the OSL is unmeasured, not 0. Until
+    2026-12-05 the 0 was fed and kept, and the next window was forecast at 0 output tokens."""
+    carried, measured = TrafficForecaster(kind), TrafficForecaster(kind)
+    for n in range(100, 120):
+        carried.observe(window(n, 2000.0, 150.0))
+        measured.observe(window(n, 2000.0, 150.0))
+    carried.observe(window(120, undefined, undefined))
+    measured.observe(window(120, 2000.0, 150.0))
+    assert carried.forecast() == measured.forecast() and carried.forecast()[2] > 0.0
+    assert carried.last_osl == 150.0 and points(carried) == (21, 21, 21)
+    carried.observe(window(0))  # an idle window after it carries the same lengths
+    measured.observe(window(0))
+    assert carried.to_state() == measured.to_state()
+
+
+def test_a_length_not_measured_yet_starts_at_its_first_measurement():
+    """With no OSL known, a 0 is all there is: the OSL predictor drops it as its idle start, and
+    no 0 is kept to carry; the count and ISL go on, and the OSL joins them at its first one."""
+    f = TrafficForecaster("constant")
+    f.observe(window(10, 3000.0, float("nan")))
+    assert points(f) == (1, 1, 0) and f.last_osl is None
+    assert f.forecast() == (10.0, 3000.0, 0.0)
+    f.observe(window(0))  # idle: the ISL is carried; the OSL, still in its idle start, is not
+    assert points(f) == (2, 2, 0)
+    f.observe(window(12, float("nan"), 140.0))
+    assert points(f) == (3, 3, 1) and f.forecast() == (12.0, 3000.0, 140.0)
+    f.observe(window(0))
+    f.observe(window(9, 2500.0, 0.0))
+    assert points(f) == (5, 5, 3) and f.forecast() == (9.0, 2500.0, 140.0)
+
+
 def test_kalman_lengths_are_not_dragged_down_by_idle_windows():
     f = TrafficForecaster("kalman")
     for n in (20, 22, 0, 0, 0, 21, 0, 0):

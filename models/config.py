@@ -57,7 +57,11 @@ PREDICTOR_FIELDS = frozenset({
     "load_predictor", "load_predictor_log1p", "prophet_window_size", "kalman_q_level",
     "kalman_q_trend", "kalman_r", "kalman_min_points", "sizing_quantile_adapt_rate",
 })
-"""Fields the forecaster is built from: a run-time change rebuilds it (models/predictor_swap.py)."""
+"""The predictor's own fields, which a retune's predictor candidate names (sim/retune.py).
+
+The forecaster is built from these and the throughput interval
+(``predictor_params()``'s ``prophet_interval_s``): a run-time change to any
+of them rebuilds it (models/predictor_swap.py ``predictor_changed``)."""
 
 STARTUP_FIELDS: dict[str, str] = {
     "mode": "its roles",

@@ -1,9 +1,11 @@
 """Changing the load predictor while a deployment runs.
 
 The forecaster is state the core builds when a deployment starts: the
-predictor kind and its parameters (``PREDICTOR_FIELDS``) go into its
-constructor, and what it has learned lives in its fitted members. A
-``set_config`` that changes one of those fields must therefore rebuild it,
+predictor kind and its parameters (``PREDICTOR_FIELDS``, and the throughput
+interval, which is the window length its daily cycle and Prophet's
+timestamps are spaced by) go into its constructor, and what it has learned
+lives in its fitted members. A ``set_config`` that changes one of those
+must therefore rebuild it,
 or the config would name one predictor while another forecasts. A new
 predictor that starts empty would then size the fleet from nothing for its
 first windows, so the core keeps the last ``predictor_history_windows``
@@ -23,7 +25,7 @@ while it has been fed nothing else.
 
 from __future__ import annotations
 
-from fleetplan.models.config import PREDICTOR_FIELDS, PlannerConfig
+from fleetplan.models.config import PlannerConfig
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.quantiles import QuantileForecaster, asked_requests
 from fleetplan.schemas.events import MAX_SEED_WINDOWS, ControlEvent
@@ -34,16 +36,27 @@ __all__ = [
 ]
 
 
+def _built_from(cfg: PlannerConfig) -> tuple[str, float, dict[str, object]]:
+    """What :func:`build_forecaster` gives the forecaster: the kind, the adapt rate, the parameters."""
+    return cfg.load_predictor, cfg.sizing_quantile_adapt_rate, cfg.predictor_params()
+
+
 def build_forecaster(cfg: PlannerConfig) -> QuantileForecaster:
     """An empty forecaster for ``cfg``'s load predictor."""
-    return QuantileForecaster(
-        cfg.load_predictor, adapt_rate=cfg.sizing_quantile_adapt_rate, **cfg.predictor_params(),
-    )
+    kind, adapt_rate, params = _built_from(cfg)
+    return QuantileForecaster(kind, adapt_rate=adapt_rate, **params)
 
 
 def predictor_changed(old: PlannerConfig, new: PlannerConfig) -> bool:
-    """True when ``new`` builds a different forecaster than ``old``."""
-    return any(getattr(old, name) != getattr(new, name) for name in PREDICTOR_FIELDS)
+    """True when ``new`` builds a different forecaster than ``old``.
+
+    It compares what :func:`build_forecaster` is given, not a list of
+    field names: ``predictor_params()`` also holds the throughput interval
+    (``prophet_interval_s``), so a change of
+    ``throughput_adjustment_interval_seconds`` rebuilds the forecaster too
+    (until 2026-12-05 it kept the one built for the old window length).
+    """
+    return _built_from(old) != _built_from(new)
 
 
 def remember_window(

@@ -123,6 +123,25 @@ def test_only_predictor_fields_rebuild_the_forecaster(make_fleet):
     assert state.forecaster.to_state()["forecaster"]["kind"] == "kalman"
 
 
+def test_a_new_throughput_interval_rebuilds_the_forecaster_for_its_window_length(make_fleet):
+    """The interval is a predictor parameter (the window length of the ensemble's daily cycle and
+    of Prophet's timestamps): until 2026-12-05 a change kept the forecaster built for the old one."""
+    from fleetplan.models.predictor_swap import build_forecaster, predictor_changed
+
+    fleet = make_fleet(load_predictor="ensemble")
+    traffic = _traffic()
+    fleet.run([e for e in traffic if e.time < T0 + 400])
+    state = fleet.state("d")
+    before = state.forecaster
+    assert predictor_changed(state.config, state.config.with_changes({"throughput_adjustment_interval_seconds": 60}))
+    fleet.run(_timed(_set(T0 + 500, throughput_adjustment_interval_seconds=60),
+                     *[e for e in traffic if T0 + 400 <= e.time < T0 + 600]))
+    assert state.forecaster is not before and state.config.throughput_adjustment_interval_seconds == 60
+    assert all(p.params.prophet_interval_s == 60.0 for p in state.forecaster.forecaster.predictors)
+    assert state.forecaster.to_state()["forecaster"]["num_req"]["params"] == \
+        build_forecaster(state.config).to_state()["forecaster"]["num_req"]["params"]
+
+
 def test_an_invalid_change_is_counted_and_changes_nothing(make_fleet):
     fleet = make_fleet()
     out = fleet.run(_timed(*[e for e in _traffic() if e.time < T0 + 400], _set(T0 + 200, target_utilization=0.7),

@@ -178,6 +178,8 @@ class PlannerConfig(BaseModel):
     load_predictor_log1p: bool = False
     load_predictor_warmup_trace: str | None = None
     prophet_window_size: int = Field(50, ge=5)
+    # variances of a count, at most MAX_KALMAN_VARIANCE (1e30; the predictor's own check, run at
+    # load by _check_predictor_params, says so in those words): past it the filter overflowed to NaN
     kalman_q_level: float = Field(1.0, gt=0)
     kalman_q_trend: float = Field(0.1, gt=0)
     kalman_r: float = Field(10.0, gt=0)

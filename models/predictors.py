@@ -58,6 +58,15 @@ class PredictorUnavailable(RuntimeError):
     """A predictor kind needs an optional extra that is not installed."""
 
 
+MAX_KALMAN_VARIANCE = 1e30
+"""The largest ``kalman_q_level``, ``kalman_q_trend`` or ``kalman_r``.
+
+They are variances of a count: (1e12 requests a window, a seed's largest)²
+is 1e24, so a value past 1e30 is a typo or a unit mistake. Near float's
+limit the filter's covariance overflows (``kalman_r`` of 1e306 made its
+state NaN, which JSON writes as null and no state restores)."""
+
+
 @dataclass(frozen=True)
 class PredictorParams:
     """Every predictor parameter, with the Dynamo Planner's defaults.
@@ -114,6 +123,9 @@ class PredictorParams:
         for name in non_negative:
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ValueError(f"{name} must be a non-negative finite number")
+        for name in ("kalman_q_level", "kalman_q_trend", "kalman_r"):
+            if getattr(self, name) > MAX_KALMAN_VARIANCE:
+                raise ValueError(f"{name} must be at most {MAX_KALMAN_VARIANCE:g}, got {getattr(self, name)!r}")
         for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -310,16 +322,22 @@ class KalmanPredictor(Predictor):
         p_ll = self._p_ll + 2.0 * self._p_lt + self._p_tt + q_level
         p_lt = self._p_lt + self._p_tt
         p_tt = self._p_tt + q_trend
-        # update with y: S = P_ll + R, K = P H' / S, P = (I - K H) P
+        # update with y: S = P_ll + R, K = P H' / S, P = (I - K H) P; each product takes a
+        # ratio to S (at most 1 for R / S), since P·R itself overflows for a large R
         s = p_ll + r
         k_level = p_ll / s
         k_trend = p_lt / s
         innovation = y - level
         self._level = level + k_level * innovation
         self._trend = trend + k_trend * innovation
-        self._p_ll = p_ll * r / s
-        self._p_lt = p_lt * r / s
-        self._p_tt = p_tt - p_lt * p_lt / s
+        self._p_ll = p_ll * (r / s)
+        self._p_lt = p_lt * (r / s)
+        self._p_tt = p_tt - p_lt * k_trend
+        if not all(math.isfinite(v) for v in (self._level, self._trend, self._p_ll, self._p_lt, self._p_tt)):
+            # a count near float's limit overflows level + trend: start again from it, as at the
+            # first point, rather than keep a NaN state that JSON cannot carry
+            self._level, self._trend = y, 0.0
+            self._p_ll, self._p_lt, self._p_tt = self.P0, 0.0, self.P0
 
     def _forecast(self) -> float:
         return self._from_model(self._level + self._trend)
@@ -331,8 +349,12 @@ class KalmanPredictor(Predictor):
         }
 
     def _restore_model(self, model: dict[str, Any]) -> None:
-        self._level, self._trend = (float(v) for v in model["x"])
-        (p_ll, p_lt), (_, p_tt) = model["P"]
+        (level, trend), ((p_ll, p_lt), (_, p_tt)) = model["x"], model["P"]
+        values = [level, trend, p_ll, p_lt, p_tt]
+        # JSON has no NaN or inf (orjson writes them as null): such a state is refused by name
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            raise ValueError(f"kalman state: x and P must be finite numbers, got x={model['x']!r} P={model['P']!r}")
+        self._level, self._trend = float(level), float(trend)
         self._p_ll, self._p_lt, self._p_tt = float(p_ll), float(p_lt), float(p_tt)
 
 

@@ -195,6 +195,49 @@ def test_kalman_second_step_by_hand():
     assert p.predict_next() == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("name", ["kalman_q_level", "kalman_q_trend", "kalman_r"])
+def test_kalman_variances_past_the_bound_are_refused_by_name(name):
+    """Until 2026-12-05 kalman_r=1e306 passed (> 0) and made the filter's state NaN, which JSON
+    writes as null and no state restored."""
+    with pytest.raises(ValueError, match=f"^{name} must be at most 1e\\+30, got 1e\\+306$"):
+        make_predictor("kalman", **{name: 1e306})
+    from fleetplan.models.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=f"^config: {name}: must be at most 1e\\+30, got 1e\\+306$"):
+        config_from_dict({"load_predictor": "kalman", name: 1e306})
+    at_bound = fed("kalman", [100.0, 120.0, 130.0, 90.0, 110.0, 105.0, 101.0] * 20, **{name: 1e30})
+    state = json.loads(json.dumps(at_bound.to_state(), allow_nan=False))
+    assert math.isfinite(at_bound.predict_next())
+    assert predictor_from_state(state).predict_next() == at_bound.predict_next()
+
+
+def test_kalman_update_does_not_overflow_on_a_large_covariance():
+    """P·R overflowed to inf (and the state to NaN) before it was divided by S: the update takes
+    R / S first."""
+    p = fed("kalman", [100.0, 120.0], kalman_r=1e30)
+    state = p.to_state()
+    state["model"]["P"] = [[1e300, 0.0], [0.0, 1.0]]
+    p = predictor_from_state(state)
+    p.add_data_point(110.0)
+    model = p.to_state()["model"]
+    assert all(math.isfinite(v) for v in [*model["x"], *model["P"][0], *model["P"][1]])
+    assert model["P"][0][0] == pytest.approx(1e30)  # P_ll·R / (P_ll + R): the smaller of the two
+
+
+def test_kalman_starts_again_from_a_count_that_overflows_its_trend():
+    p = fed("kalman", [1e308, 1.7e308, 1.7e308, 1.7e308, 1.7e308, 1.7e308])
+    state = json.loads(json.dumps(p.to_state(), allow_nan=False))
+    assert state["model"]["x"] == [1.7e308, 0.0]
+    assert predictor_from_state(state).predict_next() == p.predict_next() == 1.7e308
+
+
+def test_a_kalman_state_that_is_not_finite_is_refused_by_name():
+    state = fed("kalman", [100.0, 120.0]).to_state()
+    for model in ({"x": [None, None], "P": state["model"]["P"]}, {"x": state["model"]["x"], "P": [[1.0, None], [None, 1.0]]}):
+        with pytest.raises(ValueError, match="^kalman state: x and P must be finite numbers"):
+            predictor_from_state({**state, "model": model})
+
+
 def test_kalman_tracks_a_constant_and_a_ramp():
     assert fed("kalman", [42.0] * 20).predict_next() == pytest.approx(42.0)
     ramp = [10.0 + 5.0 * i for i in range(40)]

@@ -70,6 +70,8 @@ __all__ = ["QuantileForecaster"]
 DEFAULT_KIND = "ensemble"
 DEFAULT_HISTORY = 256
 DEFAULT_ADAPT_RATE = 0.01
+_MAX_LOG = 709.0
+"""The largest log1p a quantile is taken back from: expm1 overflows past ~709.78 (the ensemble's ``_MAX_Z``)."""
 
 Series = Literal["peak", "window"]
 SERIES: tuple[Series, ...] = ("peak", "window")
@@ -193,8 +195,10 @@ class QuantileForecaster:
         """
         forecast = self.forecast()[0]  # usually the one the planner sized with: cached
         self._forecasts.append(forecast)
-        self._actuals.append(_count(obs.num_req if peak is None else max(peak, obs.num_req)))
-        self._counts.append(_count(obs.num_req))
+        # each cleaned first: max(nan, n) is nan and max(inf, n) inf, both recorded as 0
+        count = _count(obs.num_req)
+        self._actuals.append(count if peak is None else max(_count(peak), count))
+        self._counts.append(count)
         self._seen += 1
         self._resolve()
         excess = len(self._forecasts) - self.history
@@ -347,7 +351,7 @@ class QuantileForecaster:
             level = max(level, value)
             if conformal and self.adapt_rate > 0.0:
                 self._issued.setdefault((q, h, of), {})[self._seen] = level
-            out.append(max(0.0, math.expm1(level)))
+            out.append(max(0.0, math.expm1(min(level, _MAX_LOG))))  # counts past ~1e154 overflowed
         return out
 
     def _series(self, of: Series) -> list[float]:

@@ -285,6 +285,24 @@ def test_quantiles_are_never_negative_and_finite(values, q, horizon):
         assert all(a <= b for a, b in zip(upper, upper[1:], strict=False))
 
 
+def test_counts_near_floats_limit_give_a_finite_quantile():
+    """expm1 overflows past a log1p of ~709.78: the quantile is taken back from at most 709, as
+    the ensemble's forecasts are (until 2026-12-05 counts past ~1e154 raised OverflowError)."""
+    qf = QuantileForecaster("constant", history=8)
+    for n in (1e300, 1e300):
+        qf.observe(window(n), peak=1.7e308)
+    upper = qf.quantiles(0.9, 2)
+    assert upper == [math.expm1(709.0)] * 2 and all(math.isfinite(u) for u in upper)
+
+
+@pytest.mark.parametrize("peak", [float("nan"), float("inf"), -1.0])
+def test_a_peak_that_is_not_a_count_falls_back_to_the_windows_count(peak):
+    """max(nan, n) is nan and max(inf, n) inf; each read as 0, the peak was recorded as 0."""
+    qf = QuantileForecaster("constant", history=8)
+    qf.observe(window(500.0), peak=peak)
+    assert qf.to_state()["actuals"] == [500.0] == qf.to_state()["counts"]
+
+
 count = st.one_of(st.just(0.0), st.floats(1.0, 1e5))
 burst = st.one_of(st.none(), st.floats(0.0, 2e5))  # a window's busiest burst as a count, or none
 

@@ -255,7 +255,7 @@ class ArimaPredictor(Predictor):
             return None
 
     def _from_model_space(self, value: float) -> float:
-        return math.expm1(value) if self._log_mode else value
+        return math.expm1(min(value, 709.0)) if self._log_mode else value  # expm1 overflows past ~709.78
 
     def _model_state(self) -> dict[str, Any]:
         return {

@@ -266,7 +266,9 @@ class Predictor(ABC):
         return math.log1p(value) if self.params.log1p else value
 
     def _from_model(self, value: float) -> float:
-        return math.expm1(value) if self.params.log1p else value
+        # expm1 overflows past ~709.78 (a trend on a count near float's limit): 709 at most,
+        # as the ensemble's _MAX_Z
+        return math.expm1(min(value, 709.0)) if self.params.log1p else value
 
 
 class ConstantPredictor(Predictor):

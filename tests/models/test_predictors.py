@@ -231,6 +231,12 @@ def test_kalman_starts_again_from_a_count_that_overflows_its_trend():
     assert predictor_from_state(state).predict_next() == p.predict_next() == 1.7e308
 
 
+def test_log1p_forecasts_past_floats_limit_are_finite():
+    """A rising trend in log space past log1p(float max) made expm1 raise OverflowError."""
+    p = fed("kalman", [1e300, 1e305, 1.7e308, 1.7e308, 1.7e308, 1.7e308], log1p=True)
+    assert p.predict_next() == math.expm1(709.0)
+
+
 def test_a_kalman_state_that_is_not_finite_is_refused_by_name():
     state = fed("kalman", [100.0, 120.0]).to_state()
     for model in ({"x": [None, None], "P": state["model"]["P"]}, {"x": state["model"]["x"], "P": [[1.0, None], [None, 1.0]]}):

@@ -171,12 +171,18 @@ def rebuild_forecaster(cfg: PlannerConfig, history: list[list], asked=()) -> Qua
     (the old forecaster's ``asked``), made again at the end. When
     ``history`` holds every window since the deployment's first, the result
     is the forecaster it would have had with ``cfg``'s predictor from the
-    start (a seed's windows carry no requests: its levels start at q). The
-    windows are live traffic, not a warm-up trace, so an idle start is not
-    skipped again afterwards.
+    start (a seed's windows carry no requests: its levels start at q). A
+    warm-up trace's windows (no ``start_s``, kept first) are replayed as
+    ``warm`` replayed them, so an idle live start is skipped again after
+    them; the live windows after are not.
     """
     forecaster = build_forecaster(cfg)
-    for row in history:
+    warm_up = 0
+    while warm_up < len(history) and history[warm_up][0] is None:
+        warm_up += 1
+    if warm_up:
+        forecaster.warm([window_of(row)[0] for row in history[:warm_up]])
+    for row in history[warm_up:]:
         obs, peak = window_of(row)
         forecaster.ask(asked_of(row))
         forecaster.observe(obs, peak=peak)

@@ -181,3 +181,30 @@ def test_a_predictor_this_install_cannot_build_is_counted_and_changes_nothing(ma
     # intake names it, so the worker dead-letters it before it reaches the fold
     assert change_problem(state.config, {"load_predictor": "prophet"}) == (
         "set_config: load_predictor: the 'prophet' predictor needs the optional extra")
+
+
+def test_a_rebuild_replays_a_warm_up_trace_as_warm_did():
+    """A warm-up trace's windows (kept first, without start_s) are replayed as ``warm``
+    replayed them, so live idle windows after them are skipped as an idle start again,
+    as in the forecaster the deployment had (until 2026-12-05 a rebuild fed them)."""
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.forecast import TrafficObservation, bucket_traffic
+    from fleetplan.models.predictor_swap import (
+        build_forecaster,
+        rebuild_forecaster,
+        remember_window,
+    )
+
+    for kind in ("ensemble", "kalman", "constant"):
+        cfg = config_from_dict({"load_predictor": kind})
+        warm_up = bucket_traffic([(0.5 * i, 2000.0, 150.0) for i in range(3000)], 180.0)
+        native, history = build_forecaster(cfg), []
+        native.warm(warm_up)
+        for obs in warm_up:
+            remember_window(history, obs, None, cfg.predictor_history_windows)
+        for i, n in enumerate((0, 0, 0, 400, 380, 0, 420, 500)):  # an idle live start, then traffic
+            obs = TrafficObservation(duration_s=180.0, num_req=float(n), isl=2000.0 if n else 0.0,
+                                     osl=150.0 if n else 0.0, start_s=T0 + 180.0 * i)
+            native.observe(obs, peak=float(n))
+            remember_window(history, obs, float(n), cfg.predictor_history_windows)
+        assert rebuild_forecaster(cfg, history).to_state() == native.to_state(), kind

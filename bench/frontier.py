@@ -54,6 +54,9 @@ TIE_POINTS = 0.15
 """Attainment points within which the default and the reference are even (``--tie-points``)."""
 TIE_COST = 0.03
 """Share of GPU-hours within which they are even (``--tie-cost``)."""
+EVEN = 1e-9
+"""Float slack on the attainment comparisons: a gap of exactly ``--tie-points`` is even,
+whatever its last bit (0.90 against 0.8985 came out won, 0.98 against 0.9815 lost)."""
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -76,6 +79,8 @@ def attainment_at(front: list[tuple[float, float]], gpu: float, swept: bool) -> 
     for (g0, a0), (g1, a1) in zip(front, front[1:], strict=False):
         if g0 <= gpu <= g1:
             return a0 + (a1 - a0) * (gpu - g0) / (g1 - g0) if g1 > g0 else a1
+    if gpu == front[-1][0]:
+        return front[-1][1]  # a frontier of one point (the others dominated), read at it
     return front[-1][1] if swept else None
 
 
@@ -106,9 +111,9 @@ def verdict(default: tuple[float, float], sweeps: dict[str, list[tuple[float, fl
         return "unread", readings  # the sweep neither spans the default's spend nor reaches its attainment
     cheaper = [c for _, c in readings.values() if c is not None and c <= gpu * (1.0 - tie_cost)]
     diffs = [att - a for a, _ in readings.values() if a is not None]
-    if cheaper or any(d < -tie_points / 100 for d in diffs):
+    if cheaper or any(d < -tie_points / 100 - EVEN for d in diffs):
         return "lost", readings
-    if diffs and all(d > tie_points / 100 for d in diffs) and not any(
+    if diffs and all(d > tie_points / 100 + EVEN for d in diffs) and not any(
             c is not None and c < gpu for _, c in readings.values()):
         return "won", readings
     return "tie", readings

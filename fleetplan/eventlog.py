@@ -32,9 +32,14 @@ def check_event_log(path: str | Path) -> None:
     """
     p = Path(path)
     try:
-        _open(p).close()
+        fh = _open(p)
     except OSError as err:
         raise EventLogError(f"{p}: cannot open event log ({err.strerror})") from None
+    with fh:
+        # gzip reads its header on the first read, not at open: a .gz that is not gzip
+        # passed the check and failed after the outputs were emptied (until 2026-12-05)
+        for _ in _lines(fh, p):  # the first line only
+            break
 
 
 def read_events(

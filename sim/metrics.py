@@ -140,7 +140,8 @@ def windowed(log: RequestLog, window_s: float, horizon_s: float, ttft_ms: float,
     """Per-window series by arrival time: count, attainment, p50/p90 TTFT and ITL (ms)."""
     a = log.arrays()
     n_win = max(1, math.ceil(horizon_s / window_s))
-    idx = np.minimum((a["arrival"] // window_s).astype(np.int64), n_win - 1) if len(log) else np.zeros(0, np.int64)
+    # clipped at both ends: a request is counted in some window, never in none
+    idx = np.clip((a["arrival"] // window_s).astype(np.int64), 0, n_win - 1) if len(log) else np.zeros(0, np.int64)
     met = sla_met(a["ttft"], a["itl"], ttft_ms, itl_ms)
     out = {k: [] for k in ("t", "count", "attainment", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "isl", "osl")}
     order = np.argsort(idx, kind="stable")

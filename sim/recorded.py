@@ -47,7 +47,10 @@ def recorded_run(
     times = [e.time for e in events] + [r.time for r in reports]
     if not times:
         raise ValueError("no events recorded for this deployment")
-    t0 = min(times)
+    # a request recorded after the log begins can have arrived before it (a topic whose
+    # retention cut into the traffic): the run starts at the earliest of either, or those
+    # requests fall in no minute of the report (before 2026-12-05, a third of them could)
+    t0 = min([*times, *(e.arrival_s for e in events if e.type == "request")])
     end = max(times) - t0
     requests, unmeasured = _requests(events, t0)
     timeline = _inventory_timeline(events, roles, t0) or _tick_timeline(reports, roles, gpus_per_engine, t0)
@@ -78,8 +81,11 @@ def _requests(events: Sequence, t0: float) -> tuple[RequestLog, int]:
     return log, unmeasured
 
 
-def _arrivals(events: Sequence, t0: float, end: float, window_s: float) -> list[tuple[float, int]]:
-    """Requests per window by arrival: ``arrival`` events, else the finished records' arrivals."""
+def _arrivals(events: Sequence, t0: float, end: float, window_s: float) -> list[tuple[float, int, float]]:
+    """Requests per window by arrival (``arrival`` events, else the finished records'
+    arrivals), with the seconds each window covers: the last is cut short by the run's end,
+    and its count over a full window would draw it at a fraction of its rate (the report
+    of ``fleetplan simulate`` had this fixed; the audit's did not until 2026-12-05)."""
     arrived = [e.time for e in events if e.type == "arrival"]
     if not arrived:
         arrived = [e.arrival_s for e in events if e.type == "request"]
@@ -87,7 +93,7 @@ def _arrivals(events: Sequence, t0: float, end: float, window_s: float) -> list[
     counts = [0] * n
     for t in arrived:
         counts[min(max(int((t - t0) // window_s), 0), n - 1)] += 1
-    return [(i * window_s, c) for i, c in enumerate(counts)]
+    return [(i * window_s, c, min(window_s, end - i * window_s)) for i, c in enumerate(counts)]
 
 
 def _inventory_timeline(events: Sequence, roles: tuple[str, ...], t0: float) -> ReplicaTimeline | None:

@@ -187,6 +187,18 @@ def test_a_mistyped_events_path_leaves_the_outputs_as_they_were(tmp_path):
     assert reports.read_bytes() == b"yesterday's reports\n"
 
 
+def test_a_gz_events_file_that_is_not_gzip_leaves_the_outputs_as_they_were(tmp_path):
+    """gzip reads its header on the first read, not at open: the check reads a line
+    (until 2026-12-05 such a file emptied --reports, then failed)."""
+    log = tmp_path / "plain.jsonl.gz"
+    log.write_bytes(EXAMPLE.read_bytes())
+    reports = tmp_path / "previous.jsonl"
+    reports.write_bytes(b"yesterday's reports\n")
+    result = _plan("--events", log, "--config", CONFIG, "--reports", reports)
+    assert result.exit_code == 2 and "plain.jsonl.gz: not a gzip file" in result.stderr
+    assert reports.read_bytes() == b"yesterday's reports\n"
+
+
 def test_a_set_config_the_worker_would_dead_letter_is_a_bad_line(tmp_path):
     log = tmp_path / "with_control.jsonl"
     lines = EXAMPLE.read_bytes().splitlines()

@@ -79,6 +79,25 @@ def test_a_sweep_that_neither_spans_nor_reaches_the_default_is_unread():
     assert readings == {"constant": (None, None)}
 
 
+def test_a_frontier_of_one_point_is_read_at_its_own_spend():
+    """The other settings dominated and the sweep short of 0.5: at exactly that point's
+    GPU-hours the reading is its attainment (until 2026-12-05 none, and the row a tie)."""
+    runs = [(10.0, 0.99, 0.9), (11.0, 0.98, 0.8)]
+    assert attainment_at(pareto([(g, a) for g, a, _ in runs]), 10.0, swept=False) == 0.99
+    result, readings = verdict((10.0, 0.95), {"constant": runs}, 0.15, 0.03)
+    assert result == "lost" and readings["constant"][0] == 0.99
+
+
+@pytest.mark.parametrize("attainment", [0.90, 0.98, 0.5, 0.9985])
+def test_a_gap_of_exactly_the_tie_points_is_even_whatever_its_last_bit(attainment):
+    """0.15 points above or below the reference at its spend is a tie both ways (until
+    2026-12-05, float rounding made 0.90 against 0.8985 won and 0.98 against 0.9815 lost)."""
+    for delta in (0.0015, -0.0015):
+        runs = [(10.0, attainment + delta, 0.9), (12.0, attainment + delta, 0.5)]
+        result, _ = verdict((10.0, attainment), {"constant": runs}, 0.15, 0.03)
+        assert result == "tie", (attainment, delta)
+
+
 def test_a_file_or_row_it_cannot_read_names_the_file_and_the_row(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{")

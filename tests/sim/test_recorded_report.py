@@ -50,7 +50,7 @@ def test_the_rebuilt_run_measures_what_the_simulator_measured(simulated):
     assert summary.ttft_p90_ms == pytest.approx(measured["ttft_p90_ms"], rel=1e-6)
     assert summary.gpu_hours == pytest.approx(measured["gpu_hours"], rel=0.02)
     assert summary.decisions == measured["decisions"]
-    assert sum(n for _, n in run.arrivals) == measured["requests"]
+    assert sum(n for _, n, _ in run.arrivals) == measured["requests"]
     assert any("predicted_rps" in t for t in run.result.ticks)
 
 
@@ -85,3 +85,34 @@ def test_gpu_seconds_integrate_the_timeline():
     timeline.record(10.0, none, 4)
     assert timeline.gpu_seconds(25.0) == 2 * 10 + 4 * 15
     assert ReplicaTimeline(("agg",)).gpu_seconds(5.0) == 0
+
+
+def _rebuilt(simulated, keep=lambda e: True):
+    out, _ = simulated
+    planner = build_planner(QUICKSTART, "h200-llama3.1-8b")
+    audit = audit_log(out / "events.jsonl", "code", planner=planner)
+    cfg = planner.config
+    events = [e for e in audit.events if keep(e)]
+    return recorded_run("code", events, [], cfg.roles, {"prefill": 1, "decode": 1}, cfg.ttft_ms, cfg.itl_ms, 60.0)
+
+
+def test_the_last_window_is_drawn_at_the_rate_of_the_seconds_it_covers(simulated):
+    """The run ends inside its last minute: that window's count is over the seconds it covers
+    (until 2026-12-05 the audit's report divided it by a full minute, as the simulator's once did)."""
+    run = _rebuilt(simulated)
+    *full, (start, _, seconds) = run.arrivals
+    assert all(s == 60.0 for _, _, s in full)
+    assert seconds == pytest.approx(run.result.end_s - start) and 0 < seconds < 60.0
+
+
+def test_requests_that_arrived_before_the_log_begins_are_in_the_per_minute_series(simulated):
+    """A log cut after the traffic began (a topic's retention) holds requests that arrived
+    before its first event: the run starts at the earliest arrival, so every request is in
+    some minute (until 2026-12-05 a third of them were in none)."""
+    from fleetplan.sim.metrics import windowed
+
+    run = _rebuilt(simulated, keep=lambda e: e.time >= 60.0)
+    summary = run.result.summary
+    series = windowed(run.result.requests, 60.0, run.result.end_s, 500, 50)
+    assert sum(series["count"]) == summary.requests
+    assert run.result.requests.arrays()["arrival"].min() >= 0.0

@@ -94,6 +94,8 @@ class AuditResult:
             return ""
         if self.stopped is not None:
             return f"; {self.beyond_horizon} recomputed after the last recorded one not checked"
+        if self.horizon is None or math.isinf(self.horizon):
+            return f"; {self.beyond_horizon} not yet recorded (no tick recorded yet)"
         return f"; {self.beyond_horizon} not yet recorded (after tick {self.horizon})"
 
 
@@ -119,9 +121,12 @@ def refold_by_event_time(planner: Planner, deployment: str, events: Iterable,
     return reports
 
 
-def refold_as_fed(fleet: Fleet, events: Iterable) -> list[TickReport]:
-    """Fold events in the given order with ``Fleet.feed``, as the simulator does."""
-    return [r for r in fleet.run(events) if isinstance(r, TickReport)]
+def refold_as_fed(fleet: Fleet, events: Iterable) -> tuple[list[TickReport], int]:
+    """Fold events in the given order with ``Fleet.feed``, as the simulator does:
+    the tick reports, and how many events came too late for their tick (refused)."""
+    out = fleet.run(events)
+    reports = [r for r in out if isinstance(r, TickReport)]
+    return reports, len(out) - len(reports)
 
 
 # --- comparison --------------------------------------------------------------------
@@ -166,7 +171,7 @@ def compare(result: AuditResult, recorded: list[dict], reports: list[TickReport]
             return result
         seen.add(did)
         if did != i:
-            result.divergence = Divergence(did, "decision_id", did, i)
+            result.divergence = Divergence(i, "decision_id", f"{did} where {i} was expected (missing or out of order)", i)
             return result
         mine = recomputed[i] if i < len(recomputed) else None
         if mine is None:
@@ -207,33 +212,42 @@ def audit_log(path: str | Path, deployment: str, *, config=None, profile=None,
     from fleetplan.bootstrap import build_planner
 
     planner = planner or build_planner(config, profile)
-    inputs, recorded, stopped = _read_log(Path(path), deployment, planner.config)
+    inputs, recorded, stopped, invalid = _read_log(Path(path), deployment, planner.config)
     fleet = Fleet(planner)
-    reports = refold_as_fed(fleet, inputs)
-    result = AuditResult(deployment, str(path), inputs=len(inputs), events=inputs, reports=reports,
-                         stopped=stopped, state=fleet.states.get(deployment))
+    reports, late = refold_as_fed(fleet, inputs)
+    # the late ones were refused as the simulator refused them (until 2026-12-05 the
+    # line said 0 and counted them among the inputs folded)
+    result = AuditResult(deployment, str(path), inputs=len(inputs) - late, excluded_late=late, invalid=invalid,
+                         events=inputs, reports=reports, stopped=stopped, state=fleet.states.get(deployment))
     horizon = None
     if stopped is not None:
         horizon = recorded[-1]["time"] if recorded else -math.inf
     return compare(result, recorded, reports, horizon=horizon)
 
 
-def _read_log(path: Path, deployment: str, config) -> tuple[list, list[dict], str | None]:
-    """The deployment's inputs and recorded decisions, up to the first bad line (named, or None).
+def _read_log(path: Path, deployment: str, config) -> tuple[list, list[dict], str | None, int]:
+    """The deployment's inputs and recorded decisions, up to the first bad line (named, or None),
+    and how many of its inputs were skipped as the worker's intake refuses them.
 
-    A line the live worker would dead-letter at intake is a bad line, as in ``fleetplan plan``.
+    An event the live worker would dead-letter at intake (a ``set_config`` that can never
+    apply) is skipped and counted, as the Kafka audit skips it: the worker folded nothing
+    from it. Until 2026-12-05 it ended a log's audit there.
     """
     from fleetplan.eventlog import EventLogError, read_events
 
     inputs, recorded = [], []
     found: set[str] = set()
     stopped = None
+    invalid = 0
     try:
-        for event in read_events(path, check=lambda event: intake_problem(config, event)):
+        for event in read_events(path):
             found.add(event.deployment)
             if event.deployment != deployment:
                 continue
             if event.type in INPUT_TYPES:
+                if intake_problem(config, event) is not None:
+                    invalid += 1
+                    continue
                 inputs.append(event)
             elif event.type == "decision":
                 recorded.append(event_to_dict(event))
@@ -241,9 +255,9 @@ def _read_log(path: Path, deployment: str, config) -> tuple[list, list[dict], st
         if not found:  # unreadable, or bad from line 1: there is nothing to audit
             raise
         stopped = str(err)
-    if not inputs and not recorded:
+    if not inputs and not recorded and not invalid:
         raise NoEvents(_no_events(path, deployment, found, stopped))
-    return inputs, recorded, stopped
+    return inputs, recorded, stopped, invalid
 
 
 def _no_events(source: object, deployment: str, found: set[str], stopped: str | None) -> str:
@@ -308,22 +322,29 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
             inputs.append(event)
 
     recorded = []
+    stopped = None
     for r in slices[(topics.decisions, p)]:
-        decision = _decode(r.value)
+        try:
+            decision = decode_event(r.value) if r.value else None
+        except SchemaError as err:
+            if r.key is not None and r.key.decode("utf-8", "replace") == deployment:
+                # the worker writes these: one unreadable is a damaged topic, and the ones
+                # after it cannot be matched to their ids (until 2026-12-05 it was skipped,
+                # and the next decision was blamed)
+                stopped = f"{topics.decisions}:{p}:{r.offset}: not a decision ({err})"
+                break
+            continue
         if decision is not None and decision.type == "decision" and decision.deployment == deployment:
             recorded.append(event_to_dict(decision))
     horizon = None
-    for r in slices[(topics.ticks, p)]:
-        try:
-            diag = orjson.loads(r.value)
-        except orjson.JSONDecodeError:
-            continue
-        if diag.get("deployment") == deployment:
-            t = diag.get("time")
-            horizon = t if horizon is None else max(horizon, t)
+    if stopped is None:
+        for r in slices[(topics.ticks, p)]:
+            t = _tick_time(r.value, deployment)
+            if t is not None:
+                horizon = t if horizon is None else max(horizon, t)
     if recorded:
         last = recorded[-1]["time"]
-        horizon = last if horizon is None else max(horizon, last)
+        horizon = last if horizon is None or stopped is not None else max(horizon, last)
 
     source = f"kafka {bootstrap} partition {p}" + (f" prefix {topic_prefix!r}" if topic_prefix else "")
     if not inputs and not recorded and not excluded and not invalid:
@@ -331,8 +352,21 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
     state = planner.new_state(deployment)
     reports = refold_by_event_time(planner, deployment, inputs, state)
     result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, invalid=invalid,
-                         events=inputs, reports=reports, state=state)
+                         events=inputs, reports=reports, state=state, stopped=stopped)
     return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf)
+
+
+def _tick_time(raw: bytes | None, deployment: str) -> float | None:
+    """The time of a tick-diagnostics record of ``deployment`` (None for anything else:
+    a record the audit cannot read tells it nothing about how far the worker got)."""
+    try:
+        diag = orjson.loads(raw or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(diag, dict) or diag.get("deployment") != deployment:
+        return None
+    t = diag.get("time")
+    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
 
 
 def write_audit_report(result: AuditResult, config, out: Path, window_s: float = 60.0) -> Path:

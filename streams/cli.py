@@ -249,14 +249,18 @@ def audit(
         typer.echo(line)
     if seed_fh is not None:
         with seed_fh:
-            if result.state is not None and write_seed(result.state, seed_fh):
+            if result.state is None:
+                typer.echo(f"fleetplan: {deployment}: no input folded, no seed written", err=True)
+            elif write_seed(result.state, seed_fh):
                 typer.echo(f"seed: {seed_out}")
     if report is not None:
         try:
-            path = write_audit_report(result, planner.config, report)
+            typer.echo(f"report: {write_audit_report(result, planner.config, report)}")
         except (OSError, ValueError) as err:
-            _fail(f"--report: {err}")
-        typer.echo(f"report: {path}")
+            if result.ok:
+                _fail(f"--report: {err}")
+            # a divergence is the answer and keeps its exit code (until 2026-12-05 this was 2)
+            typer.echo(f"fleetplan: warning: --report: {err}", err=True)
     if result.ok and result.stopped is not None:
         _fail(f"{result.stopped} (the audit checked only the lines before it)")
     raise typer.Exit(0 if result.ok else 1)

@@ -69,7 +69,10 @@ def test_a_missing_decision_is_named(tmp_path):
     write_log(log)
     rewrite(log, lambda o: None if o.get("decision_id") == 2 else o)
     result = audit_log(log, "alpha", planner=deciding_planner())
-    assert (result.divergence.decision_id, result.divergence.field) == (3, "decision_id")
+    # the missing one is named (until 2026-12-05 the next, "recorded 3, recomputed 2")
+    assert (result.divergence.decision_id, result.divergence.field) == (2, "decision_id")
+    assert result.lines()[-1].startswith(
+        "DIVERGED at decision 2: field decision_id: recorded \"3 where 2 was expected (missing or out of order)\"")
 
 
 @pytest.mark.parametrize(("tamper", "code", "needle"), [
@@ -91,3 +94,109 @@ def test_first_difference_walks_nested_values():
     assert first_difference({"a": {"b": [1, 2]}}, {"a": {"b": [1, 3]}}) == ("a.b[1]", 2, 3)
     assert first_difference({"a": 1.0}, {"a": 1.0}) is None
     assert first_difference({"a": 1}, {"b": 1}) == ("a", 1, None)
+
+
+def test_late_events_in_a_log_are_counted_as_refused(tmp_path):
+    """A request moved after a tick that needed it is refused as the simulator's fold refuses
+    it; the audit's first line says so (until 2026-12-05: "0 refused as late")."""
+    log = tmp_path / "run.jsonl"
+    write_log(log)
+    lines = log.read_bytes().splitlines()
+    first_request = next(i for i, line in enumerate(lines) if b'"type":"request"' in line)
+    moved = lines.pop(first_request)
+    lines.append(moved)  # fed after every tick: late
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    result = audit_log(log, "alpha", planner=deciding_planner())
+    assert result.excluded_late == 1
+    assert result.lines()[0].startswith(f"audit alpha from {log}: {len(lines) - 1 - _decisions(lines)} input events"
+                                        " (1 refused as late, left out")
+
+
+def _decisions(lines: list[bytes]) -> int:
+    return sum(b'"type":"decision"' in line for line in lines)
+
+
+def test_a_set_config_the_worker_dead_letters_is_skipped_in_a_log_as_on_kafka(tmp_path):
+    """The worker refuses it at intake and folds nothing from it: the log's audit skips and
+    counts it, as the Kafka audit does (until 2026-12-05 it stopped there, exit 2)."""
+    log = tmp_path / "run.jsonl"
+    decisions = write_log(log)
+    bad = {"type": "control", "deployment": "alpha", "time": 1010.0,
+           "body": {"command": "set_config", "changes": {"ttft_msx": 1}}}
+    lines = log.read_bytes().splitlines()
+    lines.insert(len(lines) // 3, orjson.dumps(bad))
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    result = audit_log(log, "alpha", planner=deciding_planner())
+    assert result.ok and result.stopped is None and result.invalid == 1
+    assert result.reproduced == [d["decision_id"] for d in decisions]
+
+
+def test_a_report_that_cannot_be_drawn_keeps_a_divergences_exit_code(tmp_path, config_file):
+    log = tmp_path / "run.jsonl"
+    write_log(log)
+    rewrite(log, lambda o: o if o["type"] == "decision" else None)  # decisions only: nothing to draw
+    run = subprocess.run([FLEETPLAN, "audit", "--deployment", "alpha", "--log", str(log), "--config",
+                          str(config_file), "--report", str(tmp_path / "rep"), "--seed-out", str(tmp_path / "s.jsonl")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGED" in run.stdout
+    assert "warning: --report: no events recorded for this deployment" in run.stderr
+    assert "alpha: no input folded, no seed written" in run.stderr
+
+
+# --- the Kafka audit on records handed to it (no broker) --------------------------------------
+
+
+def _on_topics(monkeypatch, records: dict) -> None:
+    """``read_partitions`` answers with ``records`` ({topic: [(key, value bytes), ...]}, partition 0)."""
+    import fleetplan.streams.kafka_io as kafka_io
+    from fleetplan.streams.kafka_io import LogRecord
+
+    async def read(bootstrap, wanted, **kwargs):
+        return {(t, p): [LogRecord(t, p, i, key, value, 0) for i, (key, value) in enumerate(records.get(t, []))]
+                for t, p in wanted}
+
+    monkeypatch.setattr(kafka_io, "read_partitions", read)
+
+
+def _topics_of(log: Path) -> dict:
+    from fleetplan.schemas import topics
+
+    by_type = {"fpm": topics.FPM, "fpm_batch": topics.FPM, "request": topics.REQUESTS, "decision": topics.DECISIONS}
+    out: dict = {}
+    for line in log.read_bytes().splitlines():
+        event = orjson.loads(line)
+        out.setdefault(by_type[event["type"]], []).append((event["deployment"].encode(), line))
+    return out
+
+
+def test_an_unreadable_decision_on_kafka_stops_the_audit_there_named(tmp_path, monkeypatch):
+    """The worker writes the decisions topic: a record it cannot read is damage, and the
+    decisions after it cannot be matched to their ids (until 2026-12-05 it was skipped and
+    the next decision blamed: "recorded 3, recomputed 2")."""
+    from fleetplan.schemas import topics
+    from fleetplan.streams.audit import audit_kafka
+
+    log = tmp_path / "run.jsonl"
+    write_log(log)
+    records = _topics_of(log)
+    key, value = records[topics.DECISIONS][2]
+    records[topics.DECISIONS][2] = (key, value.replace(b'"throughput_reason":"', b'"throughput_reason":"x'))
+    _on_topics(monkeypatch, records)
+    result = audit_kafka("fake:9092", "alpha", partitions=1, planner=deciding_planner())
+    assert result.ok and result.reproduced == [0, 1]
+    assert result.stopped.startswith(f"{topics.DECISIONS}:0:2: not a decision (throughput_reason")
+    assert "recomputed after the last recorded one not checked" in result.lines()[-1]
+
+
+def test_an_unreadable_tick_record_tells_the_kafka_audit_nothing(tmp_path, monkeypatch):
+    from fleetplan.streams.audit import audit_kafka
+    from fleetplan.streams.topics import TICKS
+
+    log = tmp_path / "run.jsonl"
+    write_log(log)
+    records = _topics_of(log)
+    records[TICKS] = [(b"alpha", b"[1]"), (b"alpha", b'{"deployment": "alpha", "time": null}'), (b"alpha", b"{")]
+    _on_topics(monkeypatch, records)
+    result = audit_kafka("fake:9092", "alpha", partitions=1, planner=deciding_planner())
+    assert result.ok, result.lines()

@@ -21,7 +21,11 @@ class EventLogError(ValueError):
 
 
 def _open(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    """The log for reading (gunzipped by its suffix); one it cannot open is an :class:`EventLogError`."""
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    except OSError as err:
+        raise EventLogError(f"{path}: cannot open event log ({err.strerror})") from None
 
 
 def check_event_log(path: str | Path) -> None:
@@ -31,11 +35,7 @@ def check_event_log(path: str | Path) -> None:
     files first (truncating them) checks the input before that.
     """
     p = Path(path)
-    try:
-        fh = _open(p)
-    except OSError as err:
-        raise EventLogError(f"{p}: cannot open event log ({err.strerror})") from None
-    with fh:
+    with _open(p) as fh:
         # gzip reads its header on the first read, not at open: a .gz that is not gzip
         # passed the check and failed after the outputs were emptied (until 2026-12-05)
         for _ in _lines(fh, p):  # the first line only
@@ -56,11 +56,7 @@ def read_events(
     too.
     """
     p = Path(path)
-    try:
-        fh = _open(p)
-    except OSError as err:
-        raise EventLogError(f"{p}: cannot open event log ({err.strerror})") from None
-    with fh:
+    with _open(p) as fh:
         for n, raw in _lines(fh, p):
             line = raw.strip()
             if n == 1:

@@ -18,6 +18,7 @@ import numpy as np
 from fleetplan.models.predictors import (
     Predictor,
     PredictorParams,
+    from_log1p,
     register_predictor,
     statsmodels_run,
 )
@@ -255,7 +256,7 @@ class ArimaPredictor(Predictor):
             return None
 
     def _from_model_space(self, value: float) -> float:
-        return math.expm1(min(value, 709.0)) if self._log_mode else value  # expm1 overflows past ~709.78
+        return from_log1p(value) if self._log_mode else value
 
     def _model_state(self) -> dict[str, Any]:
         return {

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from fleetplan.models.predictors import Predictor, PredictorParams, register_predictor
+from fleetplan.models.predictors import Predictor, PredictorParams, from_log1p, register_predictor
 from fleetplan.models.seasonal import DailyProfile
 
 __all__ = ["EnsemblePredictor", "MEMBERS"]
@@ -73,9 +73,6 @@ DAILY_HARMONICS = 3
 DAILY_MEMORY_DAYS = 3.0
 
 
-# log1p of the largest float, less a margin: a trend extrapolated from values
-# near the float limit must not overflow expm1
-_MAX_Z = 709.0
 
 
 def _median(values: list[float]) -> float:
@@ -263,7 +260,7 @@ class EnsemblePredictor(Predictor):
         forecasts = self._member_forecasts(self._clock)
         weights = self._weights(forecasts)
         z = math.fsum(w * f for w, f in zip(weights, forecasts, strict=True) if f is not None)
-        return math.expm1(min(max(z, 0.0), _MAX_Z))
+        return from_log1p(max(z, 0.0))
 
     # --- state ---------------------------------------------------------------
 

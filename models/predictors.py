@@ -42,6 +42,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 __all__ = [
+    "MAX_LOG1P",
+    "from_log1p",
     "ConstantPredictor",
     "KalmanPredictor",
     "Predictor",
@@ -52,6 +54,15 @@ __all__ = [
     "predictor_kinds",
     "register_predictor",
 ]
+
+MAX_LOG1P = 709.0
+"""The largest log1p a count is taken back from: expm1 overflows past ~709.78, and a trend
+extrapolated from counts near the float limit, or a quantile above them, goes there."""
+
+
+def from_log1p(value: float) -> float:
+    """``expm1(value)``, from at most :data:`MAX_LOG1P` (the one bound every log1p model uses)."""
+    return math.expm1(min(value, MAX_LOG1P))
 
 
 class PredictorUnavailable(RuntimeError):
@@ -266,9 +277,7 @@ class Predictor(ABC):
         return math.log1p(value) if self.params.log1p else value
 
     def _from_model(self, value: float) -> float:
-        # expm1 overflows past ~709.78 (a trend on a count near float's limit): 709 at most,
-        # as the ensemble's _MAX_Z
-        return math.expm1(min(value, 709.0)) if self.params.log1p else value
+        return from_log1p(value) if self.params.log1p else value
 
 
 class ConstantPredictor(Predictor):

@@ -64,14 +64,13 @@ from typing import Any, Literal
 
 from fleetplan.models import ensemble  # noqa: F401  (registers DEFAULT_KIND)
 from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
+from fleetplan.models.predictors import from_log1p
 
 __all__ = ["QuantileForecaster"]
 
 DEFAULT_KIND = "ensemble"
 DEFAULT_HISTORY = 256
 DEFAULT_ADAPT_RATE = 0.01
-_MAX_LOG = 709.0
-"""The largest log1p a quantile is taken back from: expm1 overflows past ~709.78 (the ensemble's ``_MAX_Z``)."""
 
 Series = Literal["peak", "window"]
 SERIES: tuple[Series, ...] = ("peak", "window")
@@ -351,7 +350,7 @@ class QuantileForecaster:
             level = max(level, value)
             if conformal and self.adapt_rate > 0.0:
                 self._issued.setdefault((q, h, of), {})[self._seen] = level
-            out.append(max(0.0, math.expm1(min(level, _MAX_LOG))))  # counts past ~1e154 overflowed
+            out.append(max(0.0, from_log1p(level)))  # counts past ~1e154 overflowed expm1
         return out
 
     def _series(self, of: Series) -> list[float]:

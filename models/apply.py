@@ -21,7 +21,7 @@ from fleetplan.models.predictor_swap import (
     seed_problem,
 )
 from fleetplan.models.predictors import PredictorUnavailable
-from fleetplan.models.startup import startup_sample
+from fleetplan.models.startup import ack_startup_sample, startup_sample
 from fleetplan.models.state import (
     DeploymentState,
     Worker,
@@ -70,27 +70,48 @@ def _admit_fpm(state: DeploymentState, fpm) -> bool:
     return True
 
 
+GONE_AFTER_SILENCE_SECONDS = 30.0
+"""Silence after which an engine beyond its role's decided count is taken for gone."""
+
+
 def forget_silent_engines(state: DeploymentState, now: float) -> None:
-    """Drop the engines known only from their FPMs that sent none for
-    ``discovered_engine_ttl_seconds`` (0: never).
+    """Drop the engines known only from their FPMs that have left the fleet.
 
     Without inventory events (the bridge relays none) nothing says an engine
     left, so one that was scaled away stayed counted as ready, with its last
     FPM, for good: a fleet that replaces its engines grew the deployment's
-    stored state without bound. An engine that is only idle sends one idle
-    heartbeat and then nothing (Dynamo's convention), so the default is a
-    day; it is found again by its next FPM. Judged in event time, at the tick.
+    stored state without bound, and the load loop averaged the last FPMs of
+    engines long gone. Two rules, judged in event time at the tick:
+
+    - any such engine silent for ``discovered_engine_ttl_seconds`` (0:
+      never) is dropped. An engine that is only idle sends one idle
+      heartbeat and then nothing (Dynamo's convention), so the default is a
+      day; it is found again by its next FPM;
+    - where a role has more such engines than the last applied decision
+      asked for, the excess that is silent longest, and silent for
+      ``GONE_AFTER_SILENCE_SECONDS`` at least, is dropped: a scale-down's
+      engines stop their FPMs, a serving engine sends one each forward pass.
+      One idle but alive may go instead, and is found again by its next FPM,
+      when a gone one is the silent longest. Not where inventory is written:
+      its ``gone`` events say who left.
     """
-    ttl = state.config.discovered_engine_ttl_seconds
-    if ttl <= 0:
-        return
     last: dict[str, float] = {}
     for key, fpm in state.latest_fpm.items():
         worker = key.rsplit("/", 1)[0]
         last[worker] = max(fpm.time, last.get(worker, fpm.time))
-    for worker_id, worker in list(state.workers.items()):
-        if worker.discovered and now - last.get(worker_id, worker.since) > ttl:
-            _forget(state, worker_id)
+    ttl = state.config.discovered_engine_ttl_seconds
+    if ttl > 0:
+        for worker_id, worker in list(state.workers.items()):
+            if worker.discovered and now - last.get(worker_id, worker.since) > ttl:
+                _forget(state, worker_id)
+    if state.inventory_seen or state.desired is None:
+        return
+    for role, count in state.desired.items():
+        silent = sorted((last.get(w, v.since), w) for w, v in state.workers.items()
+                        if v.role == role and v.discovered and v.state == "ready")
+        for seen, worker_id in silent[:max(0, len(silent) - count)]:
+            if now - seen >= GONE_AFTER_SILENCE_SECONDS:
+                _forget(state, worker_id)
 
 
 def _forget(state: DeploymentState, worker_id: str) -> None:
@@ -160,6 +181,7 @@ def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:
 def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
     if ev.role not in state.config.roles:
         return
+    state.inventory_seen = True  # its ready events time the startups from now on, not the acks
     if ev.state == "gone":
         _forget(state, ev.worker_id)
         return
@@ -220,6 +242,7 @@ def _apply_ack(state: DeploymentState, ack: Ack) -> None:
         return  # an ack for an older or unknown decision changes nothing
     if ack.status == "applied":
         state.desired = dict(pending.targets)
+        ack_startup_sample(state, ack, pending.targets)
     state.pending = None
 
 

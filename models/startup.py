@@ -11,10 +11,15 @@ windows.
 The startup is measured, not assumed: the time from a scale-up decision to
 the ready event of a worker it started (the inventory event names the
 decision), or, when the orchestrator does not say which decision started a
-worker, from the worker's own ``starting`` event to ``ready``. The median
-of the last ``STARTUP_SAMPLES`` is used (one slow image pull should not
-stretch every later horizon); ``startup_seconds`` from the config stands
-in until the first sample.
+worker, from the worker's own ``starting`` event to ``ready``. A deployment
+with no inventory at all (fleetplan's live stack has no producer of it) is
+timed by its acks instead: a connector acks a decision ``applied`` once the
+fleet serves it (Kubernetes: the DGD is stable; virtual: the orchestrator
+completed it), so the ack of a scale-up whose observed counts reach every
+target is a startup too, the slowest of its engines'. The median of the
+last ``STARTUP_SAMPLES`` is used (one slow image pull should not stretch
+every later horizon); ``startup_seconds`` from the config stands in until
+the first sample.
 """
 
 from __future__ import annotations
@@ -36,12 +41,37 @@ def startup_sample(state, ev, previous) -> None:
     """Record one startup from a worker's ready event, if it can be timed."""
     start = None
     if ev.decision_id is not None:
-        start = next((t for d, t in state.scale_up_times if d == ev.decision_id), None)
+        start = _scale_up_time(state, ev.decision_id)
     if start is None and previous is not None:
         start = previous.since  # time of its 'starting' event
-    if start is None or ev.time < start:
+    _keep(state, start, ev.time)
+
+
+def ack_startup_sample(state, ack, targets: dict) -> None:
+    """Record one startup from the ``applied`` ack of a scale-up decision, if inventory times none.
+
+    Only where the deployment has had no inventory event: ready events time
+    each engine, an ack only the slowest of a decision's, and both at once
+    would count one scale-up twice. Only when the ack's observed counts reach
+    every target: a connector that stopped waiting (Kubernetes'
+    ``--ready-timeout``) acks with what serves so far, and that ack's time is
+    not when the new engines served.
+    """
+    if state.inventory_seen or ack.status != "applied":
         return
-    state.startup_samples.append(float(ev.time - start))
+    if any(ack.observed.get(role, -1) < count for role, count in targets.items()):
+        return
+    _keep(state, _scale_up_time(state, ack.decision_id), ack.time)
+
+
+def _scale_up_time(state, decision_id: int) -> float | None:
+    return next((t for d, t in state.scale_up_times if d == decision_id), None)
+
+
+def _keep(state, start: float | None, ready: float) -> None:
+    if start is None or ready < start:
+        return
+    state.startup_samples.append(float(ready - start))
     del state.startup_samples[:-STARTUP_SAMPLES]
 
 

@@ -254,6 +254,7 @@ class DeploymentState:
     mix_factor: dict[Role, float] = field(default_factory=dict)
     scale_up_times: list[list[float]] = field(default_factory=list)  # [decision_id, time]
     startup_samples: list[float] = field(default_factory=list)
+    inventory_seen: bool = False  # whether an orchestrator writes inventory (else acks time startups)
     arrival_dispersion: float = 1.0  # the last window's (Poisson until measured)
     dispersion_curve: list[list[float]] = field(default_factory=list)  # the last window's [[tau, I]]
     # event time
@@ -307,6 +308,7 @@ class DeploymentState:
             "mix_factor": dict(self.mix_factor),
             "scale_up_times": [list(p) for p in self.scale_up_times],
             "startup_samples": list(self.startup_samples),
+            "inventory_seen": self.inventory_seen,
             "arrival_dispersion": self.arrival_dispersion,
             "dispersion_curve": [list(p) for p in self.dispersion_curve],
             "buffer": [event_to_dict(e) for e in self.buffer],
@@ -352,6 +354,7 @@ class DeploymentState:
             mix_factor=dict(data["mix_factor"]),
             scale_up_times=[list(p) for p in data["scale_up_times"]],
             startup_samples=list(data["startup_samples"]),
+            inventory_seen=data.get("inventory_seen", False),
             arrival_dispersion=data.get("arrival_dispersion", 1.0),
             dispersion_curve=[list(p) for p in data.get("dispersion_curve", [])],
             buffer=[decode_dict(e) for e in data["buffer"]],

@@ -74,6 +74,7 @@ def simulate(
     initial: Annotated[str, typer.Option("--initial", help="initial fleet: warm (sized for the traffic until the first decision takes effect), min, or e.g. prefill=2,decode=3")] = "warm",
     fpm_interval: Annotated[float, typer.Option("--fpm-interval", help="seconds between sampled FPMs per engine")] = 1.0,
     engine_timing: Annotated[str, typer.Option("--engine-timing", help="interp (profile measurements) | fit (the planner's own linear fit)")] = "interp",
+    inventory: Annotated[bool, typer.Option("--inventory/--no-inventory", help="send the planner inventory events (engine starting, ready, draining, gone), as an orchestrator that writes them; --no-inventory: none, as in fleetplan's live stack, where engines are known from their FPMs and startups are timed by acks")] = True,
     baselines: Annotated[bool | None, typer.Option("--baselines/--no-baselines", help="also run static-peak, static-mean and oracle on the same fleet (default: yes, unless --publish or --realtime)")] = None,
     oracle_rounds: Annotated[int, typer.Option("--oracle-rounds", help="replays the oracle may use to raise windows that missed the goal")] = 4,
     goal: Annotated[float, typer.Option("--goal", help="per-window SLA attainment the oracle must reach")] = 0.99,
@@ -95,7 +96,7 @@ def simulate(
         run = _prepare(
             trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
             servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-            prefix_block_tokens, deployment, spread,
+            prefix_block_tokens, deployment, spread, inventory,
         )
         with _status(f"cutting the {warm_up or 0:g} s before --start into throughput windows",
                      on=warm_up is not None and not as_json):
@@ -161,7 +162,7 @@ def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, 
 def _prepare(
     trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
     servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-    prefix_block_tokens=512, deployment="sim", spread="auto",
+    prefix_block_tokens=512, deployment="sim", spread="auto", inventory=True,
 ) -> dict:
     from fleetplan.bootstrap import build_planner
     from fleetplan.models.config import ConfigError, load_config
@@ -206,6 +207,7 @@ def _prepare(
     options = SimOptions(
         router=router, startup=startup, fpm_interval_s=fpm_interval, seed=seed, timing=engine_timing,
         window_s=window, prefix_block_tokens=prefix_block_tokens, deployment=deployment,
+        inventory=inventory,
     )
     try:
         setup = make_setup(cfg, prof, options)
@@ -557,6 +559,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         "duration_s": run["workload"].duration_s, "requests": main.summary.requests,
         "sla": {"ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms},
         "startup": setup.startup().describe(), "router": setup.options.router,
+        "inventory": setup.options.inventory,
         "gpus_per_engine": setup.gpus,
         "policy": main.policy,
         "results": {r.policy: {**r.summary.to_dict(), "wall_s": r.wall_s, "sim_per_wall": r.end_s / r.wall_s if r.wall_s else None} for r in results},

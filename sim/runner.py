@@ -88,6 +88,9 @@ class SimOptions:
     deployment: str = "sim"
     window_s: float = 60.0
     agg_scheduler: str = "chunked"  # or "prefill-first" (vLLM before chunked prefill)
+    # False: no inventory events, as in fleetplan's live stack, where nothing writes them; the
+    # planner then knows its engines from their FPMs and times startups by the acks
+    inventory: bool = True
 
 
 @dataclass
@@ -546,9 +549,10 @@ class ClosedLoop(FleetListener):
     def worker_changed(self, engine: Engine, state: str, decision_id: int | None) -> None:
         now = self.clock.now
         if self.emit_events:
-            self._emit(emitter.inventory_event(
-                self.deployment, now, engine.worker_id, engine.role, state, engine.gpus, decision_id,
-            ))
+            if self.setup.options.inventory:
+                self._emit(emitter.inventory_event(
+                    self.deployment, now, engine.worker_id, engine.role, state, engine.gpus, decision_id,
+                ))
             if state == "ready":
                 self._emit_fpm(engine, now)  # coverage: the planner sees it at once
         self._record_counts()

@@ -78,3 +78,57 @@ def test_the_discovered_flag_round_trips_and_older_states_load():
     back = DeploymentState.from_data(data)
     assert back.workers == state.workers
     assert orjson.dumps(back.to_data()) == orjson.dumps(state.to_data())
+
+
+# --- beyond the decided count: a scale-down's engines go quiet --------------------------------
+
+
+def _scaled_down_to(fleet: Fleet, prefill: int, t: float) -> None:
+    """The connector's applied ack of a decision to ``prefill`` engines, folded at ``t``."""
+    from fleetplan.models.state import PendingDecision
+    from tests.models.factories import ack
+
+    state = fleet.state("d")
+    state.pending = PendingDecision(state.next_decision_id, t - 1, {"prefill": prefill, "decode": 1})
+    state.next_decision_id += 1
+    fleet.run([ack(state.pending.decision_id, t)])
+
+
+def _busy(workers, start: float, end: float):
+    """A pass a second from each engine (``p*`` prefill, ``d*`` decode)."""
+    return [fpm(w, "prefill" if w.startswith("p") else "decode", t)
+            for t in range(int(start), int(end)) for w in workers]
+
+
+def test_an_engine_beyond_the_decided_count_that_went_quiet_is_forgotten():
+    fleet = _fleet()
+    fleet.run(_busy(["p0", "p1", "p2", "d0"], T0 + 1, T0 + 60))
+    _scaled_down_to(fleet, 2, T0 + 60)
+    # p2 was scaled away: its FPMs stop at 59 s, the others keep passing
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 60, T0 + 200))
+    state = fleet.state("d")
+    assert state.last_tick == T0 + 180 and state.desired == {"prefill": 2, "decode": 1}
+    assert sorted(w for w, v in state.workers.items() if v.role == "prefill") == ["p0", "p1"]
+    assert "p2/0" not in state.latest_fpm  # the load loop no longer averages its last pass
+
+
+def test_a_quiet_engine_is_kept_while_the_count_allows_it_or_its_silence_is_short():
+    fleet = _fleet()
+    fleet.run(_busy(["p0", "p1", "p2", "d0"], T0 + 1, T0 + 60))
+    _scaled_down_to(fleet, 3, T0 + 60)
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 60, T0 + 200))  # p2 idle: 3 engines are decided
+    state = fleet.state("d")
+    assert "p2" in state.workers
+    # decided down to 2, but the tick comes 21 s after p2's last pass: too soon to call it gone
+    fleet.run(_busy(["p0", "p1", "p2", "d0"], T0 + 200, T0 + 340))
+    _scaled_down_to(fleet, 2, T0 + 340)
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 340, T0 + 362))
+    assert state.last_tick == T0 + 360 and "p2" in state.workers
+
+
+def test_with_inventory_its_gone_events_say_who_left_and_quiet_engines_stay():
+    fleet = _fleet()
+    fleet.run([ready("p0", "prefill"), *_busy(["p0", "p1", "p2", "d0"], T0 + 1, T0 + 60)])
+    _scaled_down_to(fleet, 2, T0 + 60)
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 60, T0 + 200))
+    assert fleet.state("d").inventory_seen and "p2" in fleet.state("d").workers

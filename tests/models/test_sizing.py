@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from fleetplan.models.mix import LengthMix, bucket_of, mix_capacity, mix_factor
 from fleetplan.models.state import DeploymentState
-from fleetplan.schemas import ClockEvent, InventoryEvent
-from tests.models.factories import T0, ack, decisions, ready, requests
+from fleetplan.schemas import Ack, ClockEvent, InventoryEvent
+from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
 INTERVAL = 180
 
@@ -77,6 +77,96 @@ def test_median_of_recent_startups_resists_one_slow_pull(make_fleet):
                 _inventory(f"p{i}", "ready", T0 + 10 * i + seconds)]
     fleet.run(sorted(evs, key=lambda e: e.time) + [_clock(T0 + 6 * INTERVAL)])
     assert measured_startup_seconds(_state(fleet)) == 110
+
+
+# --- startups timed by acks, where no inventory is written -------------------------
+
+
+def _scale_up_without_inventory(make_fleet):
+    """Engines known only from their FPMs (the live stack), and a scale-up decision for them."""
+    fleet = make_fleet(throughput_sizing="startup_quantile", startup_seconds=30)
+    out = fleet.run([fpm("p0", "prefill", T0 + 0.5), fpm("d0", "decode", T0 + 0.5),
+                     *requests(40, T0 + 1, T0 + 181)])
+    (d,) = decisions(out)
+    assert d.targets["prefill"] > d.previous["prefill"] == 1
+    assert not _state(fleet).inventory_seen
+    return fleet, d
+
+
+def _applied(d, t, observed):
+    return Ack(deployment="d", time=t, decision_id=d.decision_id, status="applied", observed=observed)
+
+
+def test_without_inventory_the_ack_of_a_served_scale_up_times_the_startup(make_fleet):
+    from fleetplan.models.startup import measured_startup_seconds, startup_horizon_windows
+
+    fleet, d = _scale_up_without_inventory(make_fleet)
+    assert startup_horizon_windows(_state(fleet)) == 2  # the configured 30 s
+    fleet.run([_applied(d, d.time + 400.0, dict(d.targets)), _clock(T0 + 5 * INTERVAL)])
+    assert _state(fleet).startup_samples == [400.0]
+    assert measured_startup_seconds(_state(fleet)) == 400.0
+    assert startup_horizon_windows(_state(fleet)) == 4  # ceil((400 + 180) / 180)
+
+
+@pytest.mark.parametrize("observed", [
+    {},                              # the connector could not read what serves
+    {"decode": 1},                   # nothing said of the role that rose
+    {"prefill": 1, "decode": 1},     # it stopped waiting before the new engines served
+], ids=["none", "role-missing", "short"])
+def test_an_ack_short_of_a_target_times_nothing(make_fleet, observed):
+    fleet, d = _scale_up_without_inventory(make_fleet)
+    fleet.run([_applied(d, d.time + 400.0, observed), _clock(T0 + 5 * INTERVAL)])
+    state = _state(fleet)
+    assert state.startup_samples == []
+    assert state.desired == dict(d.targets)  # the ack itself is folded as before
+
+
+@pytest.mark.parametrize("status", ["failed", "superseded"])
+def test_an_ack_that_did_not_apply_times_nothing(make_fleet, status):
+    fleet, d = _scale_up_without_inventory(make_fleet)
+    fleet.run([Ack(deployment="d", time=d.time + 400.0, decision_id=d.decision_id, status=status,
+                   observed=dict(d.targets)), _clock(T0 + 5 * INTERVAL)])
+    assert _state(fleet).startup_samples == []
+
+
+def test_with_inventory_its_ready_events_time_the_startup_and_the_ack_does_not(make_fleet):
+    fleet = make_fleet(throughput_sizing="startup_quantile", startup_seconds=30)
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(40, T0 + 1, T0 + 181)])
+    (d,) = decisions(out)
+    assert _state(fleet).inventory_seen
+    fleet.run([
+        _inventory("p1", "starting", T0 + 181, d.decision_id),
+        _inventory("p1", "ready", d.time + 450.0, d.decision_id),
+        _applied(d, d.time + 450.0, dict(d.targets)),
+        _clock(T0 + 5 * INTERVAL),
+    ])
+    assert _state(fleet).startup_samples == [450.0]  # one scale-up, one sample
+
+
+def test_an_ack_of_a_decision_that_added_no_engine_times_nothing(make_fleet):
+    from fleetplan.models.startup import ack_startup_sample
+
+    fleet, d = _scale_up_without_inventory(make_fleet)
+    state = _state(fleet)
+    assert [row[0] for row in state.scale_up_times] == [d.decision_id]
+    # a decision that only scaled down is not remembered as a scale-up: no start to time from
+    down = {"prefill": 1, "decode": 1}
+    ack_startup_sample(state, Ack(deployment="d", time=d.time + 200.0, decision_id=d.decision_id + 7,
+                                  status="applied", observed=down), down)
+    assert state.startup_samples == []
+    # an ack stamped before its decision (clocks apart) is no startup either
+    ack_startup_sample(state, _applied(d, d.time - 1.0, dict(d.targets)), dict(d.targets))
+    assert state.startup_samples == []
+
+
+def test_the_inventory_flag_round_trips_and_an_older_state_restores_without_it(make_fleet):
+    fleet, _ = _scale_up_without_inventory(make_fleet)
+    state = _state(fleet)
+    state.inventory_seen = True
+    data = orjson.loads(orjson.dumps(state.to_data()))
+    assert DeploymentState.from_data(data).inventory_seen is True
+    del data["inventory_seen"]
+    assert DeploymentState.from_data(data).inventory_seen is False
 
 
 # --- quantile sizing --------------------------------------------------------------

@@ -98,3 +98,12 @@ def test_bench_queueing_describes_itself_on_help_and_refuses_unknown_flags():
 def test_the_forecast_benches_need_the_data_folder_named(script):
     """As every other bench script does: their default was a folder beside the author's checkout."""
     assert "the following arguments are required: --data" in _refused(_bench(script))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--only", "cnov", "--scale", "1"], "argument --only: invalid choice: 'cnov'"),
+    (["--scale", "1", "--startup", "lognormal:300"], "--startup: "),
+    (["--scale", "1", "--sla", "300,30"], "--sla: one of 500,50, 200,20"),
+])
+def test_startup_by_ack_refuses_before_reading_data(args, message):
+    assert message in _refused(_bench("startup_by_ack.py", "--data", "/nonexistent", *args))

@@ -221,6 +221,18 @@ def test_a_warm_up_is_logged_as_a_seed_and_the_log_folds_to_the_same_decisions(t
     assert "warm-up: the forecaster was seeded with 4 windows (0.1 h) of the traffic before --start" in table.stdout
 
 
+def test_no_inventory_runs_the_live_stacks_view(tmp_path):
+    out = tmp_path / "live-view"
+    result = simulate("--trace", CODE, "--config", QUICKSTART, "--duration", 240, "--rate-scale", 4,
+                      "--no-inventory", "--out", out, "--json", "--no-baselines")
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["inventory"] is False
+    kinds = {orjson.loads(line)["type"] for line in (out / "events.jsonl").read_bytes().splitlines()}
+    assert "inventory" not in kinds and {"fpm", "request", "decision"} <= kinds
+    default = simulate("--trace", CODE, "--config", QUICKSTART, "--duration", 60, "--json", "--no-baselines")
+    assert orjson.loads(default.stdout)["inventory"] is True
+
+
 def test_the_configs_profile_is_used_without_the_flag(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(QUICKSTART.read_text() + "\nprofile_results_dir: h100-llama3.3-70b\n")

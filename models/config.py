@@ -1,7 +1,7 @@
 """Planner configuration, with Dynamo Planner's field names and defaults.
 
 A Dynamo user can carry a planner config over: every field keeps its name
-and default (reference notes §3). Dynamo fields that only matter to its own
+and default (Dynamo's ``config/defaults.py``; docs/references.md). Dynamo fields that only matter to its own
 runtime (Prometheus endpoints, report paths, plugin lists) are accepted and
 ignored, so such a file still loads; any other unknown field fails at start
 with its name, as does every invalid value.

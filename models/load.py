@@ -10,7 +10,7 @@ far behind a ramp does not wait a startup per engine it is short. Scale-down is 
 share of a removed engine's load, ``N/(N-1)`` times its queue, and goes down
 only if every engine would still be within the SLA with margin
 ``load_scaling_down_sensitivity``. This removes the 2↔1 oscillation of a
-flat threshold (reference notes §2d). Both roles keep that margin on the
+flat threshold (Dynamo's ``core/load_scaling.py``). Both roles keep that margin on the
 part of the latency the load adds, above what the engine takes alone
 (decode: ``decode_scale_down``), so an engine slow on its own is not
 locked out of scale-down.

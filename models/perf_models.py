@@ -2,7 +2,7 @@
 
 Engine limits come from the config (Dynamo reads them from the model card);
 a profile, when given, seeds each model so the throughput loop can size the
-fleet before the first live forward pass (Dynamo's NPZ bootstrap, §2c).
+fleet before the first live forward pass (Dynamo's NPZ bootstrap, ``monitoring/perf_metrics.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every ``throughput_adjustment_interval_seconds`` the planner forecasts the
 next window's request count and mean ISL/OSL, asks the perf model how many
 requests per second one engine serves within the SLA, and sizes each role
 to ``ceil(demand / capacity)``, never below the role's minimum and moving at
-most ``max_throughput_scaling_replicas`` per decision (reference notes §2b).
+most ``max_throughput_scaling_replicas`` per decision (Dynamo's ``core/throughput_scaling.py``).
 
 fleetplan's sizing (the defaults; ``REFERENCE_SIZING`` restores Dynamo's,
 docs/sizing.md) departs in five places here: ``sized_num_req`` replaces

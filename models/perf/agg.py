@@ -3,7 +3,7 @@
 One pool does both phases: chunked prefill rides in the same forward pass
 as the decode batch. TTFT chunks the queue with the current decode KV
 riding along; ITL is a pass with the learned typical prefill mix
-(``avg_prefill_tokens``) on top of the decode KV (reference notes §2d, §2e).
+(``avg_prefill_tokens``) on top of the decode KV (Dynamo's ``core/perf_model/agg.py``).
 """
 
 from __future__ import annotations

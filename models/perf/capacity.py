@@ -1,6 +1,6 @@
 """Per-engine capacity: the highest request rate one engine sustains within the SLA.
 
-Dynamo 1.6.1 semantics (reference notes §2b item 4): try batch sizes
+Dynamo 1.6.1 semantics (``core/perf_model/engine_query.py``): try batch sizes
 1..max_batch (128 evenly spaced sizes when there are more), model each with
 the fitted forward-pass time, and pick the candidate with the highest rate,
 candidates meeting the SLA first. When none meets it the best one is still

@@ -2,8 +2,8 @@
 
 KV tokens dominate (attention reads every cached token); the request count
 carries the per-sequence work of the linear layers. ITL of the next token is
-one pass with the engine's KV load plus one average request (reference notes
-§2d), divided by the speculative accept length.
+one pass with the engine's KV load plus one average request (Dynamo's
+``core/perf_model/decode.py``), divided by the speculative accept length.
 """
 
 from __future__ import annotations

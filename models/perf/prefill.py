@@ -2,7 +2,7 @@
 
 TTFT of the next request on an engine is the time to drain what is queued
 there plus the request itself (an average prompt), after prefix-cache hits,
-in ``max_num_batched_tokens`` chunks (reference notes §2d).
+in ``max_num_batched_tokens`` chunks (Dynamo's ``core/perf_model/prefill.py``).
 """
 
 from __future__ import annotations

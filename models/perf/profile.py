@@ -3,7 +3,7 @@
 A planner that starts cold cannot size anything until engines have run a
 while. Dynamo (since PR #7961) turns each row of the profiler's NPZ into a
 synthetic FPM and feeds it to the regressions exactly like a live one, so the
-profile is the prior and live traffic corrects it (reference notes §2c):
+profile is the prior and live traffic corrects it (Dynamo's ``monitoring/perf_metrics.py``):
 
 - prefill row (isl, ttft): one request of ``isl`` fresh tokens, wall time ttft;
 - decode row (kv_usage, ctx, itl): ``round(kv_usage·max_kv_tokens)`` KV tokens

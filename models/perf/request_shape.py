@@ -1,7 +1,7 @@
 """How a request's shape and the traffic's cache/speculation figures enter the model.
 
 Shared by the estimates and the capacity search so both read the inputs the
-same way (Dynamo 1.6.1 ``engine_query`` semantics, reference notes §2b/§2d).
+same way (Dynamo 1.6.1 ``engine_query`` semantics).
 """
 
 from __future__ import annotations

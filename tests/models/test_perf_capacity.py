@@ -1,4 +1,4 @@
-"""Capacity search (Dynamo 1.6.1 semantics, reference notes §2b item 4), by hand."""
+"""Capacity search (Dynamo 1.6.1 ``engine_query`` semantics), by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-engine TTFT/ITL estimates against hand-computed values (reference notes §2d).
+"""Per-engine TTFT/ITL estimates against hand-computed values (Dynamo's ``core/perf_model/`` semantics).
 
 Each model is trained on exact samples of a known line, with a sample at the
 origin so the fastest pass equals the intercept and the floor never binds;

@@ -1,4 +1,4 @@
-"""Profile data and seeding (reference notes §2c)."""
+"""Profile data and seeding (Dynamo's NPZ bootstrap)."""
 
 from __future__ import annotations
 

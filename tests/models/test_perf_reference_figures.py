@@ -1,4 +1,4 @@
-"""The H200 Llama-3.1-8B profile reproduces the reference figures (notes §7).
+"""The H200 Llama-3.1-8B profile reproduces the reference figures (docs/perf-model.md, "Reference figures").
 
 Reference, from running Dynamo's Python core on the shipped NPZ:
 legacy regressions give prefill ``wt ≈ 2.21e-5·tokens − 0.0016 s``, prefill

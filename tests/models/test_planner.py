@@ -12,7 +12,7 @@ from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
 
 def test_throughput_loop_sizes_fleet_like_dynamo(make_fleet):
-    # Reference notes §7: 20 rps, ISL 3000 / OSL 150 on H200 8B -> 2 prefill, 1 decode.
+    # docs/perf-model.md, "Reference figures": 20 rps, ISL 3000 / OSL 150 on H200 8B -> 2 prefill, 1 decode.
     fleet = make_fleet()
     out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 185)])
     (first,) = [o for o in out if o.time == T0 + 180]

@@ -92,8 +92,10 @@ def forget_silent_engines(state: DeploymentState, now: float) -> None:
       ``GONE_AFTER_SILENCE_SECONDS`` at least, is dropped: a scale-down's
       engines stop their FPMs, a serving engine sends one each forward pass.
       One idle but alive may go instead, and is found again by its next FPM,
-      when a gone one is the silent longest. Not where inventory is written:
-      its ``gone`` events say who left.
+      when a gone one is the silent longest. A decision still pending counts
+      where it asks for more: a scale-up's engines serve one by one before
+      its ack, and are no scale-down's leftovers. Not where inventory is
+      written: its ``gone`` events say who left.
     """
     last: dict[str, float] = {}
     for key, fpm in state.latest_fpm.items():
@@ -106,7 +108,11 @@ def forget_silent_engines(state: DeploymentState, now: float) -> None:
                 _forget(state, worker_id)
     if state.inventory_seen or state.desired is None:
         return
-    for role, count in state.desired.items():
+    asked = dict(state.desired)
+    if state.pending is not None:
+        for role, count in state.pending.targets.items():
+            asked[role] = max(count, asked.get(role, 0))
+    for role, count in asked.items():
         silent = sorted((last.get(w, v.since), w) for w, v in state.workers.items()
                         if v.role == role and v.discovered and v.state == "ready")
         for seen, worker_id in silent[:max(0, len(silent) - count)]:

@@ -132,3 +132,29 @@ def test_with_inventory_its_gone_events_say_who_left_and_quiet_engines_stay():
     _scaled_down_to(fleet, 2, T0 + 60)
     fleet.run(_busy(["p0", "p1", "d0"], T0 + 60, T0 + 200))
     assert fleet.state("d").inventory_seen and "p2" in fleet.state("d").workers
+
+
+def test_an_idle_engine_is_kept_while_a_scale_up_brings_its_new_engines():
+    """A scale-up's engines serve before its ack: they are not a scale-down's leftovers.
+
+    Counted against the last applied decision alone, the first new engine to
+    serve made the role look one too many, and an idle engine that never left
+    was forgotten (from the load loop's averages and the tick's ready count)
+    until it passed again, with no engine gone at all.
+    """
+    from fleetplan.models.state import PendingDecision
+
+    fleet = _fleet()
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 1, T0 + 60))
+    _scaled_down_to(fleet, 2, T0 + 60)
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 60, T0 + 185))
+    state = fleet.state("d")
+    assert state.desired == {"prefill": 2, "decode": 1} and state.pending is None
+    state.pending = PendingDecision(state.next_decision_id, T0 + 181, {"prefill": 4, "decode": 1})
+    state.next_decision_id += 1
+    # p0 idles from 200 s; p2, the first engine of the scale-up, serves from 250 s; p3 is starting
+    events = [*_busy(["p0"], T0 + 185, T0 + 200), *_busy(["p1", "d0"], T0 + 185, T0 + 380),
+              *_busy(["p2"], T0 + 250, T0 + 380)]
+    fleet.run(sorted(events, key=lambda e: e.time))
+    assert state.last_tick == T0 + 360 and state.pending is not None
+    assert sorted(w for w, v in state.workers.items() if v.role == "prefill") == ["p0", "p1", "p2"]

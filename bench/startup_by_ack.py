@@ -16,7 +16,7 @@ trace with the simulated engines' startup set by ``--startup``, three ways:
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/startup_by_ack.py --data /work/shared/data \\
         --only code --scale 50 --startup 360
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/startup_by_ack.py --data /work/shared/data \
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/startup_by_ack.py --data /work/shared/data \\
         --only m-large --scale 0.1714 --startup 360
 
 For each: the startup samples the planner kept and their median, the
@@ -27,6 +27,7 @@ startup horizon of its last throughput tick, SLA attainment and GPU-hours
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -71,11 +72,16 @@ def main() -> None:
     parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
     parser.add_argument("--startup", default="360", help="the simulated engines' startup (sim/startup.py spec)")
     args = parser.parse_args()
+    if not (math.isfinite(args.scale) and args.scale > 0):
+        parser.error(f"--scale: a rate scale > 0, got {args.scale:g}")
     try:
         parse_startup(args.startup)
     except ValueError as err:
         parser.error(f"--startup: {err}")
-    sla = tuple(float(x) for x in args.sla.split(","))
+    try:
+        sla = tuple(float(x) for x in args.sla.split(","))
+    except ValueError:
+        sla = None  # not numbers: refused below with the choices, as a pair not run is
     if sla not in SLAS:
         parser.error(f"--sla: one of {', '.join(f'{t:g},{i:g}' for t, i in SLAS)}")
     (base,) = specs(args.data, {args.only}, 10, 10, 24.0, choose=False)

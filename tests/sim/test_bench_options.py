@@ -104,6 +104,9 @@ def test_the_forecast_benches_need_the_data_folder_named(script):
     (["--only", "cnov", "--scale", "1"], "argument --only: invalid choice: 'cnov'"),
     (["--scale", "1", "--startup", "lognormal:300"], "--startup: "),
     (["--scale", "1", "--sla", "300,30"], "--sla: one of 500,50, 200,20"),
+    (["--scale", "1", "--sla", "500/50"], "--sla: one of 500,50, 200,20"),  # a traceback before
+    (["--scale", "0"], "--scale: a rate scale > 0, got 0"),  # a traceback after reading the trace
+    (["--scale", "nan"], "--scale: a rate scale > 0, got nan"),
 ])
 def test_startup_by_ack_refuses_before_reading_data(args, message):
     assert message in _refused(_bench("startup_by_ack.py", "--data", "/nonexistent", *args))

@@ -18,16 +18,14 @@ model would decide:
 
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import TRACES, build_workload, make_setup, specs  # noqa: E402
+from quality import build_workload, make_setup, one_workload, one_workload_parser  # noqa: E402
 from sizing import VARIANTS  # noqa: E402
 
 from fleetplan.models.perf.capacity import decode_capacity  # noqa: E402
@@ -70,16 +68,10 @@ def run(spec, cfg, setup, workload, on_tick=None):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/)")
-    parser.add_argument("--only", default="conv", choices=TRACES, help="one trace of bench/quality.py")
-    parser.add_argument("--scale", type=float, required=True, help="the rate scale")
-    parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
+    parser = one_workload_parser(__doc__, default="conv")
     parser.add_argument("--exact", action="store_true", help="also run with the engine's own decode capacity")
     args = parser.parse_args()
-    sla = tuple(float(x) for x in args.sla.split(","))
-    (spec,) = [s for s in specs(args.data, {args.only}, 10, 10, 24.0, choose=False)]
-    spec = replace(spec, scale=args.scale)
+    spec, sla = one_workload(parser, args)
     workload = build_workload(spec)
     cfg, setup = make_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
     times = EngineTimes(engine_timing(setup.profile, "interp"))

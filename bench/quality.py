@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import platform
 import time
@@ -278,6 +279,34 @@ EVERY_WORKLOAD = frozenset(WORKLOADS)
 
 TRACES = WORKLOADS[:4]
 """The 30-minute traces (the rest are ServeGen days): what the one-trace scripts take."""
+
+
+def one_workload_parser(doc: str, choices=TRACES, default: str = "code") -> argparse.ArgumentParser:
+    """The options of a script that runs one workload at one rate scale: --data, --only, --scale, --sla."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/)")
+    parser.add_argument("--only", default=default, choices=choices, help="one workload of bench/quality.py")
+    parser.add_argument("--scale", type=float, required=True, help="the rate scale")
+    parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms: " + " or ".join(f"{t:g},{i:g}" for t, i in SLAS))
+    return parser
+
+
+def one_workload(parser: argparse.ArgumentParser, args) -> tuple[Spec, tuple[float, float]]:
+    """The workload at ``--scale`` and the SLA pair, each refused with argparse's line if wrong.
+
+    Checked before any data is read: a bad scale failed after the trace
+    was, and an SLA that is not two numbers in a traceback.
+    """
+    if not (math.isfinite(args.scale) and args.scale > 0):
+        parser.error(f"--scale: a rate scale > 0, got {args.scale:g}")
+    try:
+        sla = tuple(float(x) for x in args.sla.split(","))
+    except ValueError:
+        sla = None  # not numbers: refused below with the choices, as a pair not run is
+    if sla not in SLAS:
+        parser.error(f"--sla: one of {', '.join(f'{t:g},{i:g}' for t, i in SLAS)}")
+    (base,) = specs(args.data, {args.only}, 10, 10, 24.0, choose=False)
+    return replace(base, scale=args.scale), sla
 
 
 def only_workloads(parser: argparse.ArgumentParser, value: str) -> set[str]:

@@ -26,8 +26,6 @@ startup horizon of its last throughput tick, SLA attainment and GPU-hours
 
 from __future__ import annotations
 
-import argparse
-import math
 import statistics
 import sys
 from dataclasses import replace
@@ -35,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import SLAS, WORKLOADS, build_workload, specs  # noqa: E402
+from quality import WORKLOADS, build_workload, one_workload, one_workload_parser  # noqa: E402
 from quality import make_setup as quality_setup  # noqa: E402
 from sizing import VARIANTS  # noqa: E402
 
@@ -65,27 +63,14 @@ def run(workload, setup, cfg, initial, timed: bool):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="the shared data folder (traces/)")
-    parser.add_argument("--only", default="code", choices=WORKLOADS, help="one workload of bench/quality.py")
-    parser.add_argument("--scale", type=float, required=True, help="rate scale")
-    parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
+    parser = one_workload_parser(__doc__, choices=WORKLOADS)
     parser.add_argument("--startup", default="360", help="the simulated engines' startup (sim/startup.py spec)")
     args = parser.parse_args()
-    if not (math.isfinite(args.scale) and args.scale > 0):
-        parser.error(f"--scale: a rate scale > 0, got {args.scale:g}")
     try:
         parse_startup(args.startup)
     except ValueError as err:
         parser.error(f"--startup: {err}")
-    try:
-        sla = tuple(float(x) for x in args.sla.split(","))
-    except ValueError:
-        sla = None  # not numbers: refused below with the choices, as a pair not run is
-    if sla not in SLAS:
-        parser.error(f"--sla: one of {', '.join(f'{t:g},{i:g}' for t, i in SLAS)}")
-    (base,) = specs(args.data, {args.only}, 10, 10, 24.0, choose=False)
-    spec = replace(base, scale=args.scale)
+    spec, sla = one_workload(parser, args)
     workload = build_workload(spec)
     cfg, setup = quality_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
     initial = None

@@ -110,3 +110,12 @@ def test_the_forecast_benches_need_the_data_folder_named(script):
 ])
 def test_startup_by_ack_refuses_before_reading_data(args, message):
     assert message in _refused(_bench("startup_by_ack.py", "--data", "/nonexistent", *args))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--scale", "1", "--sla", "500/50"], "--sla: one of 500,50, 200,20"),  # a traceback until 2026-12-05
+    (["--scale", "-1"], "--scale: a rate scale > 0, got -1"),  # one after reading the trace
+])
+def test_decode_fit_takes_the_same_checks_of_its_workload(args, message):
+    """bench/quality.py one_workload: the one-workload scripts check --scale and --sla alike."""
+    assert message in _refused(_bench("decode_fit.py", "--data", "/nonexistent", *args))

@@ -44,8 +44,9 @@ class WorkerMetrics:
                                 "1 when the quantile the last tick sized for was conformal, 0 while it is "
                                 "still the largest ratio seen", ["deployment"], registry=r)
         self.startup = Gauge("fleetplan_startup_seconds",
-                             "startup time the throughput loop plans with: the median of the measured "
-                             "startups, or startup_seconds until one is measured", ["deployment"], registry=r)
+                             "startup time the planner plans with (the throughput loop's horizon, the load "
+                             "loop's scale-down wait): the median of the measured startups (from inventory, "
+                             "else the acks of scale-ups), or startup_seconds until one is measured", ["deployment"], registry=r)
         self.ttft = Gauge("fleetplan_estimated_ttft_ms", "worst engine TTFT estimate at the last load tick",
                           ["deployment", "role"], registry=r)
         self.itl = Gauge("fleetplan_estimated_itl_ms", "worst engine ITL estimate at the last load tick",
@@ -121,7 +122,9 @@ class WorkerMetrics:
                 self.utilization.labels(dep, role).set(est.utilization)
         if report.predicted is not None:
             self._observe_predicted(dep, report.predicted)
-            self.startup.labels(dep).set(measured_startup_seconds(state))
+        # every tick: the load loop's scale-down waits one startup too (load_scale_down_stabilization_seconds
+        # null), so a deployment without the throughput loop plans with it as well
+        self.startup.labels(dep).set(measured_startup_seconds(state))
         if report.decision is not None:
             self.decisions.labels(dep).inc()
         self._observe_queues(dep, state)

@@ -330,6 +330,23 @@ def test_the_worker_exports_the_sized_quantile_and_whether_it_was_conformal(make
     assert value("fleetplan_startup_seconds") == _state(fleet).config.startup_seconds
 
 
+def test_a_load_only_deployment_exports_the_startup_it_waits_for(make_fleet):
+    """Its scale-downs wait one startup, so Prometheus sees it there too (only throughput
+    ticks set it until 2026-12-05): here one timed by the ack of a scale-up."""
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    fleet, d = _scale_up_without_inventory(make_fleet)
+    fleet.run([_applied(d, d.time + 400.0, dict(d.targets)), _clock(T0 + 5 * INTERVAL)])
+    state = _state(fleet)
+    state.config = state.config.with_changes({"enable_throughput_scaling": False, "enable_load_scaling": True})
+    ticks = [r for r in fleet.run([_clock(T0 + 6 * INTERVAL + 10)]) if hasattr(r, "predicted")]
+    tick = ticks[-1]
+    assert tick.predicted is None and tick.throughput_reason == "disabled"  # a load tick, no forecast
+    metrics = WorkerMetrics()
+    metrics.observe_tick(tick, state)
+    assert metrics.registry.get_sample_value("fleetplan_startup_seconds", {"deployment": "d"}) == 400.0
+
+
 def test_point_sizing_keeps_target_utilization(make_fleet):
     """Without a quantile nothing is calibrated: the reference's sizing is untouched."""
     ticks = _steady_ticks(make_fleet(target_utilization=0.8, calibrated_utilization=0.9), 26, 12)

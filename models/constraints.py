@@ -146,7 +146,8 @@ def _shorten_downward(
     shortened = _raise_toward(fitted, held, down, gpus, max_budget, enough=min_budget)
     if gpu_total(shortened, gpus) >= min_budget:
         return shortened
-    in_band = min_budget <= gpu_total(held, gpus) and (max_budget < 0 or gpu_total(held, gpus) <= max_budget)
+    held_gpus = gpu_total(held, gpus)
+    in_band = min_budget <= held_gpus and (max_budget < 0 or held_gpus <= max_budget)
     if in_band and all(held[r] >= floors.get(r, 0) for r in held):
         return held
     return _grow_to_fit(shortened, gpus, min_budget, max_budget, maximums)

@@ -73,8 +73,6 @@ DAILY_HARMONICS = 3
 DAILY_MEMORY_DAYS = 3.0
 
 
-
-
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2

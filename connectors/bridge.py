@@ -30,6 +30,12 @@ request records over ZMQ, to SUB or PULL endpoints of the bridge. The bridge:
   later: ticks fall on whole seconds, so with a grace period that is a
   multiple of ``heartbeat_s`` an idle topic (requests, at low traffic) no
   longer holds a tick back by up to ``heartbeat_s``;
+* with ``max_ahead_s`` set, dead-letters an event dated further ahead of the
+  bridge's wall clock than that: one engine whose clock is a day fast would move
+  its deployment's event-time clock a day on, and every event after it at
+  the true time would come late (docs/runtime.md, "A clock that jumps").
+  Off by default, since a backfill (``simulate --publish`` without
+  ``--realtime``) sends times ahead of the wall clock on purpose;
 * dead-letters anything invalid with the reason, and never crashes on input.
 
 It stamps nothing it cannot know: events carry their own event time and
@@ -155,6 +161,8 @@ class BridgeSettings:
     max_batch_bytes: int = 1024 * 1024
     retry_backoff_s: float = 0.5
     metrics_port: int | None = None
+    max_ahead_s: float | None = None
+    """Seconds an event may be dated ahead of the bridge's wall clock (None: any)."""
 
 
 # --- decoding ---------------------------------------------------------------------
@@ -355,6 +363,9 @@ class BridgeMetrics:
                                 registry=r)
         self.retries = Counter("fleetplan_bridge_produce_retries", "records re-sent after a failed produce",
                                registry=r)
+        # no deployment label: the names come from the input, refused input included
+        self.ahead = Counter("fleetplan_bridge_events_ahead", "events dead-lettered as dated too far ahead "
+                             "of the bridge's clock (--max-ahead): a publisher's clock is wrong", registry=r)
         self.heartbeats = Counter("fleetplan_bridge_heartbeats", "clock heartbeats sent", registry=r)
         self.tick_errors = Counter("fleetplan_bridge_tick_errors", "pack flush / heartbeat rounds that failed",
                                    registry=r)
@@ -486,12 +497,36 @@ class Bridge:
             await self._dead(problem, source)
         accepted = 0
         for event in events:
+            ahead = self._too_far_ahead(event)
+            if ahead is not None:
+                self.metrics.ahead.inc()
+                await self._dead(ahead, source)
+                continue
             if event.type in ("fpm", "fpm_batch"):
                 await self._take_fpms(event)
             elif not await self._take_request(event, source):
                 continue
             accepted += 1
         return accepted
+
+    def _too_far_ahead(self, event) -> Rejected | None:
+        """The rejection of an event dated more than ``max_ahead_s`` past the wall clock, or None.
+
+        Judged on the bridge's clock because the event's own cannot be trusted: the
+        worker orders everything by event time and has no wall clock to judge by (its
+        decisions must not depend on when it runs). A batch's ``time`` is at least
+        its latest FPM's, so it stands for the batch.
+        """
+        limit = self.settings.max_ahead_s
+        if limit is None:
+            return None
+        now = time.time()
+        if event.time <= now + limit:
+            return None
+        return Rejected(
+            "invalid", f"time: at most {limit:g} s ahead of the bridge's clock ({now:.3f}), got "
+            f"{event.time:.3f}, {event.time - now:.0f} s ahead (the publisher's clock is fast, or its "
+            "times are not Unix seconds)", event.deployment, encode_event(event)[:PAYLOAD_LIMIT])
 
     async def _take_fpms(self, event: ForwardPassMetrics | FpmBatch) -> None:
         """An FPM joins its deployment's pack; a publisher's batch goes out as it is,

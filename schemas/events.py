@@ -55,7 +55,8 @@ milliseconds or nanoseconds (1.7e12 or 1.7e18 today) is a unit mistake, and one
 event that far ahead would move its deployment's watermark past every tick in
 between, which the core fires one by one: the worker would never catch up.
 The bound catches unit mistakes only. An event dated days ahead but before
-2100 (a clock-skewed engine) still moves the clock there: the worker fires
+2100 (a clock-skewed engine) is refused by the bridge's ``--max-ahead``, which
+has a wall clock to judge by; one that gets past it moves the clock there: the worker fires
 those ticks a bounded number per batch (``streams.router.MAX_TICKS_PER_BATCH``)
 and the events that follow at the true time are late (counted and
 dead-lettered; docs/runtime.md, "A clock that jumps")."""

@@ -32,7 +32,7 @@ die() {
 
 command_of() {
   case "$1" in
-    bridge) echo "$BIN/fleetplan bridge --pull tcp://127.0.0.1:5557 --sub bind:tcp://127.0.0.1:5556 --metrics-port 9464" ;;
+    bridge) echo "$BIN/fleetplan bridge --pull tcp://127.0.0.1:5557 --sub bind:tcp://127.0.0.1:5556 --metrics-port 9464 --max-ahead 300" ;;
     worker) echo "$BIN/fleetplan worker --metrics-port 9466 --config $ROOT/examples/configs/quickstart.yaml --profile h200-llama3.1-8b" ;;
     connector) echo "$BIN/fleetplan connector --backend $BACKEND --metrics-port 9465 --instance-id local-connector" ;;
     fleet)

@@ -279,6 +279,7 @@ def bridge(
     heartbeat: Annotated[float, typer.Option(min=0.0, help="idle seconds before a clock heartbeat (0: none)")] = 1.0,
     linger_ms: Annotated[int, typer.Option(min=0, help="producer linger")] = 5,
     metrics_port: Annotated[int | None, typer.Option(min=1, max=65535, help="serve Prometheus /metrics on this port")] = None,
+    max_ahead: Annotated[float | None, typer.Option(min=0.0, help="dead-letter events dated more than this many seconds ahead of the bridge's clock (default: any)")] = None,
     loglevel: Annotated[str, typer.Option(help="log level")] = "warning",
 ) -> None:
     """Run the ZMQ ingress bridge: validate FPMs and request records, produce them to Kafka.
@@ -307,8 +308,9 @@ def bridge(
         topic_prefix=_topic_name_part("--topic-prefix", topic_prefix),
         partitions=partitions, replication=replication, buffer=buffer, pack_max=pack_max,
         pack_within_s=pack_within, heartbeat_s=heartbeat, linger_ms=linger_ms, metrics_port=metrics_port,
+        max_ahead_s=max_ahead,
     )
-    _check_finite(pack_within=pack_within, heartbeat=heartbeat)
+    _check_finite(pack_within=pack_within, heartbeat=heartbeat, max_ahead=max_ahead)
     tune_gc()
     try:
         with _reaching_kafka(settings.bootstrap):

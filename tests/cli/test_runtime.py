@@ -170,6 +170,7 @@ def test_runtime_commands_refuse_a_metrics_port_that_is_taken(tmp_path):
     (["--sub", "tcp://*:5557"], "--sub: a wildcard host (*) can only be bound"),
     (["--pull", "tcp://127.0.0.1:1", "--loglevel", "bogus"], "--loglevel: one of"),
     (["--pull", "tcp://127.0.0.1:1", "--bootstrap", "host:notaport"], "--bootstrap: expected host:port"),
+    (["--pull", "tcp://127.0.0.1:1", "--max-ahead", "inf"], "--max-ahead: must be a finite number"),
 ])
 def test_bridge_options_are_checked_before_kafka(args, message):
     result = _run("bridge", "--bootstrap", "127.0.0.1:1", *args)

@@ -332,6 +332,53 @@ async def test_a_request_that_re_encodes_too_big_is_dead_lettered_not_accepted()
     assert bridge.metrics.accepted.labels("request")._value.get() == 0
 
 
+async def test_with_max_ahead_an_event_dated_past_the_clock_is_dead_lettered_and_its_neighbours_kept():
+    """An engine whose clock is a day fast would move its deployment's event-time clock a day
+    on, making every later event late. With ``max_ahead_s`` its events are refused, named as
+    such, and the same message's other events (and the other deployment's) still go through;
+    no heartbeat follows the refused time."""
+    import time
+
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(max_ahead_s=60.0, heartbeat_s=0.05), producer=producer)
+    await bridge.start()
+    now = time.time()
+    fast = fpm("alpha", now + 86_400.0, 1, worker="fast")
+    message = [as_dict(e) for e in (request("alpha", now - 1.0, 1), fast, fpm("alpha", now + 30.0, 2),
+                                    fpm("beta", now, 3))]
+    try:
+        assert await bridge.accept([orjson.dumps(message)]) == 3
+        await bridge.accept([orjson.dumps(as_dict(request("alpha", now + 3600.0, 2)))])
+        await settle(producer, lambda: sum(b'"alpha"' in v and b'"clock"' in v for _, v in producer.delivered) >= 2)
+    finally:
+        await bridge.stop()
+    letters = [decode_event(v) for t, v in producer.delivered if "deadletter" in t]
+    assert [(d.reason, d.deployment) for d in letters] == [("invalid", "alpha")] * 2
+    assert "at most 60 s ahead of the bridge's clock" in letters[0].detail
+    assert '"worker_id":"fast"' in letters[0].payload
+    assert "3600 s ahead" in letters[1].detail
+    sent = [decode_event(v) for t, v in producer.delivered if "deadletter" not in t]
+    assert max(e.time for e in sent) < now + 60.0
+    assert bridge.metrics.ahead._value.get() == 2
+
+
+async def test_without_max_ahead_a_backfill_ahead_of_the_clock_is_taken():
+    """``simulate --publish`` without ``--realtime`` sends event times ahead of the wall clock on
+    purpose; the bridge takes them unless told otherwise."""
+    import time
+
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(), producer=producer)
+    await bridge.start()
+    try:
+        assert await bridge.accept([encode_event(request("alpha", time.time() + 86_400.0, 1))]) == 1
+    finally:
+        await bridge.stop()
+    assert [t.rsplit(".", 2)[-2] for t, _ in producer.delivered] == ["requests"]
+
+
 async def test_idle_deployments_get_clock_heartbeats_on_both_topics():
     producer = FakeProducer()
     producer.auto = True  # a topic's next record waits for the one before it to be acknowledged

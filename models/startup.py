@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 
+from fleetplan.models.config import MAX_STARTUP_SECONDS
+
 STARTUP_SAMPLES = 8
 SCALE_UP_MEMORY = 16
 """Recent scale-up decisions remembered so a late ready event still finds its decision."""
@@ -76,11 +78,17 @@ def _keep(state, start: float | None, ready: float) -> None:
 
 
 def measured_startup_seconds(state) -> float:
-    """Median of the recent startups (the upper one of an even count), else the config's."""
+    """Median of the recent startups (the upper one of an even count), else the config's.
+
+    Held to ``MAX_STARTUP_SECONDS``, the bound ``startup_seconds`` has: the
+    horizon is that many windows of quantiles, and a ready event from a
+    clock-skewed orchestrator (any time before 2100 passes the schema)
+    measured years, whose horizon took seconds and memory at every tick.
+    """
     samples = sorted(state.startup_samples)
     if not samples:
         return state.config.startup_seconds
-    return samples[len(samples) // 2]
+    return min(samples[len(samples) // 2], MAX_STARTUP_SECONDS)
 
 
 def startup_horizon_windows(state) -> int:

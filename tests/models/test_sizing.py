@@ -93,6 +93,23 @@ def _scale_up_without_inventory(make_fleet):
     return fleet, d
 
 
+def test_a_measured_startup_is_held_to_the_configs_bound(make_fleet):
+    """A ready event from a clock-skewed orchestrator (three years after its ``starting``; the
+    schema takes any time before 2100) is no startup a horizon can span: the horizon is that many
+    windows of quantiles (5.6e5 at 180 s took 6 s and 90 MB a quantile, two a tick), which is why
+    ``startup_seconds`` stops at a day."""
+    from fleetplan.models.config import MAX_STARTUP_SECONDS
+    from fleetplan.models.startup import measured_startup_seconds, startup_horizon_windows
+
+    fleet = make_fleet(throughput_sizing="startup_quantile")
+    state = fleet.planner.new_state("d")
+    fleet.planner.apply(state, _inventory("p9", "starting", T0 + 1))
+    fleet.planner.apply(state, _inventory("p9", "ready", T0 + 1 + 1e8))
+    assert state.startup_samples == [1e8]  # measured as it came
+    assert measured_startup_seconds(state) == MAX_STARTUP_SECONDS
+    assert startup_horizon_windows(state) == math.ceil((MAX_STARTUP_SECONDS + INTERVAL) / INTERVAL)
+
+
 def _applied(d, t, observed):
     return Ack(deployment="d", time=t, decision_id=d.decision_id, status="applied", observed=observed)
 

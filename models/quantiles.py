@@ -335,10 +335,13 @@ class QuantileForecaster:
         point = self.forecast()[0]
         zero = point == 0.0
         base = math.log1p(point)
-        matching, counts = self._spreads(horizon, zero, self._series(of))
+        # no origin spans more windows than the history holds, so past it nothing is added and
+        # the value stays: a day's horizon at 2-s ticks is 43,201 windows of one pass each
+        reach = min(horizon, len(self._forecasts) + 1)
+        matching, counts = self._spreads(reach, zero, self._series(of))
         out: list[float] = []
         level = -math.inf
-        for h in range(1, horizon + 1):
+        for h in range(1, reach + 1):
             pool = matching[h - 1]
             conformal = bool(pool) and _rank(len(pool), q) <= len(pool)
             if pool:
@@ -351,7 +354,7 @@ class QuantileForecaster:
             if conformal and self.adapt_rate > 0.0:
                 self._issued.setdefault((q, h, of), {})[self._seen] = level
             out.append(max(0.0, from_log1p(level)))  # counts past ~1e154 overflowed expm1
-        return out
+        return out + out[-1:] * (horizon - reach)
 
     def _series(self, of: Series) -> list[float]:
         return self._actuals if of == "peak" else self._counts

@@ -285,6 +285,23 @@ def test_quantiles_are_never_negative_and_finite(values, q, horizon):
         assert all(a <= b for a, b in zip(upper, upper[1:], strict=False))
 
 
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.floats(0, 1e6), max_size=40), q=st.floats(0.01, 0.99), horizon=st.integers(1, 60))
+def test_past_the_history_the_quantiles_stay_where_they_are(values, q, horizon):
+    """The pass over h stops at the history's length + 1 (a day's horizon at 2-s ticks is 43,201
+    windows): no origin spans more windows than the history holds, so the spreads past it are
+    empty and every later quantile is the last one."""
+    qf = QuantileForecaster("ensemble", history=16)
+    for v in values:
+        qf.observe(window(v))
+    m = len(values[-16:])
+    matching, counts = qf._spreads(horizon, qf.forecast()[0] == 0.0, qf._series("peak"))
+    assert not any(matching[m:]) and not any(counts[m:])
+    upper = qf.quantiles(q, horizon)
+    assert len(upper) == horizon
+    assert upper[m:] == [upper[min(m, horizon - 1)]] * len(upper[m:])
+
+
 def test_counts_near_floats_limit_give_a_finite_quantile():
     """expm1 overflows past a log1p of ~709.78: the quantile is taken back from at most 709, as
     the ensemble's forecasts are (until 2026-12-05 counts past ~1e154 raised OverflowError)."""

@@ -120,6 +120,9 @@ MIN_UTILIZATION = 0.01
 """An engine sized at 1 % of its rate; below, the sized count overflows (5e-324 did)."""
 MAX_STARTUP_SECONDS = 86_400.0
 """A day; the startup horizon is that many windows of quantiles (1e300 ran out of memory)."""
+MAX_INTERVAL_SECONDS = 86_400
+"""A day, the longest loop period: the simulator's warm fleet replays the span to the
+first decision a second at a time (a throughput period of 1e9 s ran for a quarter hour)."""
 MAX_GPU_BUDGET = 100_000
 """GPUs; the budget is fitted a replica at a time (a budget of 1e6 took 3.2 s a tick)."""
 
@@ -135,8 +138,8 @@ class PlannerConfig(BaseModel):
     advisory: bool = False
 
     # loops
-    throughput_adjustment_interval_seconds: int = Field(180, gt=0)
-    load_adjustment_interval_seconds: int = Field(5, gt=0)
+    throughput_adjustment_interval_seconds: int = Field(180, gt=0, le=MAX_INTERVAL_SECONDS)
+    load_adjustment_interval_seconds: int = Field(5, gt=0, le=MAX_INTERVAL_SECONDS)
     enable_throughput_scaling: bool = True
     enable_load_scaling: bool = False
     max_throughput_scaling_replicas: int = Field(8, ge=1)

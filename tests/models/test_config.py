@@ -76,6 +76,8 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"max_gpu_budget": 2, "min_gpu_budget": 4}, "min_gpu_budget must not exceed"),
         # bounds that keep a tick's work finite (a set_config past them stalled the worker)
         ({"startup_seconds": 1e300}, "startup_seconds: Input should be less than or equal to 86400"),
+        ({"throughput_adjustment_interval_seconds": 10**9},
+         "throughput_adjustment_interval_seconds: Input should be less than or equal to 86400"),
         ({"target_utilization": 5e-324}, "target_utilization: Input should be greater than or equal to 0.01"),
         ({"max_gpu_budget": -1, "min_gpu_budget": 10**6}, "min_gpu_budget: Input should be less than or equal to 100000"),
         # no float field takes inf or nan, the SLA and the predictor parameters included

@@ -287,13 +287,14 @@ class Planner:
         remember_window(state.traffic_history, full, peak, cfg.predictor_history_windows,
                         asked=state.forecaster.last_asked)
         forecast = state.forecaster.forecast()
-        sized = horizon = utilization = calibrated = window = None
+        sized = horizon = utilization = calibrated = window = exceeded = None
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
             sized = max(forecast[0], state.forecaster.quantile(cfg.sizing_quantile, horizon))
             coverage = state.forecaster.coverage(cfg.sizing_quantile, horizon)
             calibrated = coverage >= cfg.sizing_quantile  # conformal: it covers q by construction
+            exceeded = state.forecaster.exceedances(cfg.sizing_quantile, horizon)  # how the last ones fared
             utilization = _sizing_utilization(cfg, coverage)
             if _bursts_to_queueing(cfg):
                 # each series has its own adaptive level: the window's is held under the burst's
@@ -302,7 +303,8 @@ class Planner:
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
-            sized_num_req=sized, horizon_windows=horizon, quantile_calibrated=calibrated, mix_factor=factors,
+            sized_num_req=sized, horizon_windows=horizon, quantile_calibrated=calibrated,
+            quantile_exceeded=exceeded, mix_factor=factors,
             arrival_dispersion=queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
             queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization, window_num_req=window,
         )

@@ -157,6 +157,10 @@ class QuantileForecaster:
         # per (q, h, series): the adaptive level, and the log1p quantiles issued at origins not yet resolved
         self._levels: dict[tuple[float, int, Series], float] = {}
         self._issued: dict[tuple[float, int, Series], dict[int, float]] = {}
+        # per (q, h, series) still asked: [origin, 1 where the conformal quantile issued there was
+        # exceeded by the busiest of its h windows, else 0], the origins of the last ``history``
+        # windows: its calibration, live
+        self._outcomes: dict[tuple[float, int, Series], list[list[int]]] = {}
         # the quantile requests (q, horizon, series) made at the current origin, and at the
         # origin of the window observed last: a rebuild replays them (:meth:`ask`)
         self._asked: list[tuple[float, int, Series]] = []
@@ -213,6 +217,7 @@ class QuantileForecaster:
         """Score every issued quantile whose h windows are now all in, and move its level."""
         latest = self._seen - 1  # origin index of the window just observed
         first = self._seen - len(self._actuals)  # origin index of the oldest kept window
+        asked = set(self._asked)  # scored for the horizons still asked, not every h up to them
         for key, issued in self._issued.items():
             q, h, of = key
             origin = latest - h + 1
@@ -223,8 +228,18 @@ class QuantileForecaster:
                 continue
             peak = max(math.log1p(a) for a in self._series(of)[origin - first :])
             miss = 1.0 if peak > value else 0.0
-            level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
-            self._levels[key] = min(1.0, max(0.0, level))
+            if key in asked:
+                self._outcomes.setdefault(key, []).append([origin, int(miss)])
+            if self.adapt_rate > 0.0:
+                level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
+                self._levels[key] = min(1.0, max(0.0, level))
+        oldest = self._seen - self.history
+        for key in list(self._outcomes):
+            kept = [row for row in self._outcomes[key] if row[0] >= oldest]
+            if kept:
+                self._outcomes[key] = kept
+            else:
+                del self._outcomes[key]  # a horizon no longer asked, gone with its windows
 
     @property
     def asked(self) -> list[tuple[float, int, Series]]:
@@ -317,6 +332,22 @@ class QuantileForecaster:
             return 0.0
         return q if _rank(m, q) <= m else m / (m + 1)
 
+    def exceedances(self, q: float = 0.9, horizon_windows: int = 1, *, of: Series = "peak") -> tuple[int, int]:
+        """``(exceeded, scored)``: how the conformal ``quantile(q, horizon_windows, of=of)`` fared.
+
+        Of such quantiles issued at the origins of the last ``history``
+        windows, and whose windows have all been observed since, how many the
+        largest of those windows exceeded. A
+        calibrated q-quantile is exceeded on about ``1 - q`` of them; this is
+        that promise checked on the deployment's own traffic, as the forecast
+        benchmark and the simulator check it offline. Quantiles asked before
+        they were conformal are not scored: the largest value seen promises
+        only ``coverage``.
+        """
+        q, horizon = _check(q, horizon_windows)
+        outcomes = self._outcomes.get((q, horizon, of), [])
+        return sum(miss for _, miss in outcomes), len(outcomes)
+
     def quantile(self, q: float, horizon_windows: int = 1, *, of: Series = "peak") -> float:
         """The q-quantile of the largest request count in the next ``horizon_windows`` windows.
 
@@ -351,7 +382,7 @@ class QuantileForecaster:
             else:
                 value = base  # nothing observed spans h windows yet
             level = max(level, value)
-            if conformal and self.adapt_rate > 0.0:
+            if conformal:  # scored when its h windows are in (``_resolve``)
                 self._issued.setdefault((q, h, of), {})[self._seen] = level
             out.append(max(0.0, from_log1p(level)))  # counts past ~1e154 overflowed expm1
         return out + out[-1:] * (horizon - reach)
@@ -396,6 +427,7 @@ class QuantileForecaster:
             "seen": self._seen,
             "levels": {_key_text(k): v for k, v in self._levels.items()},
             "issued": {_key_text(k): [[o, v] for o, v in issued.items()] for k, issued in self._issued.items()},
+            "outcomes": {_key_text(k): [list(row) for row in rows] for k, rows in self._outcomes.items()},
             "asked": [list(request) for request in self._asked],
         }
 
@@ -419,6 +451,10 @@ class QuantileForecaster:
         qf._levels = {_key_of(k): float(v) for k, v in state.get("levels", {}).items()}
         qf._issued = {
             _key_of(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("issued", {}).items()
+        }
+        # states written before the outcomes were kept start scoring afresh
+        qf._outcomes = {
+            _key_of(k): [[int(o), int(bool(miss))] for o, miss in rows] for k, rows in state.get("outcomes", {}).items()
         }
         # states written before the requests were kept have none to replay
         qf._asked = asked_requests(state.get("asked", []))

@@ -162,6 +162,7 @@ def propose_throughput(
     sized_num_req: float | None = None,
     horizon_windows: int | None = None,
     quantile_calibrated: bool | None = None,
+    quantile_exceeded: tuple[int, int] | None = None,
     mix_factor: Mapping[Role, float] | None = None,
     arrival_dispersion: Dispersion = 1.0,
     queue_budgets: Budgets | None = None,
@@ -174,7 +175,7 @@ def propose_throughput(
     ``sized_num_req`` (the upper quantile over ``horizon_windows`` windows)
     is the count the fleet is sized for when given; the point forecast
     is still reported, and ``quantile_calibrated`` (whether that quantile
-    was conformal) with it. ``mix_factor`` scales each role's capacity.
+    was conformal) and ``quantile_exceeded`` (how its recent ones fared) with it. ``mix_factor`` scales each role's capacity.
     ``arrival_dispersion`` (1 for Poisson) stretches the queueing floor's waits.
     ``queue_budgets`` (``bucket_budgets`` of the last window's mix) replaces
     the queueing floor's one budget, the mean prompt's. ``osl_classes``
@@ -198,6 +199,7 @@ def propose_throughput(
         sized_rps=None if sized_num_req is None else demand_rps,
         window_sized_rps=None if window_num_req is None or not floored else window_num_req / interval,
         horizon_windows=horizon_windows, quantile_calibrated=quantile_calibrated,
+        quantile_exceeded=quantile_exceeded,
         arrival_dispersion=dispersion_points(arrival_dispersion) if floored else None,
     )
     factors = mix_factor or {}

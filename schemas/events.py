@@ -375,6 +375,12 @@ class PredictedLoad(_Model):
         None, description="whether the sized rate's quantile was conformal (its own errors calibrate it); "
         "false while it is still the largest ratio seen; null when the fleet is sized for the point",
     )
+    quantile_exceeded: tuple[Count, Count] | None = Field(
+        None, description="[exceeded, scored]: of the conformal quantiles sized for at this horizon in the "
+        "last windows of the forecaster's history whose windows have all closed since, how many the busiest "
+        "burst exceeded (about 1 - sizing_quantile of them when calibrated); null when the fleet is sized "
+        "for the point",
+    )
     arrival_dispersion: list[tuple[NonNegative, NonNegative]] | None = Field(
         None, description="[[tau_s, I]]: the arrivals' index of dispersion per time scale that the "
         "prefill queueing floor stretched its waits by (one point at 1 s with the 1-s dispersion; "

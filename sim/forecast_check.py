@@ -77,6 +77,11 @@ def forecast_coverage(
     }
     if sized.counts["scored"]:
         out["sized"] = {"quantile": quantile, "burst_s": burst, **sized.summary()}
+        # the planner's own score of its conformal quantiles at its last tick (models/quantiles.py
+        # ``exceedances``): what a live deployment reports, beside the simulator's count
+        live = next((row["quantile_exceeded"] for row in reversed(ticks) if "quantile_exceeded" in row), None)
+        if live is not None:
+            out["sized"]["planner_exceeded"], out["sized"]["planner_scored"] = live
     if window.counts["scored"]:
         out["window"] = {"quantile": quantile, **window.summary()}
     return out
@@ -137,7 +142,9 @@ def coverage_line(coverage: dict | None) -> str | None:
 def _misses_text(what: str, misses: dict) -> str:
     text = f"{what} exceeded on {misses['exceeded']} of {misses['scored']} ticks"
     if misses["calibrated_scored"]:
-        return text + f" ({misses['calibrated_exceeded']} of the {misses['calibrated_scored']} conformal ones)"
+        own = (f"; the planner's own count at its last tick, {misses['planner_exceeded']} of "
+               f"{misses['planner_scored']}" if misses.get("planner_scored") else "")
+        return text + f" ({misses['calibrated_exceeded']} of the {misses['calibrated_scored']} conformal ones{own})"
     return text + " (none conformal yet)"
 
 

@@ -270,7 +270,7 @@ def tick_row(report) -> dict:
         row["predicted_rps"] = report.predicted.rps
         row["predicted_isl"] = report.predicted.isl
         row["predicted_osl"] = report.predicted.osl
-        for name in ("sized_rps", "window_sized_rps", "horizon_windows", "quantile_calibrated"):
+        for name in ("sized_rps", "window_sized_rps", "horizon_windows", "quantile_calibrated", "quantile_exceeded"):
             if getattr(report.predicted, name) is not None:
                 row[name] = getattr(report.predicted, name)
     if report.observed is not None:

@@ -43,6 +43,11 @@ class WorkerMetrics:
         self.calibrated = Gauge("fleetplan_sizing_quantile_calibrated",
                                 "1 when the quantile the last tick sized for was conformal, 0 while it is "
                                 "still the largest ratio seen", ["deployment"], registry=r)
+        self.exceeded = Gauge("fleetplan_sizing_quantile_exceeded",
+                              "of the conformal quantiles sized for at this horizon in the forecaster's history "
+                              "(256 windows) whose windows have closed, how many the busiest burst exceeded "
+                              "(scored: how many there were); about 1 - sizing_quantile of them when calibrated",
+                              ["deployment", "count"], registry=r)
         self.startup = Gauge("fleetplan_startup_seconds",
                              "startup time the planner plans with (the throughput loop's horizon, the load "
                              "loop's scale-down wait): the median of the measured startups (from inventory, "
@@ -140,6 +145,10 @@ class WorkerMetrics:
             self.horizon.labels(dep).set(predicted.horizon_windows)
         if predicted.quantile_calibrated is not None:
             self.calibrated.labels(dep).set(1.0 if predicted.quantile_calibrated else 0.0)
+        if predicted.quantile_exceeded is not None:
+            exceeded, scored = predicted.quantile_exceeded
+            self.exceeded.labels(dep, "exceeded").set(exceeded)
+            self.exceeded.labels(dep, "scored").set(scored)
 
     def _observe_queues(self, dep: str, state) -> None:
         seen: set[tuple[str, str]] = set()

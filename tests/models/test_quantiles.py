@@ -52,6 +52,44 @@ def test_p90_is_exceeded_in_about_a_tenth_of_held_out_windows(kind, seed):
     assert 0.86 <= coverage <= 0.94
 
 
+@pytest.mark.parametrize("horizon", [1, 3])
+def test_the_forecaster_scores_its_own_conformal_quantiles_as_they_resolve(horizon):
+    """``exceedances`` is the held-out count a caller would make: each conformal quantile asked,
+    against the largest of the windows it covered, once they are all in; the last origins, whose
+    windows are not all in yet, wait. About a tenth of a calibrated P90's are exceeded."""
+    counts = lognormal_counts(700, seed=8)
+    qf = QuantileForecaster("ensemble", history=1000)
+    asked: list[tuple[int, float]] = []
+    for i, n in enumerate(counts):
+        if qf.calibrated(0.9, horizon):
+            asked.append((i, qf.quantile(0.9, horizon)))
+        else:
+            qf.quantile(0.9, horizon)  # asked before it is conformal: not scored
+        qf.observe(window(n))
+    resolved = [(i, upper) for i, upper in asked if i + horizon <= len(counts)]
+    exceeded = sum(max(counts[i:i + horizon]) > upper for i, upper in resolved)
+    assert qf.exceedances(0.9, horizon) == (exceeded, len(resolved))
+    assert len(resolved) == len(asked) - (horizon - 1) > 600
+    assert 0.06 <= exceeded / len(resolved) <= 0.14
+    assert qf.exceedances(0.9, horizon + 1) == (0, 0)  # scored for the horizon asked only
+    assert QuantileForecaster.from_state(json.loads(json.dumps(qf.to_state()))).exceedances(0.9, horizon) == (
+        exceeded, len(resolved))
+
+
+def test_the_scores_cover_the_last_history_windows_and_leave_with_their_horizon():
+    counts = lognormal_counts(200, seed=9)
+    qf = QuantileForecaster("constant", history=32)
+    for n in counts[:100]:
+        qf.quantile(0.9, 2)
+        qf.observe(window(n))
+    assert qf.exceedances(0.9, 2)[1] == 32 - 1  # the origins of the last 32 windows, but the newest
+    for n in counts[100:]:
+        qf.quantile(0.9, 3)  # the startup grew: another horizon is asked
+        qf.observe(window(n))
+    assert qf.exceedances(0.9, 2) == (0, 0) and "0.9@2" not in qf.to_state()["outcomes"]
+    assert qf.exceedances(0.9, 3)[1] == 32 - 2
+
+
 def test_p50_splits_held_out_windows_in_half():
     counts = lognormal_counts(1400, seed=5)
     assert 0.45 <= held_out_coverage("ensemble", counts, warm=200, q=0.5, horizon=1) <= 0.55
@@ -223,7 +261,9 @@ def test_adapt_rate_zero_is_plain_split_conformal():
         assert bits(plain.quantile(0.9, 2)) == bits(other.quantile(0.9, 2))
         plain.observe(window(n))
         other.observe(window(n))
-    assert plain.to_state()["levels"] == {} and plain.to_state()["issued"] == {}
+    assert plain.to_state()["levels"] == {}  # no level moves; the quantiles are still scored
+    exceeded, scored = plain.exceedances(0.9, 2)
+    assert scored == 64 - 1 and 0 < exceeded < scored  # the last origin waits for its second window
 
 
 def test_a_state_from_before_the_adaptive_levels_restores():

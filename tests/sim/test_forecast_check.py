@@ -93,3 +93,27 @@ def test_nothing_to_score():
     out = _score([{"t": 180.0, "predicted_rps": 10.0}], _steady(10, 0, 600), quantile=None)
     assert "sized" not in out and out["point"]["mape_pct"] == pytest.approx(0.0)
     assert coverage_line(out).startswith("forecast: point forecast off by 0.0 %")
+
+
+def test_the_planners_own_count_of_its_exceeded_quantiles_is_the_simulators(tmp_path):
+    """What a live deployment reports (``predicted.quantile_exceeded``, scored by the forecaster as
+    each quantile's windows close) is what the simulator counts afterwards from the arrivals: the
+    conformal P90s of the busiest 5 s over the horizon, 4 of 44 exceeded on Azure code at 10-s ticks."""
+    import orjson
+    from typer.testing import CliRunner
+
+    from fleetplan.cli import _register_optional, app
+    from tests.sim.sim_helpers import CODE
+
+    _register_optional()
+    config = tmp_path / "fast.yaml"
+    config.write_text("throughput_adjustment_interval_seconds: 10\nload_adjustment_interval_seconds: 5\n"
+                      "burst_window_seconds: 5\nstartup_seconds: 20\nenable_load_scaling: false\n")
+    result = CliRunner().invoke(app, [
+        "simulate", "--trace", str(CODE), "--profile", "h200-llama3.1-8b", "--config", str(config),
+        "--rate-scale", "20", "--startup", "15", "--out", str(tmp_path / "run"), "--json", "--no-baselines",
+    ])
+    assert result.exit_code == 0, result.output
+    sized = orjson.loads(result.stdout)["forecast"]["sized"]
+    assert (sized["planner_exceeded"], sized["planner_scored"]) == (sized["calibrated_exceeded"],
+                                                                     sized["calibrated_scored"]) == (4, 44)

@@ -168,5 +168,6 @@ def test_grafana_dashboard_is_provisioned():
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     for metric in ("fleetplan_replica_target", "fleetplan_sizing_replicas", "fleetplan_estimated_ttft_ms", "fleetplan_load_reason",
                    "fleetplan_connector_decisions_total", "fleetplan_decision_latency_seconds_bucket",
-                   "fleetplan_sizing_quantile_calibrated", "fleetplan_sizing_utilization"):
+                   "fleetplan_sizing_quantile_calibrated", "fleetplan_sizing_utilization",
+                   "fleetplan_sizing_quantile_exceeded"):
         assert metric in exprs

@@ -343,6 +343,12 @@ def test_the_worker_exports_the_sized_quantile_and_whether_it_was_conformal(make
         assert value("fleetplan_sizing_horizon_windows") == tick.predicted.horizon_windows == 2
         assert value("fleetplan_sizing_utilization", role="prefill") == tick.estimates["prefill"].utilization
     assert value("fleetplan_sizing_utilization", role="prefill") == 0.9
+    # the live calibration: the last tick's count of its conformal quantiles that were exceeded
+    exceeded, scored = ticks[-1].predicted.quantile_exceeded
+    assert scored > 0 and (exceeded, scored) == _state(fleet).forecaster.exceedances(0.9, 2)
+    assert (value("fleetplan_sizing_quantile_exceeded", count="exceeded"),
+            value("fleetplan_sizing_quantile_exceeded", count="scored")) == (exceeded, scored)
+    assert ticks[0].predicted.quantile_exceeded == (0, 0)  # nothing conformal has closed yet
     # no worker was started by a decision here, so the configured startup is what it plans with
     assert value("fleetplan_startup_seconds") == _state(fleet).config.startup_seconds
 

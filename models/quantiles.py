@@ -157,9 +157,10 @@ class QuantileForecaster:
         # per (q, h, series): the adaptive level, and the log1p quantiles issued at origins not yet resolved
         self._levels: dict[tuple[float, int, Series], float] = {}
         self._issued: dict[tuple[float, int, Series], dict[int, float]] = {}
-        # per (q, h, series) still asked: [origin, 1 where the conformal quantile issued there was
-        # exceeded by the busiest of its h windows, else 0], the origins of the last ``history``
-        # windows: its calibration, live
+        # per (q, h, series): the origins where that very quantile was asked for and conformal,
+        # not yet scored; and [origin, 1 where the busiest of its h windows exceeded it, else 0]
+        # for those scored, the origins of the last ``history`` windows: its calibration, live
+        self._asked_at: dict[tuple[float, int, Series], set[int]] = {}
         self._outcomes: dict[tuple[float, int, Series], list[list[int]]] = {}
         # the quantile requests (q, horizon, series) made at the current origin, and at the
         # origin of the window observed last: a rebuild replays them (:meth:`ask`)
@@ -217,7 +218,6 @@ class QuantileForecaster:
         """Score every issued quantile whose h windows are now all in, and move its level."""
         latest = self._seen - 1  # origin index of the window just observed
         first = self._seen - len(self._actuals)  # origin index of the oldest kept window
-        asked = set(self._asked)  # scored for the horizons still asked, not every h up to them
         for key, issued in self._issued.items():
             q, h, of = key
             origin = latest - h + 1
@@ -228,11 +228,15 @@ class QuantileForecaster:
                 continue
             peak = max(math.log1p(a) for a in self._series(of)[origin - first :])
             miss = 1.0 if peak > value else 0.0
-            if key in asked:
+            if origin in self._asked_at.get(key, ()):  # asked for itself, not as a shorter h
                 self._outcomes.setdefault(key, []).append([origin, int(miss)])
             if self.adapt_rate > 0.0:
                 level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
                 self._levels[key] = min(1.0, max(0.0, level))
+        for key in list(self._asked_at):  # the origins scored above, or never to be
+            self._asked_at[key] = {o for o in self._asked_at[key] if o > latest - key[1] + 1}
+            if not self._asked_at[key]:
+                del self._asked_at[key]
         oldest = self._seen - self.history
         for key in list(self._outcomes):
             kept = [row for row in self._outcomes[key] if row[0] >= oldest]
@@ -384,6 +388,8 @@ class QuantileForecaster:
             level = max(level, value)
             if conformal:  # scored when its h windows are in (``_resolve``)
                 self._issued.setdefault((q, h, of), {})[self._seen] = level
+                if h == horizon:
+                    self._asked_at.setdefault((q, h, of), set()).add(self._seen)
             out.append(max(0.0, from_log1p(level)))  # counts past ~1e154 overflowed expm1
         return out + out[-1:] * (horizon - reach)
 
@@ -427,7 +433,8 @@ class QuantileForecaster:
             "seen": self._seen,
             "levels": {_key_text(k): v for k, v in self._levels.items()},
             "issued": {_key_text(k): [[o, v] for o, v in issued.items()] for k, issued in self._issued.items()},
-            "outcomes": {_key_text(k): [list(row) for row in rows] for k, rows in self._outcomes.items()},
+            "asked_at": {_key_text(k): sorted(origins) for k, origins in self._asked_at.items()},
+            "outcomes": {_key_text(k): _outcomes_text(rows) for k, rows in self._outcomes.items()},
             "asked": [list(request) for request in self._asked],
         }
 
@@ -453,13 +460,29 @@ class QuantileForecaster:
             _key_of(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("issued", {}).items()
         }
         # states written before the outcomes were kept start scoring afresh
-        qf._outcomes = {
-            _key_of(k): [[int(o), int(bool(miss))] for o, miss in rows] for k, rows in state.get("outcomes", {}).items()
-        }
+        qf._asked_at = {_key_of(k): {int(o) for o in origins} for k, origins in state.get("asked_at", {}).items()}
+        qf._outcomes = {_key_of(k): _outcomes_of(v) for k, v in state.get("outcomes", {}).items()}
         # states written before the requests were kept have none to replay
         qf._asked = asked_requests(state.get("asked", []))
         qf._last_asked = []
         return qf
+
+
+def _outcomes_text(rows: list[list[int]]) -> list:
+    """Scored origins as stored: ``[first origin, "0100.1"]``, a character per origin from the
+    first on (``1`` exceeded, ``0`` covered, ``.`` not scored): a fifth of the state as pairs."""
+    first = rows[0][0]
+    marks = ["."] * (rows[-1][0] - first + 1)
+    for origin, miss in rows:
+        marks[origin - first] = "1" if miss else "0"
+    return [first, "".join(marks)]
+
+
+def _outcomes_of(stored) -> list[list[int]]:
+    first, marks = stored
+    if not set(marks) <= {"0", "1", "."}:
+        raise ValueError(f"quantile state: outcomes are 0, 1 or ., got {marks!r}")
+    return [[int(first) + i, int(mark)] for i, mark in enumerate(marks) if mark != "."]
 
 
 def asked_requests(rows) -> list[tuple[float, int, Series]]:

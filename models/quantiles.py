@@ -229,7 +229,10 @@ class QuantileForecaster:
             peak = max(math.log1p(a) for a in self._series(of)[origin - first :])
             miss = 1.0 if peak > value else 0.0
             if origin in self._asked_at.get(key, ()):  # asked for itself, not as a shorter h
-                self._outcomes.setdefault(key, []).append([origin, int(miss)])
+                # against the quantile as returned, which is never below 0: an idle window (0)
+                # does not exceed a quantile of 0, however far below 0 its log1p level fell
+                # (the level keeps its own test: the scoring must not move the quantiles)
+                self._outcomes.setdefault(key, []).append([origin, int(peak > max(value, 0.0))])
             if self.adapt_rate > 0.0:
                 level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
                 self._levels[key] = min(1.0, max(0.0, level))

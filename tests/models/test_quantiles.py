@@ -90,6 +90,46 @@ def test_the_scores_cover_the_last_history_windows_and_leave_with_their_horizon(
     assert qf.exceedances(0.9, 3)[1] == 32 - 2
 
 
+def test_an_idle_window_does_not_exceed_a_quantile_of_zero():
+    """A forecast that fell (4, then 1) below the ones its errors were made at can put the log1p
+    level below 0: the quantile returned is 0, and the idle window after it (0) does not exceed
+    it. Scored on the level itself, 0 > -0.22 counted it exceeded (until 2026-12-05)."""
+    qf = QuantileForecaster("constant", history=2)
+    for n in (4.0, 1.0):
+        qf.observe(window(n))
+    assert qf.calibrated(0.5, 1) and qf.quantile(0.5, 1) == 0.0
+    qf.observe(window(0.0))
+    assert qf.exceedances(0.5, 1) == (0, 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.just(0.0), st.integers(0, 20).map(float), st.floats(0, 1e3)), max_size=60),
+    q=st.sampled_from([0.5, 0.8, 0.9]), horizon=st.integers(1, 4), history=st.integers(2, 24),
+    kind=st.sampled_from(["constant", "ensemble"]),
+)
+def test_exceedances_count_what_a_caller_counts_from_the_quantiles_returned(values, q, horizon, history, kind):
+    """The independent count: each quantile asked while conformal, against the largest of its
+    windows once they are all in, over the origins of the last ``history`` windows. Sparse and
+    idle traffic included (where the quantile can be 0 under a forecast that is not); equal to
+    rounding (expm1 of a log1p can come back an ulp under the count it was taken from)."""
+    qf = QuantileForecaster(kind, history=history)
+    asked: list[tuple[int, float]] = []
+    for i, n in enumerate(values):
+        conformal = qf.calibrated(q, horizon)
+        upper = qf.quantile(q, horizon)
+        if conformal:
+            asked.append((i, upper))
+        qf.observe(window(n))
+    seen = len(values)
+    resolved = [(i, upper) for i, upper in asked if i + horizon <= seen and i >= seen - history]
+    exceeded = sum(
+        max(values[i:i + horizon]) > upper and not math.isclose(max(values[i:i + horizon]), upper, rel_tol=1e-9)
+        for i, upper in resolved
+    )
+    assert qf.exceedances(q, horizon) == (exceeded, len(resolved))
+
+
 def test_p50_splits_held_out_windows_in_half():
     counts = lognormal_counts(1400, seed=5)
     assert 0.45 <= held_out_coverage("ensemble", counts, warm=200, q=0.5, horizon=1) <= 0.55

@@ -62,7 +62,7 @@ def test_the_forecaster_scores_its_own_conformal_quantiles_as_they_resolve(horiz
     asked: list[tuple[int, float]] = []
     for i, n in enumerate(counts):
         if qf.calibrated(0.9, horizon):
-            asked.append((i, qf.quantile(0.9, horizon)))
+            asked.append((i, max(qf.forecast()[0], qf.quantile(0.9, horizon))))  # as sized for
         else:
             qf.quantile(0.9, horizon)  # asked before it is conformal: not scored
         qf.observe(window(n))
@@ -109,15 +109,16 @@ def test_an_idle_window_does_not_exceed_a_quantile_of_zero():
     kind=st.sampled_from(["constant", "ensemble"]),
 )
 def test_exceedances_count_what_a_caller_counts_from_the_quantiles_returned(values, q, horizon, history, kind):
-    """The independent count: each quantile asked while conformal, against the largest of its
-    windows once they are all in, over the origins of the last ``history`` windows. Sparse and
-    idle traffic included (where the quantile can be 0 under a forecast that is not); equal to
-    rounding (expm1 of a log1p can come back an ulp under the count it was taken from)."""
+    """The independent count: each quantile asked while conformal, as the planner sizes for it
+    (never below the point forecast), against the largest of its windows once they are all in,
+    over the origins of the last ``history`` windows. Sparse and idle traffic included (where the
+    quantile can be 0 under a forecast that is not); equal to rounding (expm1 of a log1p can come
+    back an ulp under the count it was taken from)."""
     qf = QuantileForecaster(kind, history=history)
     asked: list[tuple[int, float]] = []
     for i, n in enumerate(values):
         conformal = qf.calibrated(q, horizon)
-        upper = qf.quantile(q, horizon)
+        upper = max(qf.forecast()[0], qf.quantile(q, horizon))
         if conformal:
             asked.append((i, upper))
         qf.observe(window(n))

@@ -497,10 +497,11 @@ class Bridge:
             await self._dead(problem, source)
         accepted = 0
         for event in events:
-            ahead = self._too_far_ahead(event)
-            if ahead is not None:
+            event, refused = self._screen_ahead(event)
+            for problem in refused:
                 self.metrics.ahead.inc()
-                await self._dead(ahead, source)
+                await self._dead(problem, source)
+            if event is None:
                 continue
             if event.type in ("fpm", "fpm_batch"):
                 await self._take_fpms(event)
@@ -509,20 +510,33 @@ class Bridge:
             accepted += 1
         return accepted
 
-    def _too_far_ahead(self, event) -> Rejected | None:
-        """The rejection of an event dated more than ``max_ahead_s`` past the wall clock, or None.
+    def _screen_ahead(self, event) -> tuple[object | None, list[Rejected]]:
+        """``(what to take, what to refuse)`` of one event under ``max_ahead_s``.
 
         Judged on the bridge's clock because the event's own cannot be trusted: the
         worker orders everything by event time and has no wall clock to judge by (its
-        decisions must not depend on when it runs). A batch's ``time`` is at least
-        its latest FPM's, so it stands for the batch.
+        decisions must not depend on when it runs). A publisher's batch is judged FPM
+        by FPM, since it may carry several engines' (a sidecar's): the fast ones are
+        refused and the rest taken, dated by their latest when the batch's own time is
+        ahead too.
         """
         limit = self.settings.max_ahead_s
         if limit is None:
-            return None
-        now = time.time()
-        if event.time <= now + limit:
-            return None
+            return event, []
+        latest = time.time() + limit
+        if event.time <= latest:
+            return event, []
+        if event.type != "fpm_batch":
+            return None, [self._ahead(event, limit, latest)]
+        kept = [f for f in event.fpms if f.time <= latest]
+        refused = [self._ahead(f, limit, latest) for f in event.fpms if f.time > latest]
+        if not kept:
+            return None, refused
+        return FpmBatch(deployment=event.deployment, time=max(f.time for f in kept), fpms=kept), refused
+
+    @staticmethod
+    def _ahead(event, limit: float, latest: float) -> Rejected:
+        now = latest - limit
         return Rejected(
             "invalid", f"time: at most {limit:g} s ahead of the bridge's clock ({now:.3f}), got "
             f"{event.time:.3f}, {event.time - now:.0f} s ahead (the publisher's clock is fast, or its "

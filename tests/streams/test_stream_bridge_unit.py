@@ -363,6 +363,33 @@ async def test_with_max_ahead_an_event_dated_past_the_clock_is_dead_lettered_and
     assert bridge.metrics.ahead._value.get() == 2
 
 
+async def test_with_max_ahead_a_publishers_batch_loses_only_its_fast_fpms():
+    """A sidecar's batch carries several engines' FPMs: the one engine whose clock is fast has its
+    FPMs refused, the others' go through, dated by their latest when the batch's own time is fast
+    too (a batch is folded at its time)."""
+    import time
+
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(max_ahead_s=60.0), producer=producer)
+    await bridge.start()
+    now = math.floor(time.time())
+    fpms = [fpm("alpha", now + 0.2, 1, worker="ok-1"), fpm("alpha", now + 7200.0, 2, worker="fast"),
+            fpm("alpha", now + 0.4, 3, worker="ok-2")]
+    body = {"type": "fpm_batch", "deployment": "alpha", "time": now + 7200.0, "fpms": [as_dict(f) for f in fpms]}
+    try:
+        assert await bridge.accept([orjson.dumps(body)]) == 1
+        await settle(producer, lambda: any("fpm" in t for t, _ in producer.delivered))
+    finally:
+        await bridge.stop()
+    letters = [decode_event(v) for t, v in producer.delivered if "deadletter" in t]
+    assert len(letters) == 1 and '"worker_id":"fast"' in letters[0].payload and "7200 s ahead" in letters[0].detail
+    sent = [decode_input(v) for t, v in producer.delivered if "fpm" in t]
+    assert [[f.worker_id for f in b.fpms] for b in sent] == [["ok-1", "ok-2"]]
+    assert sent[0].time == now + 0.4
+    assert bridge.metrics.ahead._value.get() == 1
+
+
 async def test_without_max_ahead_a_backfill_ahead_of_the_clock_is_taken():
     """``simulate --publish`` without ``--realtime`` sends event times ahead of the wall clock on
     purpose; the bridge takes them unless told otherwise."""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import faust
 
+from fleetplan.streams.router import SNAPSHOT_EVERY_SECONDS
 from fleetplan.streams.topics import MAX_RECORD_BYTES, Topics
 
 
@@ -47,6 +48,7 @@ class WorkerSettings:
     batch_max: int = 2000
     batch_within_s: float = 0.05
     idle_after_s: float = 30.0
+    snapshot_every_s: float = SNAPSHOT_EVERY_SECONDS  # 0: none
     session_timeout_s: float = 10.0
     heartbeat_s: float = 1.0
     commit_interval_s: float = 1.0

@@ -12,7 +12,11 @@ Two sources, two replays, each matching how the events were first folded:
   with their coordinates. So the audit sorts the inputs by the core's
   ``canonical_key``, leaves out the dead-lettered ones, and fires each tick
   before the first event at or after it. Ticks the worker had not fired
-  yet (beyond the last tick diagnostics) are not compared.
+  yet (beyond the last tick diagnostics) are not compared. FPMs are kept a
+  day, so a deployment older than that is audited ``--since`` a time: from
+  the first state snapshot the worker wrote on the ticks topic at or after
+  it (hourly; streams/router.py), folding the inputs from its tick on, as a
+  restarted worker does, and checking the decisions made after it.
 * A local JSONL log of ``fleetplan simulate``: it holds the inputs in the
   order the simulator fed them to ``Fleet.feed``, so the audit feeds them
   the same way (lateness included) and finishes as the simulator does.
@@ -159,8 +163,8 @@ def first_difference(recorded, recomputed, path: str = "") -> tuple[str, object,
 
 
 def compare(result: AuditResult, recorded: list[dict], reports: list[TickReport],
-            horizon: float | None) -> AuditResult:
-    """Check recorded decisions against the recomputed ones, in decision_id order."""
+            horizon: float | None, first_id: int = 0) -> AuditResult:
+    """Check recorded decisions against the recomputed ones, in decision_id order from ``first_id``."""
     recomputed = [event_to_dict(r.decision) for r in reports if r.decision is not None]
     result.horizon = horizon
     seen: set[int] = set()
@@ -170,8 +174,10 @@ def compare(result: AuditResult, recorded: list[dict], reports: list[TickReport]
             result.divergence = Divergence(did, "decision_id", f"{did} recorded again", None)
             return result
         seen.add(did)
-        if did != i:
-            result.divergence = Divergence(i, "decision_id", f"{did} where {i} was expected (missing or out of order)", i)
+        if did != first_id + i:
+            result.divergence = Divergence(first_id + i, "decision_id",
+                                           f"{did} where {first_id + i} was expected (missing or out of order)",
+                                           first_id + i)
             return result
         mine = recomputed[i] if i < len(recomputed) else None
         if mine is None:
@@ -268,15 +274,62 @@ def _no_events(source: object, deployment: str, found: set[str], stopped: str | 
 
 
 def audit_kafka(bootstrap: str, deployment: str, *, config=None, profile=None, topic_prefix: str = "",
-                partitions: int | None = None, planner: Planner | None = None) -> AuditResult:
-    """Audit a deployment from the topics of a Kafka cluster."""
+                partitions: int | None = None, planner: Planner | None = None,
+                since: float | None = None) -> AuditResult:
+    """Audit a deployment from the topics of a Kafka cluster (``since``: from the first
+    snapshot at or after that event time, not from the first event)."""
     from fleetplan.bootstrap import build_planner
 
     planner = planner or build_planner(config, profile)
-    return asyncio.run(_audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions))
+    return asyncio.run(_audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions, since))
 
 
-async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions) -> AuditResult:
+class NoSnapshot(ValueError):
+    """``--since`` found no state snapshot to start from, or one whose inputs are gone."""
+
+
+def _first_snapshot(records, deployment: str, since: float) -> dict | None:
+    """The deployment's first snapshot on the ticks topic dated at or after ``since``."""
+    best = None
+    for r in records:
+        try:
+            data = orjson.loads(r.value or b"")
+        except orjson.JSONDecodeError:
+            continue
+        if (isinstance(data, dict) and data.get("type") == "snapshot" and data.get("deployment") == deployment
+                and isinstance(data.get("time"), int | float) and data["time"] >= since
+                and (best is None or data["time"] < best["time"])):
+            best = data
+    return best
+
+
+def _inputs_gone_after(slices, input_topics, partition: int, deployment: str) -> tuple[str, float] | None:
+    """The input topic whose retention cut the latest, and the event time it now starts at.
+
+    A partition that no longer starts at offset 0 lost its oldest records. A
+    deployment's records on one topic are in event-time order (the bridge keeps
+    each deployment's order), so the ones lost are dated no later than its first
+    kept (the partition's first, where it kept none).
+    """
+    latest = None
+    for name in input_topics:
+        records = slices[(name, partition)]
+        if not records or records[0].offset == 0:
+            continue
+        first = None
+        for r in records:
+            if r.key is not None and r.key.decode("utf-8", "replace") == deployment:
+                first = _decode(r.value)
+                if first is not None:
+                    break
+        if first is None:
+            first = next((e for e in map(_decode, (r.value for r in records)) if e is not None), None)
+        if first is not None and (latest is None or first.time > latest[1]):
+            latest = (name, first.time)
+    return latest
+
+
+async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions, since=None) -> AuditResult:
     from fleetplan.streams.kafka_io import read_partitions
     from fleetplan.streams.topics import Topics, partition_for
 
@@ -349,11 +402,35 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions)
     source = f"kafka {bootstrap} partition {p}" + (f" prefix {topic_prefix!r}" if topic_prefix else "")
     if not inputs and not recorded and not excluded and not invalid:
         raise NoEvents(_no_events(source, deployment, found, None))
-    state = planner.new_state(deployment)
+    state, first_id = planner.new_state(deployment), 0
+    if since is not None:
+        state, inputs, recorded = _from_snapshot(slices, topics, p, deployment, since, inputs, recorded)
+        first_id = state.next_decision_id
+        source += f" from the snapshot of its tick at {state.last_tick}"
     reports = refold_by_event_time(planner, deployment, inputs, state)
     result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, invalid=invalid,
                          events=inputs, reports=reports, state=state, stopped=stopped)
-    return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf)
+    return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf,
+                   first_id=first_id)
+
+
+def _from_snapshot(slices, topics, p, deployment, since, inputs, recorded):
+    """The state of the first snapshot at or after ``since``, with the inputs and the recorded
+    decisions that come after it: those its tick had not seen, those it had not made."""
+    snapshot = _first_snapshot(slices[(topics.ticks, p)], deployment, since)
+    if snapshot is None:
+        raise NoSnapshot(f"--since {since}: no snapshot of {deployment!r} at or after it on {topics.ticks} "
+                         f"(the worker writes one each hour of event time; the topic keeps a week)")
+    tick = float(snapshot["time"])
+    gone = _inputs_gone_after(slices, topics.inputs, p, deployment)
+    if gone is not None and gone[1] > tick:
+        raise NoSnapshot(f"--since {since}: the snapshot at {tick} needs the inputs from then on, and "
+                         f"{gone[0]} partition {p} now starts at event time {gone[1]} (its retention cut "
+                         f"the rest): give a --since at or after {gone[1]}")
+    state = DeploymentState.from_data(snapshot["state"])
+    first_id = state.next_decision_id
+    return (state, [e for e in inputs if e.time >= tick],
+            [d for d in recorded if isinstance(d.get("decision_id"), int) and d["decision_id"] >= first_id])
 
 
 def _tick_time(raw: bytes | None, deployment: str) -> float | None:

@@ -156,6 +156,7 @@ def worker(
     batch_max: Annotated[int, typer.Option(min=1, help="records per batch at most")] = 2000,
     batch_within: Annotated[float, typer.Option(min=0.001, help="seconds to wait to fill a batch")] = 0.05,
     idle_after: Annotated[float, typer.Option(min=0.1, help="seconds of silence after which a source stops holding the watermark")] = 30.0,
+    snapshot_every: Annotated[float, typer.Option(min=0.0, help="event-time seconds between the state snapshots each deployment writes on the ticks topic, which `audit --since` starts from (0: none)")] = 3600.0,
     session_timeout: Annotated[float, typer.Option(min=1.0, help="consumer session timeout, seconds")] = 10.0,
     heartbeat: Annotated[float, typer.Option(min=0.1, help="consumer heartbeat interval, seconds")] = 1.0,
     commit_interval: Annotated[float, typer.Option(min=0.1, help="offset commit interval, seconds")] = 1.0,
@@ -175,7 +176,7 @@ def worker(
     from fleetplan.streams.worker import run_worker
 
     _check_finite(batch_within=batch_within, idle_after=idle_after, session_timeout=session_timeout,
-                  heartbeat=heartbeat, commit_interval=commit_interval)
+                  heartbeat=heartbeat, commit_interval=commit_interval, snapshot_every=snapshot_every)
     if heartbeat >= session_timeout:
         _fail(f"--heartbeat: must be below --session-timeout ({session_timeout}), got {heartbeat}")
     _refuse("--metrics-port", port_problem(metrics_port))
@@ -184,7 +185,7 @@ def worker(
         topic_prefix=_topic_name_part("--topic-prefix", topic_prefix),
         partitions=partitions, replication=replication, store=_store(store or default_store()),
         datadir=str(datadir), config=None if config is None else str(config), profile=profile,
-        batch_max=batch_max, batch_within_s=batch_within, idle_after_s=idle_after,
+        batch_max=batch_max, batch_within_s=batch_within, idle_after_s=idle_after, snapshot_every_s=snapshot_every,
         session_timeout_s=session_timeout, heartbeat_s=heartbeat, commit_interval_s=commit_interval,
         instance_id=instance_id, metrics_port=metrics_port, loglevel=_loglevel(loglevel),
     )
@@ -207,6 +208,7 @@ def audit(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every decision checked")] = False,
     report: Annotated[Path | None, typer.Option("--report", help="also write DIR/report.html: the simulator's report of the recorded run")] = None,
     seed_out: Annotated[Path | None, typer.Option("--seed-out", help="also write a seed_traffic control of the windows the re-fold fed its forecaster, to start another planner from (JSONL)")] = None,
+    since: Annotated[float | None, typer.Option("--since", help="Kafka only: start from the worker's first state snapshot at or after this event time (Unix seconds), for a deployment older than its FPMs' retention (a day)")] = None,
 ) -> None:
     """Re-fold a deployment's inputs with the core and check every recorded decision.
 
@@ -226,6 +228,9 @@ def audit(
         _fail(f"give exactly one of --bootstrap (Kafka, or ${BOOTSTRAP_ENV}) or --log (JSONL file)")
     if not deployment:
         _fail("--deployment: must not be empty")
+    _check_finite(since=since)
+    if since is not None and log is not None:
+        _fail("--since: reads the worker's snapshots on Kafka (--bootstrap); a --log audit folds from its first line")
     if report is not None:
         ensure_output_dir("--report", report)
     if log is not None:
@@ -242,7 +247,7 @@ def audit(
         else:
             with _reaching_kafka(bootstrap):
                 result = audit_kafka(bootstrap, deployment, topic_prefix=topic_prefix, partitions=partitions,
-                                     planner=planner)
+                                     planner=planner, since=since)
     except (ConfigError, EventLogError, OSError, ValueError) as err:
         _fail(str(err))
     for line in result.lines(verbose=verbose):

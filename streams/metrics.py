@@ -80,6 +80,9 @@ class WorkerMetrics:
         self.ticks = Counter("fleetplan_ticks", "ticks fired", ["deployment"], registry=r)
         self.events = Counter("fleetplan_input_records", "input records routed", ["topic"], registry=r)
         self.fpms = Counter("fleetplan_fpm_events", "forward-pass metrics routed (batches expanded)", registry=r)
+        self.snapshots_skipped = Counter("fleetplan_snapshots_skipped",
+                                         "hourly state snapshots left out for their size (over 900 kB), so "
+                                         "audit --since cannot start there", registry=r)
         self.mirror_checks = Counter("fleetplan_traffic_mirror_checks",
                                      "throughput windows compared with the windowed traffic table",
                                      ["deployment"], registry=r)

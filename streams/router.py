@@ -19,10 +19,13 @@ did with each record:
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+import orjson
 
 from fleetplan.models import fold_ahead
 from fleetplan.models.config_changes import intake_problem
@@ -52,6 +55,23 @@ Each tick leaves a diagnostics record (about 0.5 kB) in the outbox, which is sav
 in the deployment's table record: a clock that jumps a day at 5-s ticks (one
 event dated ahead, or a source back after an outage) fired 17,280 ticks at once,
 and their 19 MB outbox was refused by the 16 MiB record limit on every restart."""
+
+
+SNAPSHOT_EVERY_SECONDS = 3600
+"""Event time between a deployment's state snapshots on the ticks topic. FPMs are kept a
+day, so an audit of an older deployment cannot fold from its first event; it starts from
+a snapshot instead (``fleetplan audit --since``), the state a tick left, as a restart does."""
+
+
+SNAPSHOT_MAX_BYTES = 900_000
+"""Largest snapshot written: under the 1 MB a ticks topic created before snapshots takes
+(Kafka's default ``max.message.bytes``); one that large (a fleet of some 1,500 engines'
+latest FPMs) is left out, and ``fleetplan_snapshots_skipped_total`` counts it."""
+
+
+def snapshot_record(deployment: str, tick: float, state: dict) -> dict:
+    """The ticks-topic record of a deployment's state as tick ``tick`` left it."""
+    return {"type": "snapshot", "deployment": deployment, "time": tick, "state": state}
 
 
 @dataclass
@@ -130,6 +150,7 @@ class RoutedBatch:
     events: Counter = field(default_factory=Counter)
     fpms: int = 0
     rollbacks: int = 0
+    snapshots_skipped: int = 0
 
     def outputs(self) -> list[Output]:
         """Everything to send once the saves are durable, in order."""
@@ -153,8 +174,10 @@ class Router:
         load: Callable[[str], StoredDeployment | None] = lambda name: None,
         clock: Callable[[], float] = time.time,
         partitions: int | None = None,
+        snapshot_every: float = SNAPSHOT_EVERY_SECONDS,
     ) -> None:
         self.planner = planner
+        self.snapshot_every = snapshot_every  # 0: none
         # the input topics' partition count: a deployment lives on partition_for(name, partitions)
         self.partitions = partitions
         self.watermarks = watermarks
@@ -326,17 +349,35 @@ class Router:
                     marks.append(clock_watermark(clock)(state))
                     return marks[-1]
 
+                before = state.last_tick
                 reports = advance(self.planner, state, watermark, dep.ahead, max_ticks=MAX_TICKS_PER_BATCH)
                 if not reports:
                     continue  # at most events folded ahead: nothing to save or release yet
                 for report, mark in zip(reports, marks, strict=False):
                     batch.ticks.append(self._tick_outputs(dep, report, clock, mark, advanced_at))
+                self._snapshot(dep, before, batch)
                 dep.dirty = True
                 last = state.last_tick
                 keep = []
                 for held in dep.held:
                     (batch.release.append(held[1]) if held[0] < last else keep.append(held))
                 dep.held = keep
+
+    def _snapshot(self, dep: LiveDeployment, before: float | None, batch: RoutedBatch) -> None:
+        """Write the state the last tick left, once its ticks cross a multiple of ``snapshot_every``.
+
+        The state as it is saved (``settled_data``: nothing folded ahead of the tick), so
+        folding the inputs from the tick on gives the decisions after it, as a restart
+        does. A copy: the outbox is sent after more of the batch is folded.
+        """
+        every, last = self.snapshot_every, dep.state.last_tick
+        if not every or before is None or last is None or math.floor(before / every) == math.floor(last / every):
+            return
+        raw = orjson.dumps(settled_data(dep.state, dep.ahead))
+        if len(raw) > SNAPSHOT_MAX_BYTES:
+            batch.snapshots_skipped += 1
+            return
+        dep.outbox.append(Output(TICKS, dep.name, snapshot_record(dep.name, last, orjson.loads(raw))))
 
     def _tick_outputs(self, dep: LiveDeployment, report: TickReport, clock: float,
                       watermark: float, advanced_at: float | None) -> TickOutcome:

@@ -131,7 +131,9 @@ def event_log_specs(topics: Topics, partitions: int, *, fpm_retention_ms: int = 
         TopicSpec(topics.acks, partitions, {**kept, "retention.ms": week}, "input"),
         TopicSpec(topics.decisions, partitions, {**kept, "retention.ms": str(30 * DAY_MS)}, "output"),
         TopicSpec(topics.deadletter, partitions, {**kept, "retention.ms": week}, "output"),
-        TopicSpec(topics.ticks, partitions, {**kept, "retention.ms": week}, "output"),
+        # the hourly state snapshots are larger than a tick's diagnostics (streams/router.py)
+        TopicSpec(topics.ticks, partitions, {**kept, "retention.ms": week,
+                                             "max.message.bytes": str(MAX_RECORD_BYTES)}, "output"),
     ]
 
 

@@ -73,7 +73,8 @@ class PlannerWorker:
         self.topics = settings.topics
         self.metrics = metrics or WorkerMetrics()
         self.watermarks = Watermarks(CLOCKED, settings.idle_after_s)
-        self.router = Router(planner, self.watermarks, load=self._load, partitions=settings.partitions)
+        self.router = Router(planner, self.watermarks, load=self._load, partitions=settings.partitions,
+                             snapshot_every=settings.snapshot_every_s)
         self.owned: set[int] = set()
         self.positions = InputPositions()
         self._committed: dict[tuple[str, int], int] = {}
@@ -255,6 +256,8 @@ class PlannerWorker:
             m.fpms.inc(batch.fpms)
         if batch.rollbacks:
             m.fold_rollbacks.inc(batch.rollbacks)
+        if batch.snapshots_skipped:
+            m.snapshots_skipped.inc(batch.snapshots_skipped)
         for dep, n in batch.late.items():
             m.late.labels(dep).inc(n)
             m.deadletters.labels("late").inc(n)

@@ -79,6 +79,16 @@ def test_audit_stopped_by_a_bad_line_reports_what_it_proved_before_it(tmp_path, 
     assert f"{log}:{cut}:" in _one_error_line(result)
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--log", "events.jsonl", "--since", "1000"], "--since: reads the worker's snapshots on Kafka (--bootstrap)"),
+    (["--bootstrap", "127.0.0.1:1", "--since", "nan"], "--since: must be a finite number"),
+])
+def test_audit_since_is_for_kafka_and_a_time(tmp_path, config, args, message):
+    result = _run("audit", "--deployment", "alpha", "--config", config, *args)
+    assert result.exit_code == 2
+    assert message in _one_error_line(result)
+
+
 def test_audit_checks_the_report_directory_before_auditing(tmp_path, config):
     log = tmp_path / "events.jsonl"
     write_log(log)
@@ -230,3 +240,15 @@ def test_audit_reads_the_bootstrap_from_the_environment_as_worker_and_bridge_do(
     monkeypatch.delenv("FLEETPLAN_KAFKA_BOOTSTRAP")
     assert "give exactly one of --bootstrap" in _one_error_line(_run("audit", "--deployment", "alpha"))
 
+
+
+def test_the_worker_snapshots_each_hour_by_default():
+    """``audit --since`` finds a snapshot within the hour before any time the ticks topic keeps."""
+    import inspect
+
+    from fleetplan.streams.app import WorkerSettings
+    from fleetplan.streams.cli import worker
+    from fleetplan.streams.router import SNAPSHOT_EVERY_SECONDS
+
+    default = inspect.signature(worker).parameters["snapshot_every"].default
+    assert default == WorkerSettings().snapshot_every_s == SNAPSHOT_EVERY_SECONDS == 3600

@@ -53,3 +53,95 @@ def test_a_set_config_refused_at_intake_is_not_folded_by_the_audit(monkeypatch, 
     result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
     assert result.ok, "\n".join(result.lines())
     assert result.invalid == 1
+
+
+def _routed_run(snapshot_every: float, seconds: float = 120):
+    """A worker run of one deployment in process: the log it read and what it wrote, per topic."""
+    log = Log()
+    fpms, requests = traffic("alpha", seconds)
+    for _, topic, event in sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in requests],
+                                  key=lambda x: (x[0], x[1])):
+        log.append(topic, event)
+    worker = Harness(deciding_planner())
+    worker.router.snapshot_every = snapshot_every
+    for i in range(0, len(log.records), 25):
+        worker.route(log.records[i:i + 25])
+    topics = Topics("")
+    written = {topics.decisions: [], topics.deadletter: [], topics.ticks: []}
+    named = {canonical.DECISIONS: topics.decisions, canonical.DEADLETTER: topics.deadletter, TICKS: topics.ticks}
+    for topic, value in worker.sent:
+        written[named[topic]].append(value)
+    return log, written, topics
+
+
+def _reading(monkeypatch, log, written, topics, *, cut_at: float | None = None):
+    """Serve the run as Kafka would, the input topics' records before ``cut_at`` (event time)
+    deleted by retention: the partitions then start past offset 0."""
+    async def read_partitions(bootstrap, wanted, tail=None):
+        slices = {}
+        for topic, partition in wanted:
+            if topic in topics.inputs:
+                kept = [r for r in log.records if r.topic == topics.logical(topic)]
+                if cut_at is not None:
+                    kept = [r for r in kept if orjson.loads(r.value)["time"] >= cut_at]
+                slices[topic, partition] = [SimpleNamespace(key=r.key, value=r.value, offset=r.offset, partition=0)
+                                            for r in kept]
+            else:
+                slices[topic, partition] = [SimpleNamespace(key=b"alpha", value=orjson.dumps(v), offset=i, partition=0)
+                                            for i, v in enumerate(written[topic])]
+        return slices
+
+    monkeypatch.setattr(kafka_io, "read_partitions", read_partitions)
+
+
+def test_the_worker_writes_a_snapshot_each_time_its_ticks_cross_the_period():
+    _, written, topics = _routed_run(snapshot_every=30)
+    snapshots = [r for r in written[topics.ticks] if r.get("type") == "snapshot"]
+    assert [s["time"] for s in snapshots] == [1020.0, 1050.0, 1080.0, 1110.0]  # T0 = 1000, ticks every 5 s
+    assert all(s["deployment"] == "alpha" and s["state"]["last_tick"] == s["time"] for s in snapshots)
+    assert _routed_run(snapshot_every=0)[1][topics.ticks] == [r for r in written[topics.ticks]
+                                                              if r.get("type") != "snapshot"]
+
+
+def test_an_audit_since_a_snapshot_proves_the_decisions_after_it_with_the_older_inputs_gone(monkeypatch):
+    """A deployment older than its FPMs' retention: the inputs before 1050 are deleted, so an
+    audit from the first event diverges, and one from the snapshot at 1080 proves every decision
+    made after it, as a worker restarted from that state made them."""
+    log, written, topics = _routed_run(snapshot_every=30)
+    decisions = written[topics.decisions]
+    _reading(monkeypatch, log, written, topics, cut_at=1050.0)
+    assert not asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1)).ok
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))
+    assert result.ok, "\n".join(result.lines())
+    after = [d["decision_id"] for d in decisions if d["time"] > 1080.0]
+    assert after and result.reproduced == after and "snapshot of its tick at 1080.0" in result.source
+
+    # a decision recorded after the snapshot that the inputs do not give is caught
+    tampered = {**written, topics.decisions: [dict(d, targets={"agg": 99}) if d["decision_id"] == after[-1] else d
+                                              for d in decisions]}
+    _reading(monkeypatch, log, tampered, topics, cut_at=1050.0)
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))
+    assert result.divergence is not None and result.divergence.decision_id == after[-1]
+
+
+def test_an_audit_since_refuses_a_snapshot_whose_inputs_are_gone_or_none_at_all(monkeypatch):
+    from fleetplan.streams.audit import NoSnapshot
+
+    log, written, topics = _routed_run(snapshot_every=30)
+    _reading(monkeypatch, log, written, topics, cut_at=1050.0)
+    # the requests lost dated before 1050.25, the first kept: maybe after the snapshot at 1050
+    with pytest.raises(NoSnapshot, match=r"requests.v1 partition 0 now starts at event time 1050\.25 .*"
+                                         r"give a --since at or after 1050\.25"):
+        asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1040.0))
+    with pytest.raises(NoSnapshot, match="no snapshot of 'alpha' at or after it"):
+        asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=5000.0))
+
+
+def test_a_snapshot_too_large_for_a_ticks_topic_of_kafkas_default_limit_is_left_out(monkeypatch):
+    """A ticks topic created before the snapshots takes 1 MB records: a larger one would fail the
+    batch and stop the worker, so it is not written (and counted)."""
+    import fleetplan.streams.router as router
+
+    monkeypatch.setattr(router, "SNAPSHOT_MAX_BYTES", 1000)
+    _, written, topics = _routed_run(snapshot_every=30)
+    assert written[topics.ticks] and not [r for r in written[topics.ticks] if r.get("type") == "snapshot"]

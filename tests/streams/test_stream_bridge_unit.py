@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 
 import msgpack
 import orjson
@@ -357,7 +358,7 @@ async def test_with_max_ahead_an_event_dated_past_the_clock_is_dead_lettered_and
     assert [(d.reason, d.deployment) for d in letters] == [("invalid", "alpha")] * 2
     assert "at most 60 s ahead of the bridge's clock" in letters[0].detail
     assert '"worker_id":"fast"' in letters[0].payload
-    assert "3600 s ahead" in letters[1].detail
+    assert 3595 < int(re.search(r", (\d+) s ahead", letters[1].detail)[1]) <= 3600
     sent = [decode_event(v) for t, v in producer.delivered if "deadletter" not in t]
     assert max(e.time for e in sent) < now + 60.0
     assert bridge.metrics.ahead._value.get() == 2
@@ -383,7 +384,8 @@ async def test_with_max_ahead_a_publishers_batch_loses_only_its_fast_fpms():
     finally:
         await bridge.stop()
     letters = [decode_event(v) for t, v in producer.delivered if "deadletter" in t]
-    assert len(letters) == 1 and '"worker_id":"fast"' in letters[0].payload and "7200 s ahead" in letters[0].detail
+    assert len(letters) == 1 and '"worker_id":"fast"' in letters[0].payload
+    assert 7195 < int(re.search(r", (\d+) s ahead", letters[0].detail)[1]) <= 7200  # the clock moved on
     sent = [decode_input(v) for t, v in producer.delivered if "fpm" in t]
     assert [[f.worker_id for f in b.fpms] for b in sent] == [["ok-1", "ok-2"]]
     assert sent[0].time == now + 0.4

@@ -40,9 +40,13 @@ class RecordedRun:
 
 def recorded_run(
     name: str, events: Sequence, reports: Iterable, roles: tuple[str, ...], gpus_per_engine: dict[str, int],
-    ttft_ms: float, itl_ms: float, window_s: float,
+    ttft_ms: float, itl_ms: float, window_s: float, *, workers: dict[str, tuple[str, str, int]] | None = None,
 ) -> RecordedRun:
-    """Rebuild the run of one deployment from its inputs and the core's tick reports."""
+    """Rebuild the run of one deployment from its inputs and the core's tick reports.
+
+    ``workers`` (worker -> (role, state, gpus)): those inventory had named before the
+    first event, as the snapshot an ``audit --since`` starts from holds them.
+    """
     reports = list(reports)
     times = [e.time for e in events] + [r.time for r in reports]
     if not times:
@@ -53,7 +57,8 @@ def recorded_run(
     t0 = min([*times, *(e.arrival_s for e in events if e.type == "request")])
     end = max(times) - t0
     requests, unmeasured = _requests(events, t0)
-    timeline = _inventory_timeline(events, roles, t0) or _tick_timeline(reports, roles, gpus_per_engine, t0)
+    timeline = (_inventory_timeline(events, roles, t0, workers or {})
+                or _tick_timeline(reports, roles, gpus_per_engine, t0))
     ticks = []
     for report in reports:
         row = tick_row(report)
@@ -96,13 +101,14 @@ def _arrivals(events: Sequence, t0: float, end: float, window_s: float) -> list[
     return [(i * window_s, c, min(window_s, end - i * window_s)) for i, c in enumerate(counts)]
 
 
-def _inventory_timeline(events: Sequence, roles: tuple[str, ...], t0: float) -> ReplicaTimeline | None:
+def _inventory_timeline(events: Sequence, roles: tuple[str, ...], t0: float,
+                        start: dict[str, tuple[str, str, int]]) -> ReplicaTimeline | None:
     inventory = [e for e in events if e.type == "inventory" and e.role in roles]
-    if not inventory:
+    workers = {w: v for w, v in start.items() if v[0] in roles}  # worker -> (role, state, gpus)
+    if not inventory and not workers:
         return None
     timeline = ReplicaTimeline(roles)
-    workers: dict[str, tuple[str, str, int]] = {}  # worker -> (role, state, gpus)
-    timeline.record(0.0, _counts(workers, roles), 0)
+    timeline.record(0.0, _counts(workers, roles), sum(g for _, _, g in workers.values()))
     for e in sorted(inventory, key=lambda e: e.time):
         if e.state == "gone":
             workers.pop(e.worker_id, None)

@@ -69,6 +69,9 @@ class AuditResult:
     stopped: str | None = None
     # the deployment's state at the end of the re-fold (what ``--seed-out`` reads)
     state: DeploymentState | None = field(default=None, repr=False)
+    # worker -> (role, state, gpus) of those inventory had named when the re-fold began: a
+    # ``--since`` audit starts from a snapshot's fleet, which its inputs no longer show the report
+    workers: dict[str, tuple[str, str, int]] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -407,9 +410,10 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
         state, inputs, recorded = _from_snapshot(slices, topics, p, deployment, since, inputs, recorded)
         first_id = state.next_decision_id
         source += f" from the snapshot of its tick at {state.last_tick}"
+    workers = {w: (v.role, v.state, v.gpus) for w, v in state.workers.items() if not v.discovered}
     reports = refold_by_event_time(planner, deployment, inputs, state)
     result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, invalid=invalid,
-                         events=inputs, reports=reports, state=state, stopped=stopped)
+                         events=inputs, reports=reports, state=state, stopped=stopped, workers=workers)
     return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf,
                    first_id=first_id)
 
@@ -453,7 +457,7 @@ def write_audit_report(result: AuditResult, config, out: Path, window_s: float =
 
     gpus = {r: config.gpus_per_engine(r) or 1 for r in config.roles}
     run = recorded_run(result.deployment, result.events, result.reports, config.roles, gpus,
-                       config.ttft_ms, config.itl_ms, window_s)
+                       config.ttft_ms, config.itl_ms, window_s, workers=result.workers)
     out.mkdir(parents=True, exist_ok=True)
     title = f"fleetplan audit: {result.deployment} from {result.source}"
     return write_report(out / "report.html", [run.result], config.ttft_ms, config.itl_ms, window_s,

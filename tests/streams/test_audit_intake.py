@@ -55,12 +55,13 @@ def test_a_set_config_refused_at_intake_is_not_folded_by_the_audit(monkeypatch, 
     assert result.invalid == 1
 
 
-def _routed_run(snapshot_every: float, seconds: float = 120):
-    """A worker run of one deployment in process: the log it read and what it wrote, per topic."""
+def _routed_run(snapshot_every: float, seconds: float = 120, extra: tuple = ()):
+    """A worker run of one deployment in process: the log it read and what it wrote, per topic
+    (``extra``: more (topic, event) inputs)."""
     log = Log()
     fpms, requests = traffic("alpha", seconds)
-    for _, topic, event in sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in requests],
-                                  key=lambda x: (x[0], x[1])):
+    for _, topic, event in sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in requests]
+                                  + [(e.time, topic, e) for topic, e in extra], key=lambda x: (x[0], x[1])):
         log.append(topic, event)
     worker = Harness(deciding_planner())
     worker.router.snapshot_every = snapshot_every
@@ -145,3 +146,26 @@ def test_a_snapshot_too_large_for_a_ticks_topic_of_kafkas_default_limit_is_left_
     monkeypatch.setattr(router, "SNAPSHOT_MAX_BYTES", 1000)
     _, written, topics = _routed_run(snapshot_every=30)
     assert written[topics.ticks] and not [r for r in written[topics.ticks] if r.get("type") == "snapshot"]
+
+
+def test_the_report_of_an_audit_since_a_snapshot_starts_with_the_engines_it_held(monkeypatch, tmp_path):
+    """Three engines inventory named before the snapshot at 1080, a fourth after it: the report
+    of the audit from that snapshot draws all four, not only the one its inputs still name."""
+    import fleetplan.sim.report as report
+    from fleetplan.schemas.events import InventoryEvent
+    from fleetplan.streams.audit import write_audit_report
+
+    def ready(t, worker):
+        return canonical.INVENTORY, InventoryEvent(deployment="alpha", time=t, worker_id=worker, role="agg",
+                                                   state="ready", gpus=2)
+
+    extra = (ready(T0 + 0.1, "w0"), ready(T0 + 1.1, "w1"), ready(T0 + 2.1, "w2"), ready(T0 + 100.1, "w3"))
+    log, written, topics = _routed_run(snapshot_every=30, extra=extra)
+    _reading(monkeypatch, log, written, topics)
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))
+    assert result.ok, "\n".join(result.lines())
+    drawn = []
+    monkeypatch.setattr(report, "write_report", lambda out, results, *args: drawn.extend(results) or out)
+    write_audit_report(result, deciding_planner().config, tmp_path)
+    points = drawn[0].timeline.points
+    assert [(c["agg"]["ready"], gpus) for _, c, gpus in points] == [(3, 6), (4, 8)]

@@ -427,10 +427,12 @@ def _from_snapshot(slices, topics, p, deployment, since, inputs, recorded):
                          f"(the worker writes one each hour of event time; the topic keeps a week)")
     tick = float(snapshot["time"])
     gone = _inputs_gone_after(slices, topics.inputs, p, deployment)
-    if gone is not None and gone[1] > tick:
+    # the tick saw the events before it, not those at it: one lost dated as the first kept,
+    # at the tick, is needed too
+    if gone is not None and gone[1] >= tick:
         raise NoSnapshot(f"--since {since}: the snapshot at {tick} needs the inputs from then on, and "
                          f"{gone[0]} partition {p} now starts at event time {gone[1]} (its retention cut "
-                         f"the rest): give a --since at or after {gone[1]}")
+                         f"the rest): give a --since after {gone[1]}")
     state = DeploymentState.from_data(snapshot["state"])
     first_id = state.next_decision_id
     return (state, [e for e in inputs if e.time >= tick],

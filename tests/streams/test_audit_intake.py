@@ -57,11 +57,11 @@ def test_a_set_config_refused_at_intake_is_not_folded_by_the_audit(monkeypatch, 
 
 def _routed_run(snapshot_every: float, seconds: float = 120, extra: tuple = ()):
     """A worker run of one deployment in process: the log it read and what it wrote, per topic
-    (``extra``: more (topic, event) inputs)."""
+    (``extra``: more (topic, event) inputs, each before the traffic's of its time)."""
     log = Log()
     fpms, requests = traffic("alpha", seconds)
-    for _, topic, event in sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in requests]
-                                  + [(e.time, topic, e) for topic, e in extra], key=lambda x: (x[0], x[1])):
+    for _, topic, event in sorted([(e.time, topic, e) for topic, e in extra] + [(e.time, FPM, e) for e in fpms]
+                                  + [(e.time, REQ, e) for e in requests], key=lambda x: (x[0], x[1])):
         log.append(topic, event)
     worker = Harness(deciding_planner())
     worker.router.snapshot_every = snapshot_every
@@ -75,9 +75,10 @@ def _routed_run(snapshot_every: float, seconds: float = 120, extra: tuple = ()):
     return log, written, topics
 
 
-def _reading(monkeypatch, log, written, topics, *, cut_at: float | None = None):
-    """Serve the run as Kafka would, the input topics' records before ``cut_at`` (event time)
-    deleted by retention: the partitions then start past offset 0."""
+def _reading(monkeypatch, log, written, topics, *, cut_at: float | None = None, fpm_from: int | None = None):
+    """Serve the run as Kafka would, the input topics' records before ``cut_at`` (event time),
+    or the FPMs before offset ``fpm_from``, deleted by retention: the partitions then start past
+    offset 0."""
     async def read_partitions(bootstrap, wanted, tail=None):
         slices = {}
         for topic, partition in wanted:
@@ -85,6 +86,8 @@ def _reading(monkeypatch, log, written, topics, *, cut_at: float | None = None):
                 kept = [r for r in log.records if r.topic == topics.logical(topic)]
                 if cut_at is not None:
                     kept = [r for r in kept if orjson.loads(r.value)["time"] >= cut_at]
+                if fpm_from is not None and topics.logical(topic) == FPM:
+                    kept = [r for r in kept if r.offset >= fpm_from]
                 slices[topic, partition] = [SimpleNamespace(key=r.key, value=r.value, offset=r.offset, partition=0)
                                             for r in kept]
             else:
@@ -132,10 +135,28 @@ def test_an_audit_since_refuses_a_snapshot_whose_inputs_are_gone_or_none_at_all(
     _reading(monkeypatch, log, written, topics, cut_at=1050.0)
     # the requests lost dated before 1050.25, the first kept: maybe after the snapshot at 1050
     with pytest.raises(NoSnapshot, match=r"requests.v1 partition 0 now starts at event time 1050\.25 .*"
-                                         r"give a --since at or after 1050\.25"):
+                                         r"give a --since after 1050\.25"):
         asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1040.0))
     with pytest.raises(NoSnapshot, match="no snapshot of 'alpha' at or after it"):
         asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=5000.0))
+
+
+def test_an_audit_since_refuses_a_snapshot_whose_tick_is_the_time_of_the_first_input_kept(monkeypatch):
+    """A tick sees the events before it, so the snapshot at 1050 needs those at 1050. Two
+    engines report at 1050 and retention keeps the second only: the first, lost, is dated no
+    later than it, that is possibly 1050, and the audit cannot start at 1050."""
+    from fleetplan.streams.audit import NoSnapshot
+    from tests.streams.traffic import fpm
+
+    log, written, topics = _routed_run(snapshot_every=30, extra=((FPM, fpm("alpha", 1050.0, 0, worker="w1")),))
+    second = next(r for r in log.records if r.topic == FPM and orjson.loads(r.value)["time"] == 1050.0
+                  and orjson.loads(r.value)["worker_id"] == "w0")
+    _reading(monkeypatch, log, written, topics, fpm_from=second.offset)
+    with pytest.raises(NoSnapshot, match=r"fpm.v1 partition 0 now starts at event time 1050\.0 .*"
+                                         r"give a --since after 1050\.0"):
+        asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1041.0))
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1050.5))
+    assert result.ok and "snapshot of its tick at 1080.0" in result.source, "\n".join(result.lines())
 
 
 def test_a_snapshot_too_large_for_a_ticks_topic_of_kafkas_default_limit_is_left_out(monkeypatch):

@@ -306,19 +306,22 @@ def _first_snapshot(records, deployment: str, since: float) -> dict | None:
     return best
 
 
-def _inputs_gone_after(slices, input_topics, partition: int, deployment: str) -> tuple[str, float] | None:
+def _inputs_gone_after(slices, starts, input_topics, partition: int, deployment: str) -> tuple[str, float] | None:
     """The input topic whose retention cut the latest, and the event time it now starts at.
 
     A partition that no longer starts at offset 0 lost its oldest records. A
     deployment's records on one topic are in event-time order (the bridge keeps
     each deployment's order), so the ones lost are dated no later than its first
-    kept (the partition's first, where it kept none).
+    kept (the partition's first, where it kept none); one that kept nothing may
+    have lost any (``inf``).
     """
     latest = None
     for name in input_topics:
         records = slices[(name, partition)]
-        if not records or records[0].offset == 0:
+        if starts.get((name, partition), records[0].offset if records else 0) == 0:
             continue
+        if not records:
+            return name, math.inf
         first = None
         for r in records:
             if r.key is not None and r.key.decode("utf-8", "replace") == deployment:
@@ -341,7 +344,8 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
         partitions = await _partition_count(bootstrap, topics.fpm)
     p = partition_for(deployment, partitions)
     wanted = [(t, p) for t in topics.inputs] + [(topics.decisions, p), (topics.deadletter, p), (topics.ticks, p)]
-    slices = await read_partitions(bootstrap, wanted)
+    starts: dict[tuple[str, int], int] = {}
+    slices = await read_partitions(bootstrap, wanted, starts=starts)
 
     refused: set[tuple[str, int, int]] = set()
     for r in slices[(topics.deadletter, p)]:
@@ -407,7 +411,8 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
         raise NoEvents(_no_events(source, deployment, found, None))
     state, first_id = planner.new_state(deployment), 0
     if since is not None:
-        state, inputs, recorded = _from_snapshot(slices, topics, p, deployment, since, inputs, recorded)
+        state, inputs, recorded = _from_snapshot(slices, starts, topics, p, deployment, since, inputs, recorded,
+                                                 grace=planner.config.grace_seconds)
         first_id = state.next_decision_id
         source += f" from the snapshot of its tick at {state.last_tick}"
     workers = {w: (v.role, v.state, v.gpus) for w, v in state.workers.items() if not v.discovered}
@@ -418,21 +423,28 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
                    first_id=first_id)
 
 
-def _from_snapshot(slices, topics, p, deployment, since, inputs, recorded):
+def _from_snapshot(slices, starts, topics, p, deployment, since, inputs, recorded, *, grace: float):
     """The state of the first snapshot at or after ``since``, with the inputs and the recorded
-    decisions that come after it: those its tick had not seen, those it had not made."""
+    decisions that come after it: those its tick had not seen, those it had not made.
+
+    ``grace``: how far a deployment's records may come out of event-time order on a topic (the
+    worker's grace period), so how far past the first kept one a lost record may be dated."""
     snapshot = _first_snapshot(slices[(topics.ticks, p)], deployment, since)
     if snapshot is None:
         raise NoSnapshot(f"--since {since}: no snapshot of {deployment!r} at or after it on {topics.ticks} "
                          f"(the worker writes one each hour of event time; the topic keeps a week)")
     tick = float(snapshot["time"])
-    gone = _inputs_gone_after(slices, topics.inputs, p, deployment)
+    gone = _inputs_gone_after(slices, starts, topics.inputs, p, deployment)
     # the tick saw the events before it, not those at it: one lost dated as the first kept,
     # at the tick, is needed too
-    if gone is not None and gone[1] >= tick:
+    if gone is not None and gone[1] + grace >= tick:
+        if math.isinf(gone[1]):
+            raise NoSnapshot(f"--since {since}: the snapshot at {tick} needs the inputs from then on, and "
+                             f"{gone[0]} partition {p} holds none now (its retention cut them all)")
         raise NoSnapshot(f"--since {since}: the snapshot at {tick} needs the inputs from then on, and "
                          f"{gone[0]} partition {p} now starts at event time {gone[1]} (its retention cut "
-                         f"the rest): give a --since after {gone[1]}")
+                         f"the rest; records may be {grace:g} s out of order): give a --since after "
+                         f"{gone[1] + grace}")
     state = DeploymentState.from_data(snapshot["state"])
     first_id = state.next_decision_id
     return (state, [e for e in inputs if e.time >= tick],

@@ -28,12 +28,14 @@ class LogRecord:
 
 async def read_partitions(
     bootstrap: str, partitions: Iterable[tuple[str, int]], *, tail: int | None = None,
-    timeout_s: float = 60.0,
+    timeout_s: float = 60.0, starts: dict[tuple[str, int], int] | None = None,
 ) -> dict[tuple[str, int], list[LogRecord]]:
     """Every record of ``partitions`` up to their end at call time.
 
     ``tail`` limits each partition to its last ``tail`` records. Partitions
-    of topics that do not exist read as empty.
+    of topics that do not exist read as empty. ``starts``, when given, gets
+    each partition's first offset kept (above 0 once retention deleted records;
+    the end offset when it deleted them all).
     """
     wanted = list(dict.fromkeys(partitions))
     out: dict[tuple[str, int], list[LogRecord]] = {tp: [] for tp in wanted}
@@ -55,6 +57,8 @@ async def read_partitions(
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
         begins = await consumer.beginning_offsets(tps)
+        if starts is not None:
+            starts.update({(tp.topic, tp.partition): begins[tp] for tp in tps})
         todo: set[TopicPartition] = set()
         for tp in tps:
             start = begins[tp]

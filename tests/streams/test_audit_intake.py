@@ -38,7 +38,7 @@ def test_a_set_config_refused_at_intake_is_not_folded_by_the_audit(monkeypatch, 
     for topic, value in worker.sent:
         written[named[topic]].append(value)
 
-    async def read_partitions(bootstrap, wanted, tail=None):
+    async def read_partitions(bootstrap, wanted, tail=None, starts=None):
         slices = {}
         for topic, partition in wanted:
             if topic in topics.inputs:
@@ -79,17 +79,19 @@ def _reading(monkeypatch, log, written, topics, *, cut_at: float | None = None, 
     """Serve the run as Kafka would, the input topics' records before ``cut_at`` (event time),
     or the FPMs before offset ``fpm_from``, deleted by retention: the partitions then start past
     offset 0."""
-    async def read_partitions(bootstrap, wanted, tail=None):
+    async def read_partitions(bootstrap, wanted, tail=None, starts=None):
         slices = {}
         for topic, partition in wanted:
             if topic in topics.inputs:
-                kept = [r for r in log.records if r.topic == topics.logical(topic)]
+                every = kept = [r for r in log.records if r.topic == topics.logical(topic)]
                 if cut_at is not None:
                     kept = [r for r in kept if orjson.loads(r.value)["time"] >= cut_at]
                 if fpm_from is not None and topics.logical(topic) == FPM:
                     kept = [r for r in kept if r.offset >= fpm_from]
                 slices[topic, partition] = [SimpleNamespace(key=r.key, value=r.value, offset=r.offset, partition=0)
                                             for r in kept]
+                if starts is not None:  # the first offset kept; past the last when none is
+                    starts[topic, partition] = kept[0].offset if kept else len(every)
             else:
                 slices[topic, partition] = [SimpleNamespace(key=b"alpha", value=orjson.dumps(v), offset=i, partition=0)
                                             for i, v in enumerate(written[topic])]
@@ -135,7 +137,7 @@ def test_an_audit_since_refuses_a_snapshot_whose_inputs_are_gone_or_none_at_all(
     _reading(monkeypatch, log, written, topics, cut_at=1050.0)
     # the requests lost dated before 1050.25, the first kept: maybe after the snapshot at 1050
     with pytest.raises(NoSnapshot, match=r"requests.v1 partition 0 now starts at event time 1050\.25 .*"
-                                         r"give a --since after 1050\.25"):
+                                         r"give a --since after 1051\.25"):
         asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1040.0))
     with pytest.raises(NoSnapshot, match="no snapshot of 'alpha' at or after it"):
         asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=5000.0))
@@ -153,7 +155,7 @@ def test_an_audit_since_refuses_a_snapshot_whose_tick_is_the_time_of_the_first_i
                   and orjson.loads(r.value)["worker_id"] == "w0")
     _reading(monkeypatch, log, written, topics, fpm_from=second.offset)
     with pytest.raises(NoSnapshot, match=r"fpm.v1 partition 0 now starts at event time 1050\.0 .*"
-                                         r"give a --since after 1050\.0"):
+                                         r"give a --since after 1051\.0"):
         asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1041.0))
     result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1050.5))
     assert result.ok and "snapshot of its tick at 1080.0" in result.source, "\n".join(result.lines())
@@ -190,3 +192,14 @@ def test_the_report_of_an_audit_since_a_snapshot_starts_with_the_engines_it_held
     write_audit_report(result, deciding_planner().config, tmp_path)
     points = drawn[0].timeline.points
     assert [(c["agg"]["ready"], gpus) for _, c, gpus in points] == [(3, 6), (4, 8)]
+
+
+def test_an_audit_since_refuses_when_retention_emptied_an_input_partition(monkeypatch):
+    """A deployment whose FPMs stopped more than a day ago: the partition keeps none, so any of
+    them may be after the snapshot (told by the partition's first offset, past 0)."""
+    from fleetplan.streams.audit import NoSnapshot
+
+    log, written, topics = _routed_run(snapshot_every=30)
+    _reading(monkeypatch, log, written, topics, fpm_from=10**9)
+    with pytest.raises(NoSnapshot, match=r"fpm.v1 partition 0 holds none now \(its retention cut them all\)"):
+        asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))

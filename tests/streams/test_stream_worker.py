@@ -92,7 +92,7 @@ def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_facto
     changelog, decision ids continue with no gap or repeat, and the audit passes (and
     draws the recorded run as the simulator's report)."""
     fpms, reqs = traffic("alpha", 240, batch=4)
-    worker = worker_factory().start()
+    worker = worker_factory(extra=["--snapshot-every", "60"]).start()  # a snapshot each minute
     stop = threading.Event()
 
     def feed() -> None:  # a steady stream: 240 s of event time over ~12 s of wall time
@@ -135,6 +135,16 @@ def test_kill_9_mid_stream_resumes_without_gap_or_repeat(namespace, worker_facto
     assert run.returncode == 0 and f"OK: {len(got)} decision(s) reproduced" in run.stdout, run.stdout + run.stderr
     html = (tmp_path / "report" / "report.html").read_bytes()
     assert b"plotly" in html[:4_000_000] and b"fleetplan audit: alpha" in html
+
+    # from a snapshot the worker wrote (through the kill, some twice): every decision after its tick
+    since = audit_kafka(namespace.bootstrap, "alpha", planner=deciding_planner(), topic_prefix=namespace.prefix,
+                        partitions=namespace.partitions, since=T0 + 100)
+    assert since.ok, since.lines()
+    # the last tick of the first batch whose ticks crossed a multiple of 60 after T0 + 100 (T0 + 140
+    # when the worker keeps up, later when a batch fires several ticks, as after the restart)
+    tick = float(since.source.rsplit(" ", 1)[1])
+    assert T0 + 100 <= tick < T0 + 200
+    assert since.reproduced == [d["decision_id"] for d in got if d["time"] > tick] != []
 
 
 def test_windowed_traffic_table_mirrors_the_cores_window(namespace, worker_factory, tmp_path):

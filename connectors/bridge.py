@@ -523,20 +523,20 @@ class Bridge:
         limit = self.settings.max_ahead_s
         if limit is None:
             return event, []
-        latest = time.time() + limit
+        now = time.time()
+        latest = now + limit
         if event.time <= latest:
             return event, []
         if event.type != "fpm_batch":
-            return None, [self._ahead(event, limit, latest)]
+            return None, [self._ahead(event, limit, now)]
         kept = [f for f in event.fpms if f.time <= latest]
-        refused = [self._ahead(f, limit, latest) for f in event.fpms if f.time > latest]
+        refused = [self._ahead(f, limit, now) for f in event.fpms if f.time > latest]
         if not kept:
             return None, refused
         return FpmBatch(deployment=event.deployment, time=max(f.time for f in kept), fpms=kept), refused
 
     @staticmethod
-    def _ahead(event, limit: float, latest: float) -> Rejected:
-        now = latest - limit
+    def _ahead(event, limit: float, now: float) -> Rejected:
         return Rejected(
             "invalid", f"time: at most {limit:g} s ahead of the bridge's clock ({now:.3f}), got "
             f"{event.time:.3f}, {event.time - now:.0f} s ahead (the publisher's clock is fast, or its "

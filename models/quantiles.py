@@ -108,6 +108,12 @@ def _check(q: float, horizon_windows: int) -> tuple[float, int]:
     return q, horizon
 
 
+def _check_series(of: str) -> None:
+    """Refuse a series that is not one of ``SERIES``, naming it."""
+    if of not in SERIES:
+        raise ValueError(f"of must be one of {SERIES}, got {of!r}")
+
+
 def _key_text(key: tuple[float, int, Series]) -> str:
     """An adaptive level's key in the state: JSON-safe, exact for any float q.
 
@@ -157,11 +163,11 @@ class QuantileForecaster:
         # per (q, h, series): the adaptive level, and the log1p quantiles issued at origins not yet resolved
         self._levels: dict[tuple[float, int, Series], float] = {}
         self._issued: dict[tuple[float, int, Series], dict[int, float]] = {}
-        # per (q, h, series): at the origins where that very quantile was asked for and conformal,
-        # not yet scored, the log1p count it sized for (the larger of it and the point); and
-        # [origin, 1 where the busiest of its h windows exceeded that, else 0] for those scored,
-        # the origins of the last ``history`` windows: its calibration, live
-        self._asked_at: dict[tuple[float, int, Series], dict[int, float]] = {}
+        # per (q, h, series): the origins where that very quantile was asked for and conformal,
+        # not yet scored; and [origin, 1 where the busiest of its h windows exceeded what it sized
+        # for, else 0] for those scored, the origins of the last ``history`` windows: its
+        # calibration, live
+        self._asked_at: dict[tuple[float, int, Series], set[int]] = {}
         self._outcomes: dict[tuple[float, int, Series], list[list[int]]] = {}
         # the quantile requests (q, horizon, series) made at the current origin, and at the
         # origin of the window observed last: a rebuild replays them (:meth:`ask`)
@@ -229,18 +235,18 @@ class QuantileForecaster:
                 continue
             peak = max(math.log1p(a) for a in self._series(of)[origin - first :])
             miss = 1.0 if peak > value else 0.0
-            sized = self._asked_at.get(key, {}).get(origin)  # asked for itself, not as a shorter h
-            if sized is not None:
-                # against what was sized for, the quantile as returned or the point if larger,
-                # never below 0: an idle window (0) does not exceed a quantile of 0, however far
-                # below 0 its log1p level fell (the level keeps its own test: the scoring must
-                # not move the quantiles)
+            if origin in self._asked_at.get(key, ()):  # asked for itself, not as a shorter h
+                # against what was sized for, the quantile as returned or the point made at the
+                # origin if larger, so never below 0: an idle window (0) does not exceed a
+                # quantile of 0, however far below 0 its log1p level fell (the level keeps its
+                # own test: the scoring must not move the quantiles)
+                sized = max(value, math.log1p(self._forecasts[origin - first]))
                 self._outcomes.setdefault(key, []).append([origin, int(peak > sized)])
             if self.adapt_rate > 0.0:
                 level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
                 self._levels[key] = min(1.0, max(0.0, level))
         for key in list(self._asked_at):  # the origins scored above, or never to be
-            self._asked_at[key] = {o: v for o, v in self._asked_at[key].items() if o > latest - key[1] + 1}
+            self._asked_at[key] = {o for o in self._asked_at[key] if o > latest - key[1] + 1}
             if not self._asked_at[key]:
                 del self._asked_at[key]
         oldest = self._seen - self.history
@@ -356,8 +362,7 @@ class QuantileForecaster:
         only ``coverage``.
         """
         q, horizon = _check(q, horizon_windows)
-        if of not in SERIES:
-            raise ValueError(f"of must be one of {SERIES}, got {of!r}")
+        _check_series(of)
         outcomes = self._outcomes.get((q, horizon, of), [])
         return sum(miss for _, miss in outcomes), len(outcomes)
 
@@ -372,8 +377,7 @@ class QuantileForecaster:
     def quantiles(self, q: float, horizon_windows: int, *, of: Series = "peak") -> list[float]:
         """``quantile(q, h, of=of)`` for h = 1 .. horizon_windows, in one pass (non-decreasing)."""
         q, horizon = _check(q, horizon_windows)
-        if of not in SERIES:
-            raise ValueError(f"of must be one of {SERIES}, got {of!r}")
+        _check_series(of)
         if (q, horizon, of) not in self._asked:  # made again at this origin, it issues the same
             self._asked.append((q, horizon, of))
         point = self.forecast()[0]
@@ -397,8 +401,8 @@ class QuantileForecaster:
             level = max(level, value)
             if conformal:  # scored when its h windows are in (``_resolve``)
                 self._issued.setdefault((q, h, of), {})[self._seen] = level
-                if h == horizon:  # log1p(point) >= 0: a count of 0 is the least sized for
-                    self._asked_at.setdefault((q, h, of), {})[self._seen] = max(level, base)
+                if h == horizon:
+                    self._asked_at.setdefault((q, h, of), set()).add(self._seen)
             out.append(max(0.0, from_log1p(level)))  # counts past ~1e154 overflowed expm1
         return out + out[-1:] * (horizon - reach)
 
@@ -442,7 +446,7 @@ class QuantileForecaster:
             "seen": self._seen,
             "levels": {_key_text(k): v for k, v in self._levels.items()},
             "issued": {_key_text(k): [[o, v] for o, v in issued.items()] for k, issued in self._issued.items()},
-            "asked_at": {_key_text(k): [[o, v] for o, v in sorted(asked.items())] for k, asked in self._asked_at.items()},
+            "asked_at": {_key_text(k): sorted(origins) for k, origins in self._asked_at.items()},
             "outcomes": {_key_text(k): _outcomes_text(rows) for k, rows in self._outcomes.items()},
             "asked": [list(request) for request in self._asked],
         }
@@ -469,9 +473,7 @@ class QuantileForecaster:
             _key_of(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("issued", {}).items()
         }
         # states written before the outcomes were kept start scoring afresh
-        qf._asked_at = {
-            _key_of(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("asked_at", {}).items()
-        }
+        qf._asked_at = {_key_of(k): {int(o) for o in origins} for k, origins in state.get("asked_at", {}).items()}
         qf._outcomes = {_key_of(k): _outcomes_of(v) for k, v in state.get("outcomes", {}).items()}
         # states written before the requests were kept have none to replay
         qf._asked = asked_requests(state.get("asked", []))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from fleetplan.models.config import ConfigError
 from fleetplan.models.mix import LengthMix
 from fleetplan.models.perf import FpmColumns
+from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.predictor_swap import (
     keep_last,
     predictor_changed,
@@ -39,6 +40,7 @@ from fleetplan.schemas.events import (
     InventoryEvent,
     RequestArrival,
     RequestRecord,
+    ResetPerf,
     Role,
     SeedTraffic,
     SetAdvisory,
@@ -48,8 +50,15 @@ from fleetplan.schemas.events import (
 from fleetplan.schemas.fpm_wire import WireFpmBatch
 
 
-def apply_event(state: DeploymentState, event) -> None:
-    """Fold one input event into ``state`` (in place); an unknown type changes nothing."""
+def apply_event(state: DeploymentState, event, *, profile=None) -> None:
+    """Fold one input event into ``state`` (in place); an unknown type changes nothing.
+
+    ``profile`` is the engine profile the planner seeds perf models from,
+    which a ``reset_perf`` control seeds them from again.
+    """
+    if isinstance(event, ControlEvent):
+        _apply_control(state, event, profile)
+        return
     handler = _HANDLERS.get(type(event))
     if handler is not None:
         handler(state, event)
@@ -197,7 +206,7 @@ def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
     state.workers[ev.worker_id] = Worker(ev.role, ev.state, ev.gpus, ev.time)
 
 
-def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
+def _apply_control(state: DeploymentState, ev: ControlEvent, profile=None) -> None:
     body = ev.body
     if isinstance(body, SetMinEndpoints):
         if any(_above_ceiling(state.config, role, n) for role, n in body.minimums.items()):
@@ -208,23 +217,9 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
         state.min_overrides.update(body.minimums)
     elif isinstance(body, SetAdvisory):
         state.advisory_override = body.advisory
-    elif isinstance(body, SetConfig):
-        try:
-            config = state.config.with_changes(body.changes)
-            forecaster = (rebuild_forecaster(config, state.traffic_history, asked=state.forecaster.asked)
-                          if predictor_changed(state.config, config) else state.forecaster)
-        except (ConfigError, PredictorUnavailable):
-            # intake refuses what is wrong on its own (models/config_changes.py); what is wrong
-            # against the config as folded (a floor above a ceiling set earlier) lands here, in
-            # event-time order: it is counted and changes nothing
-            state.rejected_controls += 1
+    elif isinstance(body, SetConfig | ResetPerf):
+        if not _change_config(state, body, profile):
             return
-        state.forecaster = forecaster
-        state.config = config
-        if not config.throughput_enabled:
-            state.lower_bound = {}  # a floor from a loop that no longer runs must not hold the fleet
-        if not config.load_enabled:
-            state.down_since.clear()  # a scale-down run starts over when the loop comes back
     elif isinstance(body, SeedTraffic):
         history = seed_history(body.windows)
         if seed_problem(state.config, state.forecaster, history) is not None:
@@ -235,6 +230,42 @@ def _apply_control(state: DeploymentState, ev: ControlEvent) -> None:
         keep_last(history, state.config.predictor_history_windows)
         state.traffic_history = history
     state.config_version += 1
+
+
+def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile) -> bool:
+    """Apply a ``set_config`` or ``reset_perf``; False (counted, nothing changed) where it cannot.
+
+    ``reset_perf`` is for engines that changed under the planner (new
+    limits, a new engine version): it rebuilds the perf models from the
+    profile and the new config, and drops what was measured with the old
+    ones (each closed window's engines, the last window's mix correction,
+    the load loop's scale-down runs), as a new deployment would start. The
+    fleet (engines known, the decision in flight, the decision ids) and the
+    traffic (its windows, the forecaster and its calibration, the measured
+    startups) describe the world, not the engines' speed, and are kept.
+    """
+    try:
+        config = state.config.with_changes(body.changes, command=body.command)
+        forecaster = (rebuild_forecaster(config, state.traffic_history, asked=state.forecaster.asked)
+                      if predictor_changed(state.config, config) else state.forecaster)
+    except (ConfigError, PredictorUnavailable):
+        # intake refuses what is wrong on its own (models/config_changes.py); what is wrong
+        # against the config as folded (a floor above a ceiling set earlier) lands here, in
+        # event-time order: it is counted and changes nothing
+        state.rejected_controls += 1
+        return False
+    state.forecaster = forecaster
+    state.config = config
+    if not config.throughput_enabled:
+        state.lower_bound = {}  # a floor from a loop that no longer runs must not hold the fleet
+    if not config.load_enabled:
+        state.down_since.clear()  # a scale-down run starts over when the loop comes back
+    if isinstance(body, ResetPerf):
+        state.perf = make_perf_models(config, profile)
+        state.measured_floors.clear()
+        state.mix_factor.clear()
+        state.down_since.clear()
+    return True
 
 
 def _above_ceiling(config, role: Role, minimum: int) -> bool:
@@ -259,7 +290,6 @@ _HANDLERS = {
     RequestRecord: _apply_request,
     RequestArrival: _apply_arrival,
     InventoryEvent: _apply_inventory,
-    ControlEvent: _apply_control,
     Ack: _apply_ack,
     ClockEvent: None,
     Decision: None,

@@ -63,21 +63,51 @@ The forecaster is built from these and the throughput interval
 (``predictor_params()``'s ``prophet_interval_s``): a run-time change to any
 of them rebuilds it (models/predictor_swap.py ``predictor_changed``)."""
 
+PERF_MODEL_FIELDS = (
+    "max_num_batched_tokens", "max_num_seqs", "max_kv_tokens", "context_length",
+    "max_num_fpm_samples", "fpm_sample_bucket_size", "load_min_observations", "prefill_time_model",
+)
+"""The engine limits and regression settings a deployment's perf models are built from."""
+
+_NEW_PROFILE = ("its perf models' seed from it; the worker loads the profile when it starts: "
+                "restart it with the new one, then send reset_perf")
+
 STARTUP_FIELDS: dict[str, str] = {
-    "mode": "its roles",
-    "max_num_batched_tokens": "its perf models",
-    "max_num_seqs": "its perf models",
-    "max_kv_tokens": "its perf models",
-    "context_length": "its perf models",
-    "max_num_fpm_samples": "its perf models",
-    "fpm_sample_bucket_size": "its perf models",
-    "load_min_observations": "its perf models",
-    "prefill_time_model": "its perf models",
-    "profile_results_dir": "its perf models' seed",
-    "profile_tp": "its perf models' seed",
-    "load_predictor_warmup_trace": "its forecaster's warm-up",
+    "mode": "its roles from it; plan the other mode as a new deployment",
+    **{name: "its perf models from it; a reset_perf control changes it and rebuilds them"
+       for name in PERF_MODEL_FIELDS},
+    "profile_results_dir": _NEW_PROFILE,
+    "profile_tp": _NEW_PROFILE,
+    "load_predictor_warmup_trace": "its forecaster's warm-up from it, once",
 }
-"""Fields built into a deployment's state when it starts, and what they build: a run-time change is refused."""
+"""Fields built into a deployment's state when it starts: what each builds, and how to change it.
+
+A ``set_config`` may restate them but not change them. A restart does not
+change them either: the worker restores each deployment's state, config
+included, from its changelog, and the config file it starts with is for
+deployments it has not seen. ``reset_perf`` may change the perf models' fields.
+"""
+
+
+def startup_field_problem(command: str, name: str, *, restates: bool) -> str | None:
+    """Why a ``command`` control may not name field ``name``, or None where it may.
+
+    ``restates``: the value given is the one in force. ``set_config`` may
+    restate the fields nothing changes at run time (the mode, the profile,
+    the warm-up trace), but not name a perf model's field at all:
+    ``reset_perf`` changes those, so whether a value restates the one in
+    force would depend on which controls were folded first, and intake
+    must judge a change on its own (models/config_changes.py).
+    """
+    if name not in STARTUP_FIELDS:
+        return None
+    if name in PERF_MODEL_FIELDS:
+        if command == "reset_perf":
+            return None
+        restates = False
+    if restates:
+        return None
+    return f"{command}: {name}: fixed when the deployment starts, which builds {STARTUP_FIELDS[name]}"
 
 
 REFERENCE_SIZING: dict[str, object] = {
@@ -334,19 +364,21 @@ class PlannerConfig(BaseModel):
             "prophet_interval_s": float(self.throughput_adjustment_interval_seconds),
         }
 
-    def with_changes(self, changes: dict[str, object]) -> PlannerConfig:
+    def with_changes(self, changes: dict[str, object], *, command: str = "set_config") -> PlannerConfig:
         """A validated copy with some fields changed (run-time control events).
 
-        A field in ``STARTUP_FIELDS`` may be restated but not changed: what it
-        builds is already built, so the change would be reported and not used.
+        A field in ``STARTUP_FIELDS`` may not be changed: what it builds is
+        already built, so the change would be reported and not used
+        (``startup_field_problem``). ``reset_perf``, which rebuilds the perf
+        models, may change their fields.
         """
-        new = config_from_dict({**self.model_dump(by_alias=False), **changes}, source="set_config")
-        for name, built in STARTUP_FIELDS.items():
-            if getattr(new, name) != getattr(self, name):
-                raise ConfigError(
-                    f"set_config: {name}: fixed when the deployment starts, which builds {built} from it; "
-                    "restart the planner to change it"
-                )
+        new = config_from_dict({**self.model_dump(by_alias=False), **changes}, source=command)
+        fields = field_names()
+        for name in sorted({fields[key] for key in changes if key in fields}):
+            problem = startup_field_problem(
+                command, name, restates=getattr(new, name) == getattr(self, name))
+            if problem is not None:
+                raise ConfigError(problem)
         return new
 
 

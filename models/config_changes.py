@@ -1,12 +1,13 @@
-"""What a ``set_config`` may change, judged on the change alone.
+"""What a ``set_config`` or ``reset_perf`` may change, judged on the change alone.
 
 Intake (streams/router.py) dead-letters a ``set_config`` whose change is
 wrong by itself: an unknown field, a value its own field refuses, a field
-fixed when the deployment starts, a load predictor this install cannot
-build. It must not judge a change against the deployment's config as it
-stands when the record is read. Control events read but not yet folded
-(they wait for their tick) would change that verdict, so the same events
-read in another order would be refused in one run and applied in another,
+fixed when the deployment starts (``reset_perf`` may change the perf
+models' fields), a load predictor this install cannot build. It must not
+judge a change against the deployment's config as it stands when the
+record is read. Control events read but not yet folded (they wait for
+their tick) would change that verdict, so the same events read in
+another order would be refused in one run and applied in another,
 and the audit, which folds in event time, would disagree with both. What
 depends on other fields (a floor above a ceiling, a budget too small for
 one engine) is judged at the tick, in event-time order, and counted in
@@ -22,22 +23,23 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from fleetplan.models.config import (
     DYNAMO_RUNTIME_FIELDS,
-    STARTUP_FIELDS,
     PlannerConfig,
     field_names,
+    startup_field_problem,
     value_problem,
 )
 from fleetplan.models.predictors import PredictorUnavailable, make_predictor
-from fleetplan.schemas.events import SetConfig
+from fleetplan.schemas.events import ResetPerf, SetConfig
 
 __all__ = ["change_problem"]
 
 
-def change_problem(config: PlannerConfig, changes: dict[str, Any]) -> str | None:
+def change_problem(config: PlannerConfig, changes: dict[str, Any], command: str = "set_config") -> str | None:
     """Why ``changes`` can never apply, whatever else changes first; None when it may.
 
-    ``config`` is only consulted for the fields fixed at start, whose value
-    cannot have changed since: restating it is allowed, anything else not.
+    ``config`` is only consulted for the fields fixed at start that nothing
+    changes at run time (``startup_field_problem``): restating one is
+    allowed, anything else not.
     """
     fields = field_names()
     for key, value in changes.items():
@@ -45,22 +47,22 @@ def change_problem(config: PlannerConfig, changes: dict[str, Any]) -> str | None
             continue  # accepted and ignored, as in a config file
         name = fields.get(key)
         if name is None:
-            return f"set_config: {key}: unknown field"
+            return f"{command}: {key}: unknown field"
         problem = value_problem(key, value)
         if problem is not None:
-            return f"set_config: {problem}"
+            return f"{command}: {problem}"
         try:
             checked = _adapter(name).validate_python(value)
         except ValidationError as err:
-            return f"set_config: {key}: {err.errors(include_url=False)[0]['msg']}"
-        if name in STARTUP_FIELDS and checked != getattr(config, name):
-            return (f"set_config: {name}: fixed when the deployment starts, which builds "
-                    f"{STARTUP_FIELDS[name]} from it; restart the planner to change it")
+            return f"{command}: {key}: {err.errors(include_url=False)[0]['msg']}"
+        fixed = startup_field_problem(command, name, restates=checked == getattr(config, name))
+        if fixed is not None:
+            return fixed
         if name == "load_predictor":
             try:
                 make_predictor(checked)
             except (PredictorUnavailable, ValueError) as err:
-                return f"set_config: load_predictor: {err}"
+                return f"{command}: load_predictor: {err}"
     return None
 
 
@@ -75,13 +77,13 @@ def _adapter(name: str) -> TypeAdapter:
 def intake_problem(config: PlannerConfig, event) -> str | None:
     """What the live worker's intake refuses a well-formed event for, or None.
 
-    A ``set_config`` whose change can never apply (``change_problem``) is
+    A ``set_config`` or ``reset_perf`` whose change can never apply (``change_problem``) is
     dead-lettered there; ``fleetplan plan`` treats it as a bad line, so a
     log folded by hand and the same events on the topics agree.
     """
     body = getattr(event, "body", None)
-    if getattr(event, "type", None) == "control" and isinstance(body, SetConfig):
-        problem = change_problem(config, body.changes)
+    if getattr(event, "type", None) == "control" and isinstance(body, SetConfig | ResetPerf):
+        problem = change_problem(config, body.changes, body.command)
         if problem is not None:
             return f"body.changes: {problem}"
     return None

@@ -149,7 +149,7 @@ class Planner:
 
     def apply(self, state: DeploymentState, event) -> DeploymentState:
         """Fold one input event into the state (in place; returns it): models/apply.py."""
-        apply_event(state, event)
+        apply_event(state, event, profile=self.profile)
         return state
 
     # --- tick --------------------------------------------------------------

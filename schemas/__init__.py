@@ -24,6 +24,7 @@ from fleetplan.schemas.events import (
     QueuedRequests,
     RequestArrival,
     RequestRecord,
+    ResetPerf,
     Role,
     RoleEstimate,
     ScheduledRequests,
@@ -37,7 +38,7 @@ from fleetplan.schemas.events import (
 __all__ = [
     "MAX_EVENT_BYTES", "ROLES", "Ack", "ClockEvent", "ControlEvent", "DeadLetter", "Decision",
     "Event", "FpmBatch", "ForwardPassMetrics", "InventoryEvent", "PredictedLoad",
-    "QueuedRequests", "RequestArrival", "RequestRecord", "Role", "RoleEstimate", "ScheduledRequests",
+    "QueuedRequests", "RequestArrival", "RequestRecord", "ResetPerf", "Role", "RoleEstimate", "ScheduledRequests",
     "SchemaError", "SeedTraffic", "SeedWindow", "SetAdvisory", "SetConfig", "SetMinEndpoints", "decode_dict", "decode_event",
     "encode_event", "encode_lines", "event_to_dict",
 ]

@@ -230,10 +230,7 @@ class SetAdvisory(_Model):
     advisory: bool
 
 
-class SetConfig(_Model):
-    """Change config fields at run time; the core validates them like a config file."""
-
-    command: Literal["set_config"] = "set_config"
+class _ConfigChanges(_Model):
     changes: dict[str, object]
 
     @field_validator("changes")
@@ -247,6 +244,25 @@ class SetConfig(_Model):
         except orjson.JSONEncodeError as err:
             raise ValueError(f"values JSON can carry (integers within 64 bits): {err}") from None
         return changes
+
+
+class SetConfig(_ConfigChanges):
+    """Change config fields at run time; the core validates them like a config file."""
+
+    command: Literal["set_config"] = "set_config"
+
+
+class ResetPerf(_ConfigChanges):
+    """The engines changed: rebuild the perf models, from these changes to their fields too.
+
+    What was learned about the old engines (their regressions, the engines
+    each window needed, the load loop's scale-down runs) is dropped, as a
+    new deployment's would start; what describes the fleet and its traffic
+    is kept (models/apply.py ``reset_perf``).
+    """
+
+    command: Literal["reset_perf"] = "reset_perf"
+    changes: dict[str, object] = Field(default_factory=dict)
 
 
 MAX_SEED_REQUESTS = 1e12
@@ -306,7 +322,7 @@ class SeedTraffic(_Model):
 
 
 ControlCommand = Annotated[
-    SetMinEndpoints | SetAdvisory | SetConfig | SeedTraffic, Field(discriminator="command")
+    SetMinEndpoints | SetAdvisory | SetConfig | ResetPerf | SeedTraffic, Field(discriminator="command")
 ]
 
 

@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from fleetplan.cli import _register_optional, app
 from fleetplan.models.config import (
+    PERF_MODEL_FIELDS,
     STARTUP_FIELDS,
     ConfigError,
     PlannerConfig,
@@ -237,13 +238,22 @@ def test_with_changes_validates():
 def test_fields_built_at_start_cannot_change_at_run_time(name):
     c = PlannerConfig(max_kv_tokens=100_000, context_length=8192, profile_tp=1, profile_results_dir="p",
                       load_predictor_warmup_trace="t.jsonl")
-    assert c.with_changes({name: getattr(c, name)}) == c  # restating the value is fine
-    other = {"mode": "agg", "prefill_time_model": "linear", "profile_results_dir": "q", "fpm_sample_bucket_size": 25,
+    other = {"mode": "agg", "prefill_time_model": "quadratic", "profile_results_dir": "q", "fpm_sample_bucket_size": 25,
              "load_predictor_warmup_trace": "u.jsonl"}.get(name, None)
     if other is None:
         other = getattr(c, name) + 1
-    with pytest.raises(ConfigError, match=f"set_config: {name}: fixed when the deployment starts, which builds"):
+    refused = f"set_config: {name}: fixed when the deployment starts, which builds"
+    with pytest.raises(ConfigError, match=refused):
         c.with_changes({name: other})
+    if name in PERF_MODEL_FIELDS:
+        # reset_perf changes these, so a restatement would depend on which controls were folded first
+        with pytest.raises(ConfigError, match=refused):
+            c.with_changes({name: getattr(c, name)})
+        assert getattr(c.with_changes({name: other}, command="reset_perf"), name) == other
+    else:
+        assert c.with_changes({name: getattr(c, name)}) == c  # restating the value is fine
+        with pytest.raises(ConfigError, match=f"reset_perf: {name}: fixed when the deployment starts"):
+            c.with_changes({name: other}, command="reset_perf")
 
 
 def test_a_malformed_warmup_trace_names_the_field_and_the_line(tmp_path):

@@ -203,3 +203,20 @@ def test_an_audit_since_refuses_when_retention_emptied_an_input_partition(monkey
     _reading(monkeypatch, log, written, topics, fpm_from=10**9)
     with pytest.raises(NoSnapshot, match=r"fpm.v1 partition 0 holds none now \(its retention cut them all\)"):
         asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))
+
+
+def test_an_audit_folds_a_reset_perf_as_the_worker_did(monkeypatch):
+    """The engines' context grew at 1060: a queue of 9,000 prompt tokens is no longer more than
+    a context, so the worker's later decisions change, and the audit, folding the same control,
+    proves every one of them."""
+    reset = ControlEvent(deployment="alpha", time=1060.0,
+                         body={"command": "reset_perf", "changes": {"context_length": 32768}})
+    log, written, topics = _routed_run(snapshot_every=0, extra=((canonical.CONTROL, reset),))
+    _, without, _ = _routed_run(snapshot_every=0)
+    decided = [(d["time"], d["targets"]) for d in written[topics.decisions]]
+    assert decided != [(d["time"], d["targets"]) for d in without[topics.decisions]]
+    assert decided[:3] == [(d["time"], d["targets"]) for d in without[topics.decisions]][:3]
+    _reading(monkeypatch, log, written, topics)
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
+    assert result.ok, "\n".join(result.lines())
+    assert result.reproduced == [d["decision_id"] for d in written[topics.decisions]]

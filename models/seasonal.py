@@ -45,6 +45,13 @@ class DailyProfile:
     ``interval_s`` is the window length, ``harmonics`` the number K of
     harmonics, ``memory_days`` the forgetting time constant, ``clip`` the
     residual clip in running mean absolute residuals.
+
+    K is held below half the windows a day: a day of N windows shows the
+    fit N phases, and harmonic k needs 2k < N of them (at 6-hour windows
+    sin 2x is 0 and 3x is x again). A direction no window excites is never
+    fitted, only forgotten: its covariance grew by 1/forget a window and
+    the coefficients diverged (1e19 after 1,000 windows; later a NaN the
+    state cannot carry, or fsum raising).
     """
 
     P0 = 100.0  # initial covariance: the first day moves the coefficients freely
@@ -61,7 +68,7 @@ class DailyProfile:
         if harmonics < 1:
             raise ValueError("harmonics must be >= 1")
         self.interval_s = float(interval_s)
-        self.harmonics = int(harmonics)
+        self.harmonics = max(1, min(int(harmonics), math.ceil(self.windows_per_day / 2.0) - 1))
         self.memory_days = float(memory_days)
         self.clip = float(clip)
         n = 1 + 2 * self.harmonics
@@ -187,6 +194,8 @@ class DailyProfile:
             float(state["memory_days"]),
             float(state["clip"]),
         )
+        if len(state["theta"]) != len(profile._theta):
+            return profile  # stored with harmonics its windows cannot resolve, and diverging: start again
         profile._theta = [float(v) for v in state["theta"]]
         profile._cov = [[float(v) for v in row] for row in state["cov"]]
         profile._abs_residual = float(state["abs_residual"])

@@ -96,6 +96,28 @@ def test_profile_needs_windows_shorter_than_a_quarter_day():
         DailyProfile(0.0)
 
 
+@pytest.mark.parametrize("interval_s", [6 * 3600.0, 4.8 * 3600.0, 4 * 3600.0])
+def test_a_day_of_few_windows_fits_only_the_harmonics_it_resolves(interval_s):
+    """With 4, 5 or 6 windows a day the phases seen are that few, and 3 harmonics are 7
+    coefficients: the unseen directions' covariance grew by 1/forget each window, the fit
+    diverged within a year (6-hour windows: 1e19 after 1,000) and later raised in fsum."""
+    profile = DailyProfile(interval_s)
+    per_day = DAY_S / interval_s
+    rng = random.Random(1)
+    for t in range(3000):  # two to three years
+        profile.update(t, 5.0 + 0.5 * math.cos(2 * math.pi * t / per_day) + rng.gauss(0.0, 0.05))
+    for t in range(round(per_day)):
+        assert profile.shape(t) == pytest.approx(0.5 * math.cos(2 * math.pi * t / per_day), abs=0.1)
+    p = ensemble(interval_s=interval_s)
+    for t in range(3000):
+        p.note_window_start(t * interval_s)
+        p.add_data_point(math.exp(5.0 + 0.5 * math.cos(2 * math.pi * t / per_day) + rng.gauss(0.0, 0.05)))
+    assert EnsemblePredictor.from_state(json_round_trip(p.to_state())).to_state() == p.to_state()
+    # a state stored with the 7 coefficients (diverging) starts the fit again
+    stored = {**profile.to_state(), "harmonics": 3, "theta": [1e300] * 7, "cov": [[1e300] * 7] * 7}
+    assert DailyProfile.from_state(stored).to_state() == DailyProfile(interval_s).to_state()
+
+
 def test_profile_state_round_trips_and_continues_bit_for_bit():
     a = DailyProfile(TEN_MIN)
     series = [math.log(y) for y in daily_series(days=2, noise=0.1)]

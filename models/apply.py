@@ -11,6 +11,7 @@ letters) map to ``None``.
 from __future__ import annotations
 
 from fleetplan.models.config import ConfigError
+from fleetplan.models.measured_floor import measures_floor
 from fleetplan.models.mix import LengthMix
 from fleetplan.models.perf import FpmColumns
 from fleetplan.models.perf_models import make_perf_models
@@ -258,6 +259,10 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
     state.config = config
     if not config.throughput_enabled:
         state.lower_bound = {}  # a floor from a loop that no longer runs must not hold the fleet
+    if not measures_floor(config):
+        # the windows closed while nothing is measured add no floor, so the ones before would
+        # hold the fleet when measuring comes back, however long ago they closed
+        state.measured_floors = []
     if not config.load_enabled:
         state.down_since.clear()  # a scale-down run starts over when the loop comes back
     if isinstance(body, ResetPerf):

@@ -81,3 +81,24 @@ def test_a_replica_ceiling_wins_over_the_floor_budget():
                                       + [ClockEvent(deployment="d", time=T0 + 200)])
     decisions = [r.decision for r in reports if r.decision]
     assert decisions and decisions[0].targets == {"agg": 3}
+
+
+
+def test_a_measured_floor_switched_back_on_does_not_hold_a_window_from_before():
+    """A busy first window left a floor of three prefill engines; load_floor: none then ran for
+    800 s (the engines held by a minimum), and when measured came back that window's floor
+    still held the idle fleet: the floors kept are the last closed windows', and none closes
+    into them while nothing is measured."""
+    def first_release(busy: bool) -> float:
+        events = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
+        events += requests(40 if busy else 0.5, T0 + 1, T0 + 180)
+        events += [_set(T0 + 181, load_floor="none"), _set(T0 + 1000, load_floor="measured", prefill_min_endpoint=1)]
+        for t in range(1, 1400, 5):
+            events += [fpm(f"p{i}", "prefill", T0 + t, counter=t) for i in range(3)]
+            events += [fpm("d0", "decode", T0 + t, counter=t, decode_reqs=1, decode_kv=100)]
+        fleet = _fleet(enable_load_scaling=True, enable_throughput_scaling=False, load_floor="measured",
+                       prefill_min_endpoint=3)
+        reports = fleet.run(sorted(events, key=lambda e: e.time))
+        return [r.time - T0 for r in reports if r.decision][0]
+
+    assert first_release(busy=True) == first_release(busy=False) == 1005  # busy: 1260 (two windows later)

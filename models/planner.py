@@ -267,11 +267,14 @@ class Planner:
         if not state.seen_traffic:
             scratch.throughput_reason = "no_traffic_data"
             return
-        # A partial first window is scaled up to a full one so the count is a rate.
+        # A partial first window is scaled up to a full one so the count is a rate, and dated as
+        # the whole window ending now that it stands for: dated from its first request, it ran
+        # past the next window's start (a seed of the kept windows left it out) and could take
+        # the next window's place in the daily cycle
         full = TrafficObservation(
             duration_s=interval, num_req=obs.num_req * interval / duration, isl=obs.isl,
             osl=obs.osl, kv_hit_rate=obs.kv_hit_rate, accept_length=obs.accept_length,
-            start_s=start,
+            start_s=min(start, now - interval),
         )
         scratch.observed = full
         if obs.kv_hit_rate is not None:

@@ -207,3 +207,24 @@ def test_a_seed_at_the_schemas_limits_is_sized_not_crashed_on(predictor):
     sized = [r for r in reports if r.throughput_reason != "not_due"]
     assert sized and all(e.rate_replicas is None or e.rate_replicas <= MAX_ENGINES
                          for r in sized for e in r.estimates.values())
+
+
+def test_a_deployment_whose_traffic_began_mid_window_seeds_every_window(make_fleet):
+    """Traffic from half way into the first window makes it partial, its count scaled to a whole
+    window's; kept with the start of its traffic and the interval's length, it ran past the next
+    window's start, so the seed left it out and a planner started from the seed forecast 3,634
+    where the one that saw the traffic forecast 3,539."""
+    from fleetplan.models.predictor_swap import seed_windows
+    from fleetplan.schemas import ClockEvent
+
+    events = [ready("p0", "prefill"), ready("d0", "decode")]
+    for i, rate in enumerate((20, 26, 18, 31)):
+        events += requests(rate, T0 + 1 + 180 * i + (90 if i == 0 else 0), T0 + 180 * (i + 1) - 1, tag=f"w{i}-")
+    live = make_fleet(load_predictor="ensemble")
+    live.run(events)
+    state = live.state("d")
+    history = state.traffic_history
+    assert len(history) == 3 and seed_windows(history) == history
+    seeded = make_fleet(load_predictor="ensemble")
+    seeded.run([_seed(state.max_time, seed_windows(history)), ClockEvent(deployment="d", time=state.max_time + 62.0)])
+    assert seeded.state("d").forecaster.forecast() == state.forecaster.forecast()

@@ -205,8 +205,8 @@ class EnsemblePredictor(Predictor):
                 out.append(self._fast)
             elif name == "ewma_slow":
                 out.append(self._slow)
-            elif name == "median":
-                out.append(_median(self._recent))
+            elif name == "median":  # no busy window yet: 0, as the other members start
+                out.append(_median(self._recent) if self._recent else 0.0)
             elif name == "damped_trend":
                 out.append(self._trend_level + TREND_DAMPING * self._trend)
             elif name == "daily_last":

@@ -159,6 +159,13 @@ def test_ensemble_beats_the_last_value_on_a_daily_cycle():
     assert mean_log_error(forecasts, actual) < 0.9 * constant_errors(series, warm)
 
 
+def test_member_weights_of_an_ensemble_fed_nothing():
+    """Before any busy window the median member has no windows (its median raised IndexError)."""
+    weights = ensemble([0.0, 0.0]).member_weights()
+    assert math.fsum(weights.values()) == pytest.approx(1.0)
+    assert weights["daily_last"] == weights["daily_smooth"] == 0.0
+
+
 def test_daily_members_start_after_a_day_and_earn_weight():
     p = ensemble(daily_series(days=1, noise=0.05)[: PER_DAY - 1])
     assert p.member_weights()["daily_last"] == 0.0  # not a day of data yet

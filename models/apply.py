@@ -204,7 +204,10 @@ def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
     previous = state.workers.get(ev.worker_id)
     if ev.state == "ready" and (previous is None or previous.state == "starting"):
         startup_sample(state, ev, previous)
-    state.workers[ev.worker_id] = Worker(ev.role, ev.state, ev.gpus, ev.time)
+    # an event sent again (a producer's retry) says nothing new: the state began with the first,
+    # which times the startup and the ack timeout of an engine stuck starting
+    again = previous is not None and previous.state == ev.state
+    state.workers[ev.worker_id] = Worker(ev.role, ev.state, ev.gpus, previous.since if again else ev.time)
 
 
 def _apply_control(state: DeploymentState, ev: ControlEvent, profile=None) -> None:

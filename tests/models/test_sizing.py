@@ -67,6 +67,17 @@ def test_startup_without_a_decision_id_is_timed_from_starting(make_fleet):
     assert _state(fleet).startup_samples == [90.0]
 
 
+def test_a_starting_event_sent_again_does_not_restart_the_startup(make_fleet):
+    """An orchestrator's producer retried (at least once): the second ``starting`` says nothing new,
+    and timing from it measured 40 s of a 90-s startup."""
+    fleet = make_fleet()
+    fleet.run([_inventory("p9", "starting", T0 + 1), _inventory("p9", "starting", T0 + 51),
+               _inventory("p9", "ready", T0 + 91), _inventory("p9", "ready", T0 + 95),
+               _clock(T0 + INTERVAL + 5)])
+    state = _state(fleet)
+    assert state.startup_samples == [90.0] and state.workers["p9"].since == T0 + 91
+
+
 def test_median_of_recent_startups_resists_one_slow_pull(make_fleet):
     from fleetplan.models.startup import measured_startup_seconds
 

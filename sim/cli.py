@@ -243,7 +243,7 @@ def _prepare(
         planner = None
     try:
         initial_spec = _initial_spec(initial)
-        _check_initial(initial_spec, cfg)
+        _check_initial(initial_spec, cfg, setup.gpus)
     except ValueError as err:
         raise _UserError(f"--initial: {err}") from None
     return {
@@ -418,8 +418,12 @@ MAX_INITIAL_ENGINES = 10_000
 """--initial's ceiling per role when the config sets none (decode=100000 ran without end)."""
 
 
-def _check_initial(spec, cfg) -> None:
-    """Counts for the roles the mode runs, within the config's ceilings and GPU budget."""
+def _check_initial(spec, cfg, gpus) -> None:
+    """Counts for the roles the mode runs, within the config's ceilings and GPU budget.
+
+    ``gpus`` is the fleet's GPUs per engine (``FleetSetup.gpus``): the config's
+    ``*_engine_num_gpu``, else the profile's TP, as the runs bill them.
+    """
     if not isinstance(spec, dict):
         return
     for role, count in spec.items():
@@ -430,9 +434,9 @@ def _check_initial(spec, cfg) -> None:
             limit = f"the config's ceiling ({ceiling})" if ceiling is not None else f"{MAX_INITIAL_ENGINES:,}"
             raise ValueError(f"{role}={count}: more engines than {limit}")
     if cfg.max_gpu_budget >= 0:
-        gpus = sum(spec.get(r, 1) * (cfg.gpus_per_engine(r) or 1) for r in cfg.roles)
-        if gpus > cfg.max_gpu_budget:
-            raise ValueError(f"{gpus} GPUs, more than max_gpu_budget ({cfg.max_gpu_budget})")
+        total = sum(spec.get(r, 1) * gpus[r] for r in cfg.roles)
+        if total > cfg.max_gpu_budget:
+            raise ValueError(f"{total} GPUs, more than max_gpu_budget ({cfg.max_gpu_budget})")
 
 
 def _initial_spec(text: str):

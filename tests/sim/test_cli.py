@@ -94,6 +94,9 @@ def test_table_output_and_baseline_policy(tmp_path):
         (["--trace", CODE, "--initial", "agg=3"], "--initial: agg: not a role of mode disagg (its roles: prefill, decode)"),
         (["--trace", CODE, "--initial", "prefill=2,decode=1000"], "--initial: 1002 GPUs, more than max_gpu_budget (8)"),
         (["--trace", CODE, "--config", "NOBUDGET", "--initial", "decode=100000"], "--initial: decode=100000: more engines than 10,000"),
+        # the 70B profile's engines take 2 GPUs each (TP2): 5 engines are 10 GPUs, not 5
+        (["--trace", CODE, "--profile", "h100-llama3.3-70b", "--initial", "prefill=3,decode=2"],
+         "--initial: 10 GPUs, more than max_gpu_budget (8)"),
         (["--trace", CODE, "--spread-arrivals", "soon"], "--spread-arrivals: expected auto, off or a step"),
         ([], "give exactly one of --trace FILE or --servegen FILE"),
         (["--trace", CODE, "--goal", 2], "--goal: a fraction in (0, 1], got 2"),

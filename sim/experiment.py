@@ -15,6 +15,7 @@ from typing import IO
 
 import numpy as np
 
+from fleetplan.models.constraints import fit_gpu_budget
 from fleetplan.sim.baselines import (
     SchedulePolicy,
     StaticPolicy,
@@ -78,6 +79,10 @@ def initial_fleet(
     """``warm``: the fleet that meets the SLA until the first decision can take effect;
     ``min``: the config's minimums; or explicit counts.
 
+    ``warm`` and ``min`` are cut to the config's replica ceilings and
+    ``max_gpu_budget`` (``within_limits``), which the planner never exceeds,
+    as explicit counts above them are refused (sim/cli.py).
+
     The first decision comes at the first tick of the slower enabled loop and
     its engines one startup later, so a fleet that had been planned before
     the trace began would carry that span; sizing for less charges the
@@ -91,7 +96,7 @@ def initial_fleet(
     if isinstance(spec, Mapping):
         return {r: int(spec.get(r, 1)) for r in setup.roles}
     if spec == "min":
-        return {r: max(setup.config.min_endpoints(r), 0) for r in setup.roles}
+        return within_limits({r: max(setup.config.min_endpoints(r), 0) for r in setup.roles}, setup)
     if spec != "warm":
         raise ValueError(f"initial: expected warm, min or role=count pairs, got {spec!r}")
     cfg = setup.config
@@ -101,8 +106,26 @@ def initial_fleet(
     # the windows that start before the span ends: from then on, the first decision's engines serve
     fleet = needs_before(sizing.capacity_needs, sizing.window_s, span)
     if workload is None:
-        return fleet
-    return _replayed_warm_fleet(workload, setup, sizing.window_s, span, fleet, goal, rounds)
+        return within_limits(fleet, setup)
+    return within_limits(_replayed_warm_fleet(workload, setup, sizing.window_s, span, fleet, goal, rounds), setup)
+
+
+def within_limits(fleet: Mapping[str, int], setup: FleetSetup) -> dict[str, int]:
+    """``fleet`` cut to the config's replica ceilings, then to ``max_gpu_budget``.
+
+    A fleet this planner had planned holds neither more (until 2026-12-05 the
+    warm fleet of Azure code x50 began at 11 GPUs under the default 8). The
+    budget is cut as the planner cuts a fleet over it (models/constraints.py):
+    the largest GPU user first, the minimums kept while they fit.
+    """
+    cfg = setup.config
+    maximums = {r: cfg.max_endpoints(r) for r in setup.roles}
+    capped = {r: n if maximums[r] is None else min(n, maximums[r]) for r, n in fleet.items()}
+    if cfg.max_gpu_budget < 0:
+        return capped
+    floors = {r: cfg.min_endpoints(r) for r in setup.roles}
+    fitted, _ = fit_gpu_budget(capped, capped, setup.gpus, cfg.max_gpu_budget, floors=floors, maximums=maximums)
+    return fitted
 
 
 def _replayed_warm_fleet(

@@ -49,3 +49,25 @@ def test_without_the_workload_or_with_explicit_counts_nothing_is_replayed(setup)
     assert initial_fleet("min", setup, sizing, workload) == {"prefill": 1, "decode": 1}
     with pytest.raises(ValueError, match="warm, min"):
         initial_fleet("hot", setup, sizing, workload)
+
+
+def test_the_warm_and_min_fleets_keep_the_configs_ceilings_and_gpu_budget(h200):
+    # the fleet a planner had planned before the trace: it never holds more than its ceilings
+    # and max_gpu_budget, as explicit --initial counts above them are refused (until 2026-12-05
+    # Azure code x50 began at 11 GPUs under the default 8, and prefill_max_endpoint 3 at 5)
+    workload = clustered(40.0, 420.0, cluster=60)
+    free = make_setup(config_from_dict({"load_predictor": "constant", "max_gpu_budget": 64}), h200,
+                      SimOptions(seed=3, window_s=60.0))
+    warm = initial_fleet("warm", free, size_workload(workload, free), workload)
+    assert warm["prefill"] > 3 and sum(warm.values()) > 6  # what the limits below cut
+    for fields, most in (({"prefill_max_endpoint": 3}, {"prefill": 3}), ({"max_gpu_budget": 6}, None)):
+        cfg = config_from_dict({"load_predictor": "constant", "max_gpu_budget": 64, **fields})
+        setup = make_setup(cfg, h200, SimOptions(seed=3, window_s=60.0))
+        fleet = initial_fleet("warm", setup, size_workload(workload, setup), workload)
+        assert sum(fleet.values()) <= cfg.max_gpu_budget
+        assert all(fleet[r] <= n for r, n in (most or {}).items())
+        assert all(n >= 1 for n in fleet.values())
+    # minimums the budget cannot hold yield to it, as they do in the planner (models/constraints.py)
+    cfg = config_from_dict({"load_predictor": "constant", "min_endpoint": 10, "max_gpu_budget": 8})
+    setup = make_setup(cfg, h200, SimOptions(seed=3, window_s=60.0))
+    assert initial_fleet("min", setup, size_workload(workload, setup)) == {"prefill": 4, "decode": 4}

@@ -45,6 +45,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from fleetplan.schemas.events import ForwardPassMetrics
 
+MAX_POLICY_ENGINES = 10_000
+"""The most engines of a role a policy may ask for, ``--initial``'s ceiling: a simulated
+fleet of more runs for hours, and 10**9 ran without end, its engines filling memory."""
+
 
 class PolicyError(ValueError):
     """A ``MODULE:CLASS`` that cannot be loaded or does not fit the interface."""
@@ -122,7 +126,7 @@ def load_policy(spec: str) -> object:
 
 
 def check_targets(policy: object, targets: object, roles: tuple[str, ...]) -> dict[str, int] | None:
-    """Validate what ``decide`` returned: None, or a count >= 0 for known roles."""
+    """Validate what ``decide`` returned: None, or a count in [0, ``MAX_POLICY_ENGINES``] for known roles."""
     if targets is None:
         return None
     name = type(policy).__name__
@@ -134,5 +138,7 @@ def check_targets(policy: object, targets: object, roles: tuple[str, ...]) -> di
             raise PolicyError(f"{name}.decide: unknown role {role!r} (roles: {', '.join(roles)})")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise PolicyError(f"{name}.decide: {role} target must be an int >= 0, got {n!r}")
+        if n > MAX_POLICY_ENGINES:
+            raise PolicyError(f"{name}.decide: {role} target {n:,} is more than {MAX_POLICY_ENGINES:,} engines")
         out[role] = n
     return out

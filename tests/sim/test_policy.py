@@ -44,6 +44,11 @@ class NoDecide:
     pass
 
 
+class Runaway:
+    def decide(self, view):
+        return {"prefill": 10**9}
+
+
 class ToZero:
     """Every role to zero engines at 30 s, with requests still arriving."""
 
@@ -89,6 +94,10 @@ def test_bad_policies_fail_with_a_clear_message(policy_module, make_setup_for):
     broken = load_policy(f"{policy_module}:Broken")
     with pytest.raises(PolicyError, match="int >= 0"):
         run_policy(synthetic(5, 30), make_setup_for(), broken, "broken", {"prefill": 1, "decode": 1})
+    # a count no fleet has (10**9 ran without end, its engines filling memory) is a bug, not a target
+    runaway = load_policy(f"{policy_module}:Runaway")
+    with pytest.raises(PolicyError, match="prefill target 1,000,000,000 is more than 10,000 engines"):
+        run_policy(synthetic(5, 30), make_setup_for(), runaway, "runaway", {"prefill": 1, "decode": 1})
 
 
 def test_schedule_starts_workers_a_startup_ahead_and_drains_after():

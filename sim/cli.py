@@ -668,9 +668,11 @@ def _print_table(results, setup, workload, run, out, coverage=None) -> None:
             f"{s.goodput_tps:,.0f}", f"{s.goodput_per_gpu_tps:,.0f}", f"{s.gpu_hours:.2f}", ratio, peak,
             str(s.decisions),
         )
-    console = Console()
+    # names and paths are printed as given: not rich markup ('[/b]' in --out raised) nor emoji codes
+    console = Console(markup=False, emoji=False)
     if not console.is_terminal:
-        console = Console(width=132)  # a pipe or a log file: do not squeeze the table into 80 columns
+        # a pipe or a log file: do not squeeze the table into 80 columns
+        console = Console(width=132, markup=False, emoji=False)
     console.print(table)
     main = results[0]
     console.print(
@@ -689,6 +691,6 @@ def _print_table(results, setup, workload, run, out, coverage=None) -> None:
         console.print(line)
     note = _budget_note(main, cfg)
     if note:
-        console.print(f"[yellow]{note}[/yellow]")
+        console.print(note, style="yellow")
     if out is not None:
         console.print(f"wrote {out / 'events.jsonl'}, {out / 'summary.json'}, {out / 'report.html'}")

@@ -80,6 +80,19 @@ def test_table_output_and_baseline_policy(tmp_path):
     assert cells[8] == "P1 D1" and cells[9] == "0"  # a static baseline makes no decision
 
 
+def test_names_in_the_table_are_printed_as_given(tmp_path):
+    # file names are not rich markup or emoji codes: '[/b]' in --out raised MarkupError after
+    # the run, and a trace named code[red]:fire: was titled "code🔥"
+    trace = tmp_path / "code[red]:fire:.csv"
+    trace.write_bytes(CODE.read_bytes())
+    out = tmp_path / "o[/b]"
+    result = simulate("--trace", trace, "--duration", 60, "--no-baselines", "--out", out)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "code[red]:fire:: " in text
+    assert f"wrote {out / 'events.jsonl'}" in text
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -131,6 +131,9 @@ def connector(
             raise ConnectorConfigError("--metrics-port", f"must be 0..65535, got {metrics_port}")
         check_seconds("--claim-lease", claim_lease)
         check_seconds("--completion-timeout", completion_timeout)
+        if session_timeout_ms <= 0:
+            raise ConnectorConfigError("--session-timeout-ms",
+                                       f"must be a positive number of milliseconds, got {session_timeout_ms}")
         if dgd and backend is not Backend.kubernetes:
             raise ConnectorConfigError("--dgd", "only applies to --backend kubernetes")
         if backend is Backend.kubernetes:

@@ -38,6 +38,9 @@ def run(*args: str):
     (["--backend", "log", "--log-level", "bogus"], "--log-level"),
     (["--backend", "log", "--bootstrap", "host:notaport"], "--bootstrap"),
     (["--backend", "log", "--redis-url", "redis://127.0.0.1:1/0"], "--redis-url"),
+    # a duration like the others: a broker refuses it only at the group join, after Redis and Kafka
+    (["--backend", "log", "--session-timeout-ms", "-5", "--redis-url", "redis://127.0.0.1:1/0"],
+     "--session-timeout-ms"),
 ])
 def test_config_errors_name_the_option(args, field):
     result = run(*args)

@@ -85,7 +85,10 @@ class ZmqPublisher:
         self.sent_events = 0
         self.sent_messages = 0
         self._pending: list[dict] = []
-        self._socket = (context or zmq.Context.instance()).socket(_KINDS[target.kind])
+        # its own context unless given one: only terminating it waits out the linger (below)
+        self._context = zmq.Context() if context is None else context
+        self._owns_context = context is None
+        self._socket = self._context.socket(_KINDS[target.kind])
         self._socket.setsockopt(zmq.LINGER, int(linger_s * 1000))
         if target.bind:
             self._socket.bind(target.address)
@@ -117,6 +120,13 @@ class ZmqPublisher:
         self._pending = []
 
     def close(self) -> None:
-        """Flush, then give queued messages up to ``linger_s`` to reach the bridge."""
+        """Flush, then give queued messages up to ``linger_s`` to reach the bridge.
+
+        Closing the socket returns at once; terminating the context is what waits for
+        the queue. Until 2026-12-05 the context was the process's shared one, never
+        terminated, so the process exited with its tail unsent.
+        """
         self.flush()
         self._socket.close()
+        if self._owns_context:
+            self._context.term()

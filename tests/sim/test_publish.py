@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -131,3 +132,29 @@ def test_simulate_publishes_valid_events_paced_to_the_wall_clock(tmp_path):
     for arrived, message in got:
         latest = max(item["time"] for item in msgpack.unpackb(message))
         assert arrived >= epoch + (latest - epoch) / 20 - 0.05
+
+
+def test_the_tail_reaches_a_bridge_that_binds_after_the_run(tmp_path):
+    # "the socket lingers up to 10 s to deliver the tail": the process waits for it. Until
+    # 2026-12-05 it exited at once, its queued messages lost, and still printed "published N events"
+    sock, address = pull_socket()
+    sock.close(linger=0)  # a free port, with nothing on it until the run is over
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetplan", "simulate", "--trace", str(CONV), "--duration", "60",
+         "--no-baselines", "--json", "--publish", address],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 5  # the 60-s slice runs in about 2 s: it is over, its tail queued
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    late = zmq.Context.instance().socket(zmq.PULL)
+    late.bind(address)
+    got: list[tuple[float, bytes]] = []
+    while late.poll(3_000 if got else 12_000):  # the linger is 10 s
+        got.append((time.time(), late.recv()))
+    late.close()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+    events = sum(len(msgpack.unpackb(message)) for _, message in got)
+    assert events > 100
+    assert f"published {events:,} events in {len(got):,} messages".encode() in err

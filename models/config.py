@@ -598,8 +598,27 @@ def read_settings_file(path: str | Path, what: str = "config") -> object:
         return _parse_settings(p, text)
     except DuplicateKeyError as err:
         raise ConfigError(f"{p}: {err}") from None
-    except (orjson.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(err)}") from None
+    except orjson.JSONDecodeError as err:
+        raise ConfigError(f"{p}: not valid JSON: {err}") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: where it stopped, what it expected, what it was in.
+
+    Its own text spans five lines, quotes the source and names a ``<byte
+    string>`` instead of the file, which a one-line CLI error cannot carry.
+    """
+    if not isinstance(err, yaml.MarkedYAMLError) or err.problem_mark is None:
+        return " ".join(str(err).split())
+    mark = err.problem_mark
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+    if err.context:
+        where = err.context_mark
+        at = "" if where is None else f" at line {where.line + 1}, column {where.column + 1}"
+        text += f" ({err.context}{at})"
+    return text
 
 
 def _check_warmup_trace(cfg: PlannerConfig, source: str) -> None:

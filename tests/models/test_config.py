@@ -125,8 +125,11 @@ def test_load_config_files(tmp_path):
     assert load_config(j).itl_ms == 20
     bad = tmp_path / "bad.yaml"
     bad.write_text("mode: [unclosed\n")
-    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML") as err:
         load_config(bad)
+    # one line, with where it stopped and what it was in (PyYAML's own text spans five)
+    assert str(err.value) == (f"{bad}: not valid YAML: line 2, column 1: expected ',' or ']', but got "
+                              "'<stream end>' (while parsing a flow sequence at line 1, column 7)")
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "missing.yaml")
     lst = tmp_path / "list.yaml"

@@ -175,6 +175,10 @@ def _read(path: Path) -> _Source:
 
 
 def _read_npz_bytes(content: bytes, label: str) -> _Source:
+    if not content.startswith(b"PK"):
+        # numpy reads anything else as a pickle and refuses it with advice to allow pickles
+        raise ProfileError(label, None, "not a readable NPZ file (not a zip of arrays); a profile is an NPZ, "
+                                        "a .json, a bundled name, or a splitwise: or distserve: spec")
     try:
         with np.load(io.BytesIO(content), allow_pickle=False) as npz:
             data = {k: npz[k] for k in npz.files}

@@ -148,6 +148,11 @@ def test_unreadable_and_missing(tmp_path):
     with pytest.raises(ProfileError, match="not a readable NPZ") as err:
         load_profile(tmp_path / "junk__prefill.npz")
     assert err.value.key is None
+    # text is not read as a pickle, whose refusal advised allowing pickles
+    (tmp_path / "prof.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ProfileError, match=r"not a zip of arrays\); a profile is an NPZ, a \.json") as err:
+        load_profile(tmp_path / "prof.csv")
+    assert "pickle" not in str(err.value)
     (tmp_path / "prefill_raw_data.json").write_text("[1, 2]")
     with pytest.raises(ProfileError, match="JSON root"):
         load_profile(tmp_path / "prefill_raw_data.json")

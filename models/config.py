@@ -110,6 +110,13 @@ def startup_field_problem(command: str, name: str, *, restates: bool) -> str | N
     return f"{command}: {name}: fixed when the deployment starts, which builds {STARTUP_FIELDS[name]}"
 
 
+def bucket_size_problem(size: int) -> str | None:
+    """``fpm_sample_bucket_size``'s own check that its type does not carry: the 2D perf models
+    split the buckets into a square grid. Intake runs it too (models/config_changes.py)."""
+    root = math.isqrt(size)
+    return None if root * root == size else "fpm_sample_bucket_size must be a perfect square"
+
+
 REFERENCE_SIZING: dict[str, object] = {
     "target_utilization": 1.0,
     "calibrated_utilization": None,
@@ -269,9 +276,9 @@ class PlannerConfig(BaseModel):
                 "load_adjustment_interval_seconds must be less than "
                 "throughput_adjustment_interval_seconds"
             )
-        root = math.isqrt(self.fpm_sample_bucket_size)
-        if root * root != self.fpm_sample_bucket_size:
-            raise ValueError("fpm_sample_bucket_size must be a perfect square")
+        square = bucket_size_problem(self.fpm_sample_bucket_size)
+        if square is not None:
+            raise ValueError(square)
         if 0 <= self.max_gpu_budget < self.min_gpu_budget:
             raise ValueError("min_gpu_budget must not exceed max_gpu_budget")
         if self.optimization_target == "load" and None in (

@@ -24,6 +24,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from fleetplan.models.config import (
     DYNAMO_RUNTIME_FIELDS,
     PlannerConfig,
+    bucket_size_problem,
     field_names,
     startup_field_problem,
     value_problem,
@@ -55,6 +56,10 @@ def change_problem(config: PlannerConfig, changes: dict[str, Any], command: str 
             checked = _adapter(name).validate_python(value)
         except ValidationError as err:
             return f"{command}: {key}: {err.errors(include_url=False)[0]['msg']}"
+        # the config's validator checks it with those across fields, but it is wrong alone
+        square = bucket_size_problem(checked) if name == "fpm_sample_bucket_size" else None
+        if square is not None:
+            return f"{command}: {square}"
         fixed = startup_field_problem(command, name, restates=checked == getattr(config, name))
         if fixed is not None:
             return fixed

@@ -96,3 +96,13 @@ def test_it_travels_as_an_event_and_defaults_to_no_changes():
     assert isinstance(event.body, ResetPerf) and event.body.changes == {}
     assert decode_event(encode_event(event)) == event
     assert not isinstance(event.body, SetConfig)
+
+
+def test_intake_refuses_a_bucket_size_that_is_not_a_square():
+    """A change wrong by itself is dead-lettered at intake, naming the field: a bucket size that
+    is not a square was counted in rejected_controls at the tick instead, and the perf models
+    were not rebuilt (set_config never let the field through, reset_perf does)."""
+    config = config_from_dict({})
+    assert (change_problem(config, {"fpm_sample_bucket_size": 26}, "reset_perf")
+            == "reset_perf: fpm_sample_bucket_size must be a perfect square")
+    assert change_problem(config, {"fpm_sample_bucket_size": 25}, "reset_perf") is None

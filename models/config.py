@@ -229,7 +229,8 @@ class PlannerConfig(BaseModel):
 
     # load model
     max_num_fpm_samples: int = Field(64, ge=8)
-    fpm_sample_bucket_size: int = Field(16, ge=1)
+    # a queue per bucket, built with each perf model: 10^8 ran a reset_perf's fold out of memory
+    fpm_sample_bucket_size: int = Field(16, ge=1, le=10_000)
     load_scaling_down_sensitivity: float = Field(80.0, ge=0, le=100)
     decode_scale_down: Literal["absolute", "above_floor"] = "above_floor"
     load_max_scale_up_step: int = Field(1, ge=1)  # 1 is Dynamo's; docs/planner.md

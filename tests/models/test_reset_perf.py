@@ -106,3 +106,13 @@ def test_intake_refuses_a_bucket_size_that_is_not_a_square():
     assert (change_problem(config, {"fpm_sample_bucket_size": 26}, "reset_perf")
             == "reset_perf: fpm_sample_bucket_size must be a perfect square")
     assert change_problem(config, {"fpm_sample_bucket_size": 25}, "reset_perf") is None
+
+
+def test_a_bucket_size_past_what_a_fold_can_build_is_refused():
+    """Each perf model keeps a queue per bucket: reset_perf to 10^8 buckets (a square) passed
+    intake and ran the worker out of memory at its tick, and again at every restart; 10^6 took
+    3.6 s to build and 10 s to restore the state, at every rollback."""
+    config = config_from_dict({})
+    assert (change_problem(config, {"fpm_sample_bucket_size": 10**8}, "reset_perf")
+            == "reset_perf: fpm_sample_bucket_size: Input should be less than or equal to 10000")
+    assert change_problem(config, {"fpm_sample_bucket_size": 10_000}, "reset_perf") is None

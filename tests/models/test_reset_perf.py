@@ -5,6 +5,7 @@ from __future__ import annotations
 from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
 from fleetplan.models.config_changes import change_problem
 from fleetplan.models.fleet import Fleet
+from fleetplan.models.fold_ahead import snapshot as state_at_tick
 from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.planner import Planner
 from fleetplan.models.state import DeploymentState
@@ -116,3 +117,31 @@ def test_a_bucket_size_past_what_a_fold_can_build_is_refused():
     assert (change_problem(config, {"fpm_sample_bucket_size": 10**8}, "reset_perf")
             == "reset_perf: fpm_sample_bucket_size: Input should be less than or equal to 10000")
     assert change_problem(config, {"fpm_sample_bucket_size": 10_000}, "reset_perf") is None
+
+
+def test_after_a_new_profile_an_audit_proves_the_decisions_after_the_restart_from_a_snapshot():
+    """The profile is not on the log: a worker restarted with a new one seeds the reset's models
+    from it, so an audit from the first event with the old profile diverges after the reset (and
+    with the new one before it); from the state at a tick after the restart, the new one proves
+    the rest (docs/planner.md)."""
+    old, new = PROFILE, load_profile("h100-llama3.3-70b")
+    events = sorted([*_served(T0 + 1800), _reset(T0 + 900.5)], key=lambda e: e.time)
+    worker = _fleet(enable_load_scaling=False)
+    seen, snapshot = [], None
+    for event in events:
+        if event.time > T0 + 720 and worker.planner.profile is old:
+            worker.planner = Planner(worker.planner.config, profile=new)  # the restart
+            snapshot = state_at_tick(worker.states["d"])  # as the worker writes one: no buffer
+        seen += [r.to_dict() for r in worker.feed(event)]
+    seen += [r.to_dict() for r in worker.finish()]
+    reset_at = next(i for i, r in enumerate(seen) if r["time"] > T0 + 900.5)
+    for profile in (old, new):
+        audit = Fleet(Planner(worker.planner.config, profile=profile))
+        again = [r.to_dict() for r in audit.run(events)]
+        assert (again[:reset_at] == seen[:reset_at]) == (profile is old)
+        assert (again[reset_at:] == seen[reset_at:]) == (profile is new)
+    audit = Fleet(Planner(worker.planner.config, profile=new))
+    audit.load_data({"d": snapshot})
+    state = audit.states["d"]
+    tail = [r.to_dict() for r in audit.run([e for e in events if e.time >= state.last_tick])]
+    assert tail == seen[len(seen) - len(tail):] and tail[0]["time"] < T0 + 900.5

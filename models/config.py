@@ -380,9 +380,13 @@ class PlannerConfig(BaseModel):
         (``startup_field_problem``). ``reset_perf``, which rebuilds the perf
         models, may change their fields.
         """
-        new = config_from_dict({**self.model_dump(by_alias=False), **changes}, source=command)
         fields = field_names()
-        for name in sorted({fields[key] for key in changes if key in fields}):
+        named = {fields[key] for key in changes if key in fields}
+        # the fields in force that the changes name, by name or by alias, give way to them
+        # (``ttft`` was refused as the same field as the dump's ``ttft_ms``, given both)
+        kept = {k: v for k, v in self.model_dump(by_alias=False).items() if k not in named}
+        new = config_from_dict({**kept, **changes}, source=command)
+        for name in sorted(named):
             problem = startup_field_problem(
                 command, name, restates=getattr(new, name) == getattr(self, name))
             if problem is not None:

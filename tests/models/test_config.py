@@ -16,6 +16,7 @@ from fleetplan.models.config import (
     config_from_dict,
     load_config,
 )
+from fleetplan.models.config_changes import change_problem
 from fleetplan.models.predictor_swap import build_forecaster
 from fleetplan.models.predictors import PredictorParams
 from tests.sim.sim_helpers import CODE
@@ -235,6 +236,16 @@ def test_with_changes_validates():
     assert c.with_changes({"ttft_ms": 250}).ttft_ms == 250
     with pytest.raises(ConfigError, match="set_config: bogus: unknown field"):
         c.with_changes({"bogus": 1})
+
+
+def test_a_change_may_name_a_field_by_its_dynamo_alias():
+    """Intake takes ``ttft`` (the alias a config file may use); the tick refused it as the same
+    field as the ``ttft_ms`` of the config in force, given both, so it never applied."""
+    c = PlannerConfig()
+    assert change_problem(c, {"ttft": 250}) is None
+    assert c.with_changes({"ttft": 250}).ttft_ms == 250
+    with pytest.raises(ConfigError, match="set_config: ttft: the same field as ttft_ms, given both"):
+        c.with_changes({"ttft_ms": 250, "ttft": 300})
 
 
 @pytest.mark.parametrize("name", sorted(STARTUP_FIELDS))

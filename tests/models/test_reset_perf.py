@@ -145,3 +145,12 @@ def test_after_a_new_profile_an_audit_proves_the_decisions_after_the_restart_fro
     state = audit.states["d"]
     tail = [r.to_dict() for r in audit.run([e for e in events if e.time >= state.last_tick])]
     assert tail == seen[len(seen) - len(tail):] and tail[0]["time"] < T0 + 900.5
+
+
+def test_more_fpm_samples_than_a_changelog_record_carries_are_refused():
+    """The samples are the perf model's stored state (10,000 decode samples are 0.66 MB) in a
+    changelog record that takes 16 MiB: reset_perf may not ask for a million."""
+    config = config_from_dict({})
+    assert (change_problem(config, {"max_num_fpm_samples": 10**6}, "reset_perf")
+            == "reset_perf: max_num_fpm_samples: Input should be less than or equal to 10000")
+    assert change_problem(config, {"max_num_fpm_samples": 10_000}, "reset_perf") is None

@@ -124,6 +124,10 @@ def simulate(
         if publisher is not None:
             publisher.close()
     if publisher is not None:
+        if publisher.sent_events and not publisher.reached:
+            fail(f"--publish: no bridge connected to {publisher.target.address} during the run or "
+                 f"{publisher.linger_s:g} s after it: its {publisher.sent_events:,} events were not delivered",
+                 code=1)
         typer.echo(f"published {publisher.sent_events:,} events in {publisher.sent_messages:,} "
                    f"messages to {publisher.target.address}", err=True)
 

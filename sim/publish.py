@@ -90,6 +90,10 @@ class ZmqPublisher:
         self._owns_context = context is None
         self._socket = self._context.socket(_KINDS[target.kind])
         self._socket.setsockopt(zmq.LINGER, int(linger_s * 1000))
+        self.linger_s = linger_s
+        # whether a bridge ever completed a handshake: a PUSH queues for a peer that may never come
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self.reached = False
         if target.bind:
             self._socket.bind(target.address)
         else:
@@ -115,6 +119,7 @@ class ZmqPublisher:
         if not self._pending:
             return
         self._socket.send(msgpack.packb(self._pending))
+        self._note_peer(timeout_ms=0)
         self.sent_events += len(self._pending)
         self.sent_messages += 1
         self._pending = []
@@ -127,6 +132,17 @@ class ZmqPublisher:
         terminated, so the process exited with its tail unsent.
         """
         self.flush()
+        # a bridge that comes during the linger still gets the queue; one that never does gets
+        # nothing, and the run must not say it published
+        self._note_peer(timeout_ms=0 if self.reached else int(self.linger_s * 1000))
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close()
         if self._owns_context:
             self._context.term()
+
+    def _note_peer(self, timeout_ms: int) -> None:
+        """Read the monitor's events (waiting up to ``timeout_ms`` for the first): any is a handshake."""
+        while not self.reached and self._monitor.poll(timeout_ms):
+            self._monitor.recv_multipart()
+            self.reached = True

@@ -158,3 +158,20 @@ def test_the_tail_reaches_a_bridge_that_binds_after_the_run(tmp_path):
     events = sum(len(msgpack.unpackb(message)) for _, message in got)
     assert events > 100
     assert f"published {events:,} events in {len(got):,} messages".encode() in err
+
+
+def test_a_run_no_bridge_ever_reads_says_so_and_fails():
+    # a PUSH queues for a peer that may never come: the run waited its linger and then printed
+    # "published N events" with exit 0 although nothing was delivered (until 2026-12-05)
+    sock, address = pull_socket()
+    sock.close(linger=0)  # a free port that nothing binds
+    run = subprocess.run(
+        [sys.executable, "-m", "fleetplan", "simulate", "--trace", str(CONV), "--duration", "20",
+         "--no-baselines", "--json", "--publish", address],
+        cwd=ROOT, capture_output=True, timeout=60,
+    )
+    assert run.returncode == 1
+    err = run.stderr.decode().strip().splitlines()[-1]
+    assert err.startswith(f"fleetplan: error: --publish: no bridge connected to {address} during the run "
+                          "or 10 s after it: its ")
+    assert err.endswith(" events were not delivered")

@@ -214,6 +214,7 @@ class VirtualApplier(Applier):
 
     async def _wait(self, keys: VirtualKeys, decision: Decision, after: bytes | str) -> Observed:
         deadline = time.monotonic() + self._timeout
+        withdrawn = False
         while True:
             done = await read_completion(self._redis, keys)
             if done is not None and done.decision_id >= decision.decision_id:
@@ -223,7 +224,15 @@ class VirtualApplier(Applier):
                 raise Superseded(f"decision {current} replaced it in Redis")
             left = deadline - time.monotonic()
             if left <= 0:
+                if withdrawn:
+                    # neither completed nor replaced, and the withdrawal found nothing to
+                    # complete: the desired state is gone (deleted, or Redis lost its data)
+                    raise ApplyFailed(
+                        f"the orchestrator did not complete decision {decision.decision_id} within "
+                        f"{self._timeout:g} s, and its desired state is no longer in Redis ({keys.state})"
+                    )
                 await self._withdraw(keys, decision)  # raises, unless the orchestrator just completed it
+                withdrawn = True
                 continue
             block = max(1, min(self._poll_ms, int(left * 1000)))
             got = await self._redis.xread({keys.completed: after}, block=block, count=100)

@@ -148,3 +148,21 @@ async def test_example_orchestrator_runs(kafka_bootstrap, connector_topics, serv
     assert example.returncode == 0, out.decode()
     (ack,) = await read_events(kafka_bootstrap, connector_topics["acks_topic"], 1)
     assert (ack.decision_id, ack.status, ack.observed) == (0, "applied", {"prefill": 3, "decode": 1})
+
+
+async def test_a_desired_state_deleted_while_waiting_fails_at_the_timeout(aredis, redis_key_prefix):
+    """Its hash gone (an operator's DEL, a Redis that lost its data), nothing can complete or
+    withdraw the decision: the wait must still end at --completion-timeout, not spin on Redis
+    for ever while the lease renewals keep the lane's claim alive."""
+    from fleetplan.connectors.base import ApplyFailed
+
+    prefix = f"{redis_key_prefix}virtual"
+    keys = VirtualKeys.of("llama", prefix)
+    applier = VirtualApplier(aredis, prefix=prefix, poll_s=0.05, completion_timeout_s=0.3)
+    apply = asyncio.create_task(applier.apply(make_decision("llama", 4, decode=2)))
+    async with asyncio.timeout(5):
+        while not await aredis.hget(keys.state, "decision_id"):
+            await asyncio.sleep(0.01)
+    await aredis.delete(keys.state, keys.desired, keys.completed)
+    with pytest.raises(ApplyFailed, match="did not complete decision 4.*no longer in Redis"):
+        await asyncio.wait_for(apply, 5)

@@ -82,6 +82,10 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 ACCEPTED_TYPES = ("fpm", "fpm_batch", "request", "arrival")
 PAYLOAD_LIMIT = 4096
+MAX_REJECTED_PER_MESSAGE = 100
+"""Bad events of one array dead-lettered one by one; the rest are counted in one more dead
+letter. A 16 MiB array holds millions of one-byte items, and a dead letter each (each
+holding its encoding until sent) ran the bridge out of memory."""
 PACK_FILL = 0.9
 """Share of ``MAX_EVENT_BYTES`` a pack is planned to fill: FPMs differ in size
 (names, digits), so a pack cut by the size of the ones before it keeps room."""
@@ -207,12 +211,22 @@ def decode_message(frames: list[bytes]) -> tuple[list, list[Rejected]]:
     items = obj if isinstance(obj, list) else [obj]
     single = not isinstance(obj, list)
     events, rejected = [], []
+    more = 0  # bad events past MAX_REJECTED_PER_MESSAGE
     for item in items:
+        if more and not isinstance(item, dict):
+            more += 1  # cheap: not an event, and its own dead letter would not be sent anyway
+            continue
         event, problem = _validate(item, payload if single else None)
         if event is not None:
             events.append(event)
-        else:
+        elif len(rejected) < MAX_REJECTED_PER_MESSAGE:
             rejected.append(problem)
+        else:
+            more += 1
+    if more:
+        rejected.append(Rejected(
+            "invalid", f"message: {more} more bad events in this array of {len(items)}, not dead-lettered "
+            f"one by one (the first {MAX_REJECTED_PER_MESSAGE} were)", "unknown", payload[:PAYLOAD_LIMIT]))
     return events, rejected
 
 

@@ -77,6 +77,19 @@ def test_a_bad_event_in_an_array_does_not_reject_its_neighbours():
     assert rejected[0].deployment == "alpha" and "counter_id" in rejected[0].detail
 
 
+@pytest.mark.parametrize("encode", [orjson.dumps, msgpack.packb], ids=["json", "msgpack"])
+def test_an_array_of_junk_gives_a_bounded_number_of_dead_letters(encode):
+    """A 16 MiB message holds millions of one-byte items: each a dead letter of its own (with
+    its ~4 KB encoding held until then) took the bridge to tens of GB and a dead-letter
+    record per byte. The first ones are dead-lettered one by one, the rest counted in one."""
+    good = fpm("alpha", T0, 1)
+    events, rejected = decode_message([encode([0] * 200_000 + [as_dict(good)])])
+    assert events == [good]
+    assert 1 < len(rejected) <= 101
+    assert all("an object, got int" in r.detail for r in rejected[:-1])
+    assert "199900 more" in rejected[-1].detail and rejected[-1].reason == "invalid"
+
+
 def test_endpoint_parsing():
     eps = parse_endpoints(["tcp://engine:5557", "bind:tcp://*:5558"], ["tcp://*:5559", "connect:ipc:///tmp/x"])
     assert eps == [

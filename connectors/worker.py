@@ -161,6 +161,7 @@ class ConnectorService:
         self._ignored: set[str] = set()  # deployments whose decisions were skipped (warned once)
         self._begun: set[tuple[str, int]] = set()  # decisions this run began applying, outcome not stored
         self._inflight = 0
+        self._rebalances = 0  # partitions revoked so far (a fetched batch is stale after one)
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._stopping = asyncio.Event()
@@ -273,9 +274,15 @@ class ConnectorService:
                 continue
             if consumer.assignment():
                 self.assigned.set()
+            rebalances = self._rebalances
             for tp, records in batch.items():
-                offsets = self._offsets.setdefault(tp, _PartitionOffsets())
                 for record in records:
+                    if self._rebalances != rebalances:
+                        # revoked while an earlier record was dead-lettered: the rest of the batch
+                        # is the new owner's, from the committed offset (this consumer's too, if
+                        # it got the partition back), and no offsets of it may be kept here
+                        break
+                    offsets = self._offsets.setdefault(tp, _PartitionOffsets())
                     offsets.add(record.offset)
                     self._inflight += 1
                     self.metrics.inflight.set(self._inflight)
@@ -561,6 +568,7 @@ class ConnectorService:
         stays uncommitted, and the ledger's live claim makes its new owner wait
         for its outcome instead of taking it for a dead run.
         """
+        self._rebalances += 1
         partitions = [self._offsets[tp] for tp in revoked if tp in self._offsets]
         for lane in self._lanes.values():
             for _ in range(lane.drop(partitions)):

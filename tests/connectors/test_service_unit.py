@@ -198,3 +198,62 @@ async def test_the_connector_subscribes_only_once_the_decision_topic_exists(monk
     d = topics.DECISIONS
     assert calls == ["producer start", f"exists {d}", f"exists {d}", f"exists {d}",
                      f"consumer subscribe {d}", "consumer start", "consumer stop", "producer stop"]
+
+
+class _RebalancingConsumer:
+    """One batch of two partitions; a rebalance moves partition 1 away while the connector
+    dead-letters the bad record of partition 0 (its produce is an await)."""
+
+    def __init__(self, service, batch) -> None:
+        self.service, self.batch = service, batch
+        self.assigned = set(batch)
+
+    async def getmany(self, timeout_ms, max_records):
+        if self.batch is None:
+            self.service.stop()
+            return {}
+        batch, self.batch = self.batch, None
+        return batch
+
+    def assignment(self):
+        return set(self.assigned)
+
+    def highwater(self, tp):
+        assert tp in self.assigned, "Partition is not assigned"  # as aiokafka's
+        return 100
+
+    async def commit(self, offsets) -> None:
+        assert set(offsets) <= self.assigned, "Partition is not assigned"  # aiokafka's IllegalStateError
+
+    async def rebalance(self, keep) -> None:
+        await self.service._on_revoked(set(self.assigned))
+        self.assigned = {keep}
+
+
+async def test_a_rebalance_while_a_batch_is_handled_leaves_no_offsets_of_a_partition_it_moved():
+    """The records after the rebalance are its new owner's (from the committed offset): none
+    may be taken here, and no offsets kept for a partition this consumer no longer holds
+    (aiokafka's ``highwater`` asserts on it, which ended the fetch loop, and a commit naming
+    it is refused whole)."""
+    from aiokafka.structs import TopicPartition
+
+    tp0, tp1 = TopicPartition(topics.DECISIONS, 0), TopicPartition(topics.DECISIONS, 1)
+    service = ConnectorService(LogApplier(), ledger=None, metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1", deployments=frozenset({"mistral"})))
+
+    def record(tp, offset, value):
+        return SimpleNamespace(value=value, key=b"llama", topic=tp.topic, partition=tp.partition, offset=offset)
+
+    consumer = _RebalancingConsumer(service, {
+        tp0: [record(tp0, 7, b"not json")],
+        tp1: [record(tp1, 3, encode_event(make_decision("llama", 1)))],
+    })
+    service._consumer = consumer
+
+    async def produce(topic, key, value):
+        await consumer.rebalance(keep=tp0)
+
+    service._produce = produce
+    await asyncio.wait_for(service._fetch_loop(), 5)
+    assert tp1 not in service._offsets
+    assert service._inflight == 0

@@ -217,11 +217,13 @@ class KubernetesApplier(Applier):
                 if await self._desired_replicas(dgd, obj, service) == count:
                     continue
                 await self._scale(dgd, service, count)
-            except ApplyFailed as err:
+            except (ApplyFailed, k8s.ApiException) as err:
                 if not patched:
                     raise
-                # the fleet is already moving for the roles patched before: say which
-                raise ApplyFailed(f"{err}; already patched: {', '.join(patched)}") from None
+                # the fleet is already moving for the roles patched before: say which (a DGD
+                # read for the JSON patch raises the API's refusal as it is)
+                problem = _api_error(err) if isinstance(err, k8s.ApiException) else str(err)
+                raise ApplyFailed(f"{problem}; already patched: {', '.join(patched)}") from None
             patched.append(f"{role}={count}")
             log.info("%s: %s %s -> %d (decision %d)", decision.deployment, dgd, service,
                      count, decision.decision_id)
@@ -263,16 +265,19 @@ class KubernetesApplier(Applier):
 
         try:
             obj = await self._wait(dgd, stable, "stable")
-        except ApplyFailed as err:
+        except (ApplyFailed, k8s.ApiException) as err:
             # Every target is patched: the decision is applied whatever the wait says (the fleet
-            # is still converging, or the API server stopped answering). Report what serves now,
-            # if it can be read; a "failed" ack would leave the planner at counts it left.
-            log.warning("%s (decision %d applied)", err, decision.decision_id)
+            # is still converging, or the API server stopped answering or refused the read: a
+            # token expired, RBAC changed). Report what serves now, if it can be read; a
+            # "failed" ack would leave the planner at counts it left.
+            log.warning("%s (decision %d applied)", _api_error(err) if isinstance(err, k8s.ApiException)
+                        else err, decision.decision_id)
             try:
                 obj = await self._get_dgd(dgd)
-            except ApplyFailed as unreadable:
-                log.warning("%s (decision %d applied; serving replicas unknown)", unreadable,
-                            decision.decision_id)
+            except (ApplyFailed, k8s.ApiException) as unreadable:
+                log.warning("%s (decision %d applied; serving replicas unknown)",
+                            _api_error(unreadable) if isinstance(unreadable, k8s.ApiException)
+                            else unreadable, decision.decision_id)
                 return {}
         return {role: serving_replicas(obj, roles[role])[0] for role in decision.targets}
 

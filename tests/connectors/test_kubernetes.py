@@ -231,3 +231,37 @@ async def test_a_failure_after_one_role_was_patched_names_it(started):
     applier._scale = refuse_the_second
     with pytest.raises(ApplyFailed, match=r"HTTP 403.*already patched: decode=4"):
         await applier.apply(make_decision(prefill=2, decode=4))
+
+
+@pytest.mark.parametrize("code", [401, 403, 404])
+async def test_an_api_error_in_the_wait_after_the_patch_still_reports_the_decision_applied(started, code):
+    """Like the server lost above, but refused (an expired token, RBAC changed, the DGD gone):
+    the targets are patched, so the decision is applied, not a backend error acked "failed"."""
+    server, applier = started
+    scale = applier._scale
+
+    async def scale_then_refuse(*args):
+        await scale(*args)
+        server.fail_next("get", *[code] * 100)
+
+    applier._scale = scale_then_refuse
+    assert await applier.apply(make_decision(prefill=1, decode=4)) == {}
+    assert server.replicas("llama-dgd")["VllmDecodeWorker"] == 4
+
+
+async def test_an_api_error_reading_the_dgd_after_one_role_was_patched_names_it(fake_k8s):
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1}, adapters=False)
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    patch_dgd = applier._patch_dgd
+
+    async def refuse_the_second_read(*args):
+        await patch_dgd(*args)
+        fake_k8s.fail_next("get", 403)
+
+    applier._patch_dgd = refuse_the_second_read
+    try:
+        with pytest.raises(ApplyFailed, match=r"HTTP 403.*already patched: decode=4"):
+            await applier.apply(make_decision(prefill=2, decode=4))
+    finally:
+        await applier.stop()

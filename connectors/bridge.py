@@ -685,6 +685,7 @@ class Bridge:
             await asyncio.sleep(period)
             try:
                 self._flush_packs()
+                self._forget_quiet()
                 if s.heartbeat_s and not self._stopping:
                     await self._heartbeats()
             except Exception:
@@ -692,13 +693,18 @@ class Bridge:
                 log.exception("pack flush / heartbeat round failed; the next round goes on")
                 self.metrics.tick_errors.inc()
 
+    def _forget_quiet(self) -> None:
+        """Drop the deployments silent for ``FORGET_AFTER_S``, heartbeats or not: the names
+        come from the input, and without heartbeats nothing else ever dropped them."""
+        now = time.monotonic()
+        for deployment, src in list(self._sources.items()):
+            if now - src.seen_at > FORGET_AFTER_S:
+                del self._sources[deployment]
+
     async def _heartbeats(self) -> None:
         now = time.monotonic()
         every = self.settings.heartbeat_s
         for deployment, src in list(self._sources.items()):
-            if now - src.seen_at > FORGET_AFTER_S:
-                del self._sources[deployment]
-                continue
             # an accepted event just under the schema's last time must not push the
             # heartbeat past it: the heartbeat would fail validation
             clock_time = min(max(src.latest + (now - src.seen_at), src.clock_sent), MAX_EVENT_TIME)

@@ -506,3 +506,22 @@ async def test_bad_input_over_zmq_is_dead_lettered_and_the_bridge_keeps_going():
     assert sorted(topics) == ["deadletter", "deadletter", "requests"]
     letters = [decode_event(v) for t, v in producer.delivered if "deadletter" in t]
     assert all(d.reason == "invalid" and d.source_topic.startswith("zmq:pull:") for d in letters)
+
+
+async def test_deployments_gone_quiet_are_forgotten_without_heartbeats_too(monkeypatch):
+    """With --heartbeat 0 the map of deployments was pruned nowhere: every name a publisher
+    ever sent stayed for the bridge's life."""
+    from fleetplan.connectors import bridge as bridge_module
+
+    monkeypatch.setattr(bridge_module, "FORGET_AFTER_S", 0.05)
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(heartbeat_s=0), producer=producer)
+    await bridge.start()
+    try:
+        for i in range(3):
+            await bridge.accept([encode_event(request(f"dep-{i}", T0, i))])
+        assert len(bridge._sources) == 3
+        await settle(producer, lambda: not bridge._sources)
+    finally:
+        await bridge.stop()

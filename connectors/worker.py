@@ -166,6 +166,7 @@ class ConnectorService:
         self._capacity.set()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._lane_failure: BaseException | None = None  # what ended a lane, raised by run()
         self.assigned = asyncio.Event()
         """Set once the consumer has partitions: the service is live."""
 
@@ -216,6 +217,8 @@ class ConnectorService:
             await self._fetch_loop()
         finally:
             await self._shutdown()
+        if self._lane_failure is not None:
+            raise self._lane_failure
 
     def stop(self) -> None:
         self._stopping.set()
@@ -313,6 +316,7 @@ class ConnectorService:
             lane.task = asyncio.create_task(
                 self._run_lane(decision.deployment, lane), name=f"lane-{decision.deployment}"
             )
+            lane.task.add_done_callback(self._lane_ended)
         lane.queue.append((decision, ticket))
         lane.wakeup.set()
 
@@ -351,6 +355,23 @@ class ConnectorService:
                 delay = min(delay * 2, self.settings.retry_backoff_max_s)
 
     # --- one deployment's lane ------------------------------------------------------------
+
+    def _lane_ended(self, task: asyncio.Task) -> None:
+        """A lane that raised stops the connector, which :meth:`run` then raises.
+
+        A lane only ends by being cancelled at shutdown: what it retries
+        (Redis, Kafka, a busy claim) it retries, and anything else is a
+        defect. Ended silently, it left its deployment's decisions unacked
+        and held its partition's commit for good. Stopped, the process exits
+        non-zero, its orchestrator restarts it, and the uncommitted decision
+        is read again; the ledger makes that safe.
+        """
+        if task.cancelled() or task.exception() is None:
+            return
+        if self._lane_failure is None:
+            self._lane_failure = task.exception()
+        log.error("%s: its lane failed (%r); stopping the connector", task.get_name(), task.exception())
+        self._stopping.set()
 
     async def _run_lane(self, deployment: str, lane: _Lane) -> None:
         while True:

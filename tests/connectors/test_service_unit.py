@@ -257,3 +257,40 @@ async def test_a_rebalance_while_a_batch_is_handled_leaves_no_offsets_of_a_parti
     await asyncio.wait_for(service._fetch_loop(), 5)
     assert tp1 not in service._offsets
     assert service._inflight == 0
+
+
+class _CorruptLedger:
+    """A ledger whose stored outcome cannot be read: a defect, not an error the lane retries."""
+
+    lease_s = 30.0
+
+    async def begin(self, decision):
+        raise ValueError("outcome: not JSON")
+
+
+async def test_a_lane_that_fails_stops_the_connector_and_run_raises_it(caplog):
+    """Before, the lane's task ended and nothing noticed: the deployment's decisions went unacked
+    and its partition's commit was held for good, while the connector looked alive."""
+    service = ConnectorService(LogApplier(), ledger=_CorruptLedger(), metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    offsets = _PartitionOffsets()
+    offsets.add(4)
+    service._inflight = 1
+    record = SimpleNamespace(value=encode_event(make_decision("llama", 4)), key=b"llama",
+                             topic=topics.DECISIONS, partition=0, offset=4)
+    with caplog.at_level(logging.ERROR, logger="fleetplan.connector"):
+        await service._route(record, _Ticket(offsets, 4, service))
+        await asyncio.wait([service._lanes["llama"].task], timeout=5)
+    assert service._stopping.is_set()
+    assert "lane-llama: its lane failed (ValueError('outcome: not JSON'))" in caplog.text
+    assert offsets.inflight == {4}  # not committed past: read again after the restart
+
+    async def fetch_loop():
+        return None
+
+    async def shutdown():
+        return None
+
+    service._fetch_loop, service._shutdown = fetch_loop, shutdown
+    with pytest.raises(ValueError, match="outcome: not JSON"):
+        await service.run()

@@ -137,12 +137,17 @@ class _Lane:
         return dropped
 
 
+LEASE_MARGIN = 0.9
+"""Share of the lease a connector applies on without a renewal that held: Redis's clock, which
+times the lease, started it a little before this connector's did."""
+
+
 class _ClaimBusy(Exception):
     """Another connector holds a live claim on this decision: ask the ledger again later."""
 
 
 class _ClaimLost(_ClaimBusy):
-    """This connector's claim ran out and another took the decision over mid-apply."""
+    """This connector's claim ran out mid-apply: another took the decision over, or may have."""
 
 
 class ConnectorService:
@@ -476,18 +481,39 @@ class ConnectorService:
             await asyncio.gather(applying, renewing, return_exceptions=True)
 
     async def _renew_lease(self, decision: Decision) -> None:
+        """Renew every third of the lease; give the claim up when no renewal got through within it.
+
+        A renewal that fails (Redis out of reach) is tried again at the next
+        third, but once ``LEASE_MARGIN`` of the lease has passed since the
+        last one that held, another connector may already have taken the
+        decision over, and applying on would change the deployment beside
+        it. Each renewal is bounded by that deadline too: a Redis that
+        stopped answering (a black-holed connection raises nothing) hung the
+        renewal, and the apply went on past the lease, for good.
+        """
+        lease = self.ledger.lease_s
+        held_at = time.monotonic()  # the claim was taken just before the apply began
         while True:
-            await asyncio.sleep(self.ledger.lease_s / 3)
+            await asyncio.sleep(lease / 3)
+            attempt = time.monotonic()
             try:
-                held = await self.ledger.renew(decision)
-            except (RedisError, OSError) as err:  # the next renewal may get through; the lease is 3 periods
+                held = await asyncio.wait_for(self.ledger.renew(decision),
+                                              timeout=max(0.0, held_at + LEASE_MARGIN * lease - attempt))
+            except (RedisError, OSError) as err:  # TimeoutError is an OSError
                 self.metrics.errors.labels("redis").inc()
+                problem = str(err) or "no answer"
+                if time.monotonic() >= held_at + LEASE_MARGIN * lease:
+                    raise _ClaimLost(f"no renewal of the claim on decision {decision.decision_id} got through "
+                                     f"within its {lease:g}-s lease ({problem}): another connector may hold "
+                                     "it; applying it stopped") from None
                 log.warning("%s decision %d: lease renewal failed: %s", decision.deployment,
-                            decision.decision_id, err)
+                            decision.decision_id, problem)
                 continue
             if not held:
                 raise _ClaimLost(f"the claim on decision {decision.decision_id} was taken over; "
                                  f"applying it stopped")
+            held_at = attempt
+
 
     async def _apply(self, decision: Decision, *, recover: bool) -> Outcome:
         started = time.monotonic()

@@ -294,3 +294,53 @@ async def test_a_lane_that_fails_stops_the_connector_and_run_raises_it(caplog):
     service._fetch_loop, service._shutdown = fetch_loop, shutdown
     with pytest.raises(ValueError, match="outcome: not JSON"):
         await service.run()
+
+
+class _SilentLedger:
+    """A Redis that stopped answering: a renewal neither returns nor raises (a black-holed socket)."""
+
+    lease_s = 0.3
+
+    async def renew(self, decision) -> bool:
+        await asyncio.sleep(3600)
+        return True
+
+
+class _FlakyLedger:
+    """Renewals fail ``failures`` times, then hold."""
+
+    lease_s = 0.3
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    async def renew(self, decision) -> bool:
+        if self.failures:
+            self.failures -= 1
+            raise RedisConnectionError("connection reset")
+        return True
+
+
+class _QuickApplier(LogApplier):
+    async def apply(self, decision):
+        await asyncio.sleep(0.5)
+        return dict(decision.targets)
+
+
+@pytest.mark.parametrize("ledger", [_SilentLedger(), _FlakyLedger(failures=100)], ids=["silent", "refusing"])
+async def test_an_apply_whose_lease_cannot_be_renewed_stops_within_it(ledger):
+    """Past its lease the claim may be another connector's. A renewal that hung (no socket
+    timeout) let the apply run on for good; one that kept failing, until Redis came back."""
+    applier = _SlowApplier()
+    service = ConnectorService(applier, ledger=ledger, metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    with pytest.raises(_ClaimBusy, match="no renewal of the claim on decision 3 got through within its 0.3-s lease"):
+        await asyncio.wait_for(service._apply_leased(make_decision("llama", 3), recover=False), 5)
+    assert applier.cancelled
+
+
+async def test_one_failed_renewal_within_the_lease_does_not_stop_the_apply():
+    service = ConnectorService(_QuickApplier(), ledger=_FlakyLedger(failures=1), metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    observed = await asyncio.wait_for(service._apply_leased(make_decision("llama", 3), recover=False), 5)
+    assert observed.status == "applied"

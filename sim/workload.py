@@ -126,7 +126,9 @@ def rate_scale(
             if keep < 1.0 and rng.random() >= keep:
                 continue
             t = r.arrival_s + offset
-            if t >= duration:
+            if c and t >= duration:
+                # a shifted copy wraps around; copy 0 is the trace itself, whose last requests
+                # can sit on the duration exactly (whole-second times: ceil(1797.0) = 1797)
                 t -= duration
             hashes = r.hash_ids
             if c and hashes and private:

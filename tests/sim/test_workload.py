@@ -65,6 +65,18 @@ def test_fractional_and_thinning_scales(conv):
     assert abs(len(rate_scale(conv, 0.5, seed=1)) - 0.5 * n) < 0.05 * n
 
 
+def test_rate_scale_keeps_the_trace_itself_as_copy_zero():
+    # A trace logged in whole seconds (Mooncake) ends exactly on its duration (ceil of an
+    # integer): its last requests are copy 0's and stay at the end, not wrapped to 0 onto
+    # the first ones (Mooncake x6 moved its last 12 requests to t = 0, 22 at one instant).
+    rows = [TraceRequest(0.0, 100, 10), TraceRequest(3.0, 100, 10), TraceRequest(6.0, 100, 10),
+            TraceRequest(6.0, 100, 10)]
+    assert trace_duration(rows) == 6.0
+    for factor in (2, 2.5):
+        times = [r.arrival_s for r in rate_scale(rows, factor, seed=0)]
+        assert times.count(6.0) == 2 and times.count(0.0) == 1
+
+
 def test_rate_scale_keeps_shared_prefixes_and_renames_private_ones():
     shared = (1, 2)
     rows = [
@@ -154,3 +166,4 @@ def test_spread_keeps_every_request_inside_its_step_and_is_seeded():
     assert spread != spread_arrivals(rows, 3.0, seed=8)
     with pytest.raises(ValueError, match="timestamp step must be > 0"):
         spread_arrivals(rows, 0.0)
+

@@ -150,18 +150,20 @@ def servegen_workload(
     if not rate_scale > 0:
         raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
     clients_path = Path(clients_path)
-    windows = read_client_windows(clients_path, model, start_s, start_s + duration_s)
+    end_s = start_s + duration_s
+    # from the window ``start_s`` falls in (its traffic after ``start_s`` is the run's)
+    windows = read_client_windows(clients_path, model, start_s - start_s % WINDOW_S, end_s)
     if lengths_path is None:
         lengths_path = clients_path.parent / f"{model}_mean_isl_osl_6h.csv"
     lengths = read_mean_lengths(lengths_path)
 
     def generate() -> Iterator[TraceRequest]:
-        return _generate(windows, lengths, start_s, rate_scale, seed, sigma, max_tokens)
+        return _generate(windows, lengths, start_s, end_s, rate_scale, seed, sigma, max_tokens)
 
     return Workload(f"servegen-{model}", float(duration_s), generate)
 
 
-def _generate(windows, lengths, start_s, rate_scale, seed, sigma, max_tokens) -> Iterator[TraceRequest]:
+def _generate(windows, lengths, start_s, end_s, rate_scale, seed, sigma, max_tokens) -> Iterator[TraceRequest]:
     rng = np.random.default_rng(seed)
     by_t: dict[float, list[ClientWindow]] = defaultdict(list)
     for w in windows:
@@ -192,7 +194,8 @@ def _generate(windows, lengths, start_s, rate_scale, seed, sigma, max_tokens) ->
         isl = _lognormal(rng, isl_mean, sigma, times.size, max_tokens)
         osl = _lognormal(rng, osl_mean, sigma, times.size, max_tokens)
         for a, i, o in zip(times.tolist(), isl.tolist(), osl.tolist(), strict=True):
-            yield TraceRequest(a - start_s, i, o)
+            if start_s <= a < end_s:  # a window cut by the run's start or end
+                yield TraceRequest(a - start_s, i, o)
 
 
 def _client_arrivals(rng, w: ClientWindow, mean_gap, t, end, last) -> np.ndarray:

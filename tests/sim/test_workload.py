@@ -167,3 +167,25 @@ def test_spread_keeps_every_request_inside_its_step_and_is_seeded():
     with pytest.raises(ValueError, match="timestamp step must be > 0"):
         spread_arrivals(rows, 0.0)
 
+
+def test_servegen_stays_inside_its_duration():
+    # 900 s is a window and a half: the second window's arrivals past 900 s are not the run's
+    clients = DATA / "servegen_m-mid_30min_sample.csv"
+    lengths = DATA / "m-mid_mean_isl_osl_6h.csv"
+    wl = servegen_workload(clients, "m-mid", duration_s=900, rate_scale=0.05, seed=1, lengths_path=lengths)
+    reqs = list(wl.requests())
+    assert all(0 <= r.arrival_s < 900 for r in reqs)
+    longer = servegen_workload(clients, "m-mid", duration_s=1200, rate_scale=0.05, seed=1, lengths_path=lengths)
+    assert reqs == [r for r in longer.requests() if r.arrival_s < 900]
+
+
+def test_servegen_starting_inside_a_window_has_that_windows_traffic():
+    # --start 300: [300, 600) is the second half of the window that began at 0, not silence
+    clients = DATA / "servegen_m-mid_30min_sample.csv"
+    lengths = DATA / "m-mid_mean_isl_osl_6h.csv"
+    wl = servegen_workload(clients, "m-mid", start_s=300, duration_s=600, rate_scale=0.05, seed=1,
+                           lengths_path=lengths)
+    whole = servegen_workload(clients, "m-mid", duration_s=1200, rate_scale=0.05, seed=1, lengths_path=lengths)
+    expected = [(r.arrival_s - 300, r.input_tokens, r.output_tokens) for r in whole.requests()
+                if 300 <= r.arrival_s < 900]
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in wl.requests()] == expected

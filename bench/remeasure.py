@@ -3,7 +3,8 @@
 Usage:
 
     .venv/bin/python bench/remeasure.py --data /work/shared/data \
-        bench/results/verdicts/azure-conv-500-50.json [--jobs 2] [--out new.json] [--only-policies A,B]
+        bench/results/verdicts/azure-conv-500-50.json [--jobs 2] [--out new.json] [--only-policies A,B] \
+        [--only-workloads W1,W2]
 
 The verdict files (bench/results/verdicts/) hold the runs that
 bench/frontier.py reads its verdicts from. When the simulator changes, every
@@ -46,6 +47,15 @@ def _task(args):
     return index, run_variant(spec, sla, policy)
 
 
+def _named(parser, file: Path, option: str, value: str, present: set[str], noun: str) -> set[str]:
+    """The names an ``--only-*`` option gives, each one the file has (none: every row)."""
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    if names - present:  # a misspelled name would re-run nothing and still rewrite the file
+        parser.error(f"{option}: no row of {file} is {', '.join(map(repr, sorted(names - present)))}; "
+                     f"its {noun}: {', '.join(sorted(present))}")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("file", type=Path)
@@ -54,20 +64,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--only-policies", default="",
                         help="re-run only these policies (comma-separated); the other rows are kept as they are")
+    parser.add_argument("--only-workloads", default="",
+                        help="re-run only the rows of these workloads (comma-separated names as the rows carry "
+                             "them); the other rows are kept as they are")
     args = parser.parse_args()
     doc = json.loads(args.file.read_text())
     sla = tuple(doc["sla"])
-    only = {p.strip() for p in args.only_policies.split(",") if p.strip()}
     rows = doc["rows"]
-    present = {row["policy"] for row in rows}
-    if only - present:  # a misspelled name would re-run nothing and still rewrite the file
-        parser.error(f"--only-policies: no row of {args.file} is {', '.join(map(repr, sorted(only - present)))}; "
-                     f"its policies: {', '.join(sorted(present))}")
+    only = _named(parser, args.file, "--only-policies", args.only_policies, {row["policy"] for row in rows}, "policies")
+    only_workloads = _named(parser, args.file, "--only-workloads", args.only_workloads,
+                            {row["workload"] for row in rows}, "workloads")
     workloads = _workloads(args.data)
     tasks = []
     copies: dict[tuple, list[int]] = {}  # a run is deterministic: a row repeated in the file runs once
     for i, row in enumerate(rows):
-        if only and row["policy"] not in only:
+        if (only and row["policy"] not in only) or (only_workloads and row["workload"] not in only_workloads):
             continue
         key = (row["workload"], row["scale"], row["policy"])
         if key in copies:

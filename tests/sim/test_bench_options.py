@@ -76,6 +76,9 @@ def test_remeasure_refuses_a_policy_the_file_does_not_hold(tmp_path):
     assert line.endswith(f"--only-policies: no row of {runs} is 'fleetplan (ensembel)'; "
                          "its policies: fleetplan (ensemble), oracle")
     assert runs.read_text() == before
+    line = _refused(_bench("remeasure.py", str(runs), "--data", "/nonexistent", "--only-workloads", "azure-cdoe-30min"))
+    assert line.endswith(f"--only-workloads: no row of {runs} is 'azure-cdoe-30min'; its workloads: azure-code-30min")
+    assert runs.read_text() == before
 
 
 @pytest.mark.parametrize("pool", [[], ["--pool"]])

@@ -139,7 +139,9 @@ class SimFleet:
         self.ready[engine.role].append(engine)
         self.listener.worker_changed(engine, "ready", decision_id)
         waiting = self.frontend[engine.role]
-        while waiting:
+        # the ready event may have run a planner tick that stopped the role's last engine: the
+        # queue then waits for the next one (dispatched, each request came straight back to it)
+        while waiting and self.ready[engine.role]:
             self._dispatch(engine.role, waiting.popleft())
 
     def stop(self, engine: Engine, decision_id: int | None) -> None:

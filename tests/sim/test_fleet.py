@@ -109,6 +109,27 @@ def test_requests_wait_at_the_frontend_until_an_engine_is_ready(timing, limits):
     assert req.first_token > 60.0  # the wait counts in its TTFT
 
 
+def test_an_engine_stopped_as_it_becomes_ready_leaves_the_waiting_requests_waiting(timing, limits):
+    """The ready event can run a planner tick before the frontend's queue is handed out; a tick
+    that stopped the only engine of the role sent each waiting request back to the queue being
+    emptied, for ever. They wait for the next engine instead."""
+    class Stopping(Log):
+        def worker_changed(self, engine, state, decision_id):
+            super().worker_changed(engine, state, decision_id)
+            if state == "ready" and engine.role == "prefill":
+                fleet.stop(engine, None)
+
+    clock = VirtualClock()
+    log = Stopping()
+    fleet = SimFleet(clock, "disagg", timing, limits, {"prefill": 1, "decode": 1}, make_router("least-loaded"),
+                     parse_startup("60"), KvTransfer(), log)
+    clock.at(0.0, lambda: fleet.start("prefill", 0))
+    submit_at(fleet, clock, 1.0, 0)
+    submit_at(fleet, clock, 2.0, 1)
+    run_all(clock)
+    assert [r.index for r in fleet.frontend["prefill"]] == [0, 1] and not log.finished
+
+
 def test_round_robin_cycles_and_least_loaded_balances(timing, limits):
     fleet, clock, log = make_fleet(timing, limits, router="round-robin")
     for _ in range(3):

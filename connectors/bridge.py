@@ -82,6 +82,11 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 ACCEPTED_TYPES = ("fpm", "fpm_batch", "request", "arrival")
 PAYLOAD_LIMIT = 4096
+MAX_EVENTS_PER_MESSAGE = 100_000
+"""Longest array of events one message may carry; a longer one is dead-lettered whole. Each
+element is validated on the event loop: 100,000 empty objects took 0.55 s (2-core Xeon, busy),
+so the 16 million of a 16 MiB msgpack array would hold every other message and heartbeat back
+for about a minute and a half."""
 MAX_REJECTED_PER_MESSAGE = 100
 """Bad events of one array dead-lettered one by one; the rest are counted in one more dead
 letter. A 16 MiB array holds millions of one-byte items, and a dead letter each (each
@@ -210,6 +215,9 @@ def decode_message(frames: list[bytes]) -> tuple[list, list[Rejected]]:
                              "unknown", payload)]
     items = obj if isinstance(obj, list) else [obj]
     single = not isinstance(obj, list)
+    if len(items) > MAX_EVENTS_PER_MESSAGE:
+        return [], [Rejected("oversize", f"message: an array of at most {MAX_EVENTS_PER_MESSAGE:,} events, "
+                             f"got {len(items):,}", "unknown", payload[:PAYLOAD_LIMIT])]
     events, rejected = [], []
     more = 0  # bad events past MAX_REJECTED_PER_MESSAGE
     for item in items:

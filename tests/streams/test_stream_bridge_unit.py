@@ -83,11 +83,22 @@ def test_an_array_of_junk_gives_a_bounded_number_of_dead_letters(encode):
     its ~4 KB encoding held until then) took the bridge to tens of GB and a dead-letter
     record per byte. The first ones are dead-lettered one by one, the rest counted in one."""
     good = fpm("alpha", T0, 1)
-    events, rejected = decode_message([encode([0] * 200_000 + [as_dict(good)])])
+    events, rejected = decode_message([encode([0] * 99_000 + [as_dict(good)])])
     assert events == [good]
     assert 1 < len(rejected) <= 101
     assert all("an object, got int" in r.detail for r in rejected[:-1])
-    assert "199900 more" in rejected[-1].detail and rejected[-1].reason == "invalid"
+    assert "98900 more" in rejected[-1].detail and rejected[-1].reason == "invalid"
+
+
+@pytest.mark.parametrize("encode", [orjson.dumps, msgpack.packb], ids=["json", "msgpack"])
+def test_an_array_longer_than_a_message_may_carry_is_refused_whole(encode):
+    """Each element is validated on the event loop: 16 MiB of empty objects held every other
+    message and heartbeat back for about a minute."""
+    good = as_dict(fpm("alpha", T0, 1))
+    events, rejected = decode_message([encode([good] + [{}] * 100_000)])
+    assert events == []
+    assert [(r.reason, r.detail) for r in rejected] == [
+        ("oversize", "message: an array of at most 100,000 events, got 100,001")]
 
 
 def test_endpoint_parsing():

@@ -309,9 +309,10 @@ class Router:
         if not accepted:
             dep.dirty = True  # the core counted it
             batch.release.append(rec.handle)
-            if kind != "clock":  # a late heartbeat carries nothing to lose
-                batch.late[dep.name] += 1
-                dep.outbox.append(self._late_letter(rec, event, state.last_tick))
+            # a late heartbeat too: the audit folds every input it is not told was refused, and
+            # a heartbeat dated before the first tick would date the audit's first tick earlier
+            batch.late[dep.name] += 1
+            dep.outbox.append(self._late_letter(rec, event, state.last_tick))
             return
         dep.held.append((event.time, rec.handle, rec.topic, rec.offset))
         if state.next_tick != next_tick:

@@ -220,3 +220,36 @@ def test_an_audit_folds_a_reset_perf_as_the_worker_did(monkeypatch):
     result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
     assert result.ok, "\n".join(result.lines())
     assert result.reproduced == [d["decision_id"] for d in written[topics.decisions]]
+
+
+def test_a_late_heartbeat_dated_before_the_first_tick_does_not_move_the_audits_first_tick(monkeypatch):
+    """A heartbeat that comes after the deployment's first tick, dated an interval before it
+    (a second bridge that caught up late): the worker refuses it as late, so the audit must
+    leave it out as it leaves out the other late events. Folded, it dated the audit's first
+    tick at T0 + 5 instead of T0 + 15, and the audit diverged at decision 0 from a worker
+    that had done nothing wrong."""
+    from tests.streams.traffic import clock
+
+    log = Log()
+    fpms, requests = traffic("alpha", 40, start=T0 + 10)
+    for _, topic, event in sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in requests],
+                                  key=lambda x: (x[0], x[1])):
+        log.append(topic, event)
+    worker = Harness(deciding_planner())
+    for i in range(0, len(log.records), 25):
+        worker.route(log.records[i:i + 25])
+    first = worker.decisions("alpha")[0]["time"]
+    assert first == T0 + 15
+    worker.route([log.append(REQ, clock("alpha", T0 + 1))])
+    assert worker.router.deployments["alpha"].state.late_events == 1
+
+    topics = Topics("")
+    written = {topics.decisions: [], topics.deadletter: [], topics.ticks: []}
+    named = {canonical.DECISIONS: topics.decisions, canonical.DEADLETTER: topics.deadletter, TICKS: topics.ticks}
+    for topic, value in worker.sent:
+        written[named[topic]].append(value)
+    _reading(monkeypatch, log, written, topics)
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
+    assert result.ok, "\n".join(result.lines())
+    assert result.excluded_late == 1
+    assert result.reproduced == [d["decision_id"] for d in worker.decisions("alpha")]

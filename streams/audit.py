@@ -428,12 +428,17 @@ def _from_snapshot(slices, starts, topics, p, deployment, since, inputs, recorde
     decisions that come after it: those its tick had not seen, those it had not made.
 
     ``grace``: how far a deployment's records may come out of event-time order on a topic (the
-    worker's grace period), so how far past the first kept one a lost record may be dated."""
+    worker's grace period, or the snapshot's where a set_config raised it), so how far past
+    the first kept one a lost record may be dated."""
     snapshot = _first_snapshot(slices[(topics.ticks, p)], deployment, since)
     if snapshot is None:
         raise NoSnapshot(f"--since {since}: no snapshot of {deployment!r} at or after it on {topics.ticks} "
                          f"(the worker writes one each hour of event time; the topic keeps a week)")
     tick = float(snapshot["time"])
+    state = DeploymentState.from_data(snapshot["state"])
+    # the records after the tick were read under the grace period in force at it, which a
+    # set_config may have raised above the config file's
+    grace = max(grace, state.config.grace_seconds)
     gone = _inputs_gone_after(slices, starts, topics.inputs, p, deployment)
     # the tick saw the events before it, not those at it: one lost dated as the first kept,
     # at the tick, is needed too
@@ -445,7 +450,6 @@ def _from_snapshot(slices, starts, topics, p, deployment, since, inputs, recorde
                          f"{gone[0]} partition {p} now starts at event time {gone[1]} (its retention cut "
                          f"the rest; records may be {grace:g} s out of order): give a --since after "
                          f"{gone[1] + grace}")
-    state = DeploymentState.from_data(snapshot["state"])
     first_id = state.next_decision_id
     return (state, [e for e in inputs if e.time >= tick],
             [d for d in recorded if isinstance(d.get("decision_id"), int) and d["decision_id"] >= first_id])

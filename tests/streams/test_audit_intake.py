@@ -253,3 +253,22 @@ def test_a_late_heartbeat_dated_before_the_first_tick_does_not_move_the_audits_f
     assert result.ok, "\n".join(result.lines())
     assert result.excluded_late == 1
     assert result.reproduced == [d["decision_id"] for d in worker.decisions("alpha")]
+
+
+def test_an_audit_since_judges_lost_inputs_by_the_grace_period_the_snapshot_had_in_force(monkeypatch):
+    """A set_config raised the grace period from 1 s (the config file's) to 10 s, so the worker
+    took records up to 10 s out of order. Retention kept the FPMs from 1075 on: one lost may
+    be dated up to 1085, after the snapshot at 1080, so the audit from it is refused with the
+    time to start at, not run on inputs that may lack one (and so diverge for no fault)."""
+    from fleetplan.streams.audit import NoSnapshot
+
+    raise_grace = ControlEvent(deployment="alpha", time=T0 + 0.5,
+                               body={"command": "set_config", "changes": {"grace_seconds": 10}})
+    log, written, topics = _routed_run(snapshot_every=30, extra=((canonical.CONTROL, raise_grace),))
+    snapshot = next(r for r in written[topics.ticks] if r.get("type") == "snapshot" and r["time"] == 1080.0)
+    assert snapshot["state"]["config"]["grace_seconds"] == 10
+    first_kept = next(r for r in log.records if r.topic == FPM and orjson.loads(r.value)["time"] >= 1075.0)
+    _reading(monkeypatch, log, written, topics, fpm_from=first_kept.offset)
+    with pytest.raises(NoSnapshot, match=r"fpm.v1 partition 0 now starts at event time 1075\.0 .*10 s out of order\): "
+                                         r"give a --since after 1085\.0"):
+        asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))

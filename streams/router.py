@@ -279,15 +279,17 @@ class Router:
                           f"deployment {event.deployment!r} lives on partition {owner}, record came on "
                           f"{rec.partition} (producers must use the default murmur2 partitioner)")
             return
-        dep = self._deployment(event.deployment, rec.partition)
-        state = dep.state
         # a set_config on the change alone, never on the config folded so far
         # (models/config_changes.py); what depends on other fields is judged at the tick
-        # (rejected_controls)
-        problem = intake_problem(state.config, event)
+        # (rejected_controls). Before the deployment is made: a refused record of a name
+        # never seen must not leave a planner state behind
+        known = self.deployments.get(event.deployment)
+        problem = intake_problem(self.planner.config if known is None else known.state.config, event)
         if problem is not None:
             self._invalid(rec, batch, "invalid", problem)
             return
+        dep = self._deployment(event.deployment, rec.partition)
+        state = dep.state
         batch.events[rec.topic] += 1
         if kind == "fpm":
             batch.fpms += 1

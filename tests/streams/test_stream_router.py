@@ -590,3 +590,20 @@ def test_a_clock_that_jumps_fires_its_ticks_a_bounded_number_per_batch(monkeypat
     assert times == sorted(times) and len(set(times)) == len(times)
     assert times[-1] == state.last_tick and len(times) == (times[-1] - times[0]) / 5 + 1
     assert max(len(raw) for raw in h.table.values()) < 200_000
+
+
+def test_a_record_refused_at_intake_leaves_no_deployment_behind():
+    """A set_config that can never apply, for a deployment never seen: dead-lettered, and
+    nothing kept for it. The router built a whole planner state (perf models, forecaster;
+    about 30 kB and 0.5 ms) for each such name before judging it, and kept it until the next
+    rebalance, so a stream of bad controls grew the worker's memory without bound."""
+    h = Harness(deciding_planner())
+    log = Log()
+    bad = [log.append(canonical.CONTROL, ControlEvent.model_validate(
+        {"deployment": f"d{i}", "time": T0, "body": {"command": "set_config", "changes": {"ttft_msx": 1}}}))
+        for i in range(50)]
+    h.route(bad)
+    letters = [v for t, v in h.sent if t == canonical.DEADLETTER]
+    assert len(letters) == 50 and all("ttft_msx: unknown field" in v["detail"] for v in letters)
+    assert h.router.deployments == {} and h.router.by_partition == {}
+    assert {(canonical.CONTROL, r.offset) for r in bad} <= h.acked

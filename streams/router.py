@@ -217,6 +217,16 @@ class Router:
                 self.deployments.pop(name, None)
         self.watermarks.revoke(partitions)
 
+    def inputs_start_at(self, partition: int, starts: dict[str, int]) -> None:
+        """Retention deleted the records of ``partition`` before ``starts[topic]``, its first
+        offset kept: a buffered record among them is never read again, so no deployment waits
+        for it (``adopt``), or it would fire no tick again."""
+        for name in self.by_partition.get(partition, ()):
+            awaiting = self.deployments[name].awaiting
+            for topic, first in starts.items():
+                if awaiting.get(topic, first) < first:
+                    del awaiting[topic]
+
     def partition_of(self, name: str) -> int | None:
         dep = self.deployments.get(name)
         return None if dep is None else dep.partition

@@ -337,6 +337,9 @@ class PlannerWorker:
             return
         committed = await consumer.seek_to_committed()
         earliest = await consumer.earliest_offsets(*tps)
+        for p in owned:
+            self.router.inputs_start_at(p, {self.topics.logical(tp.topic): earliest.get(tp) or 0
+                                            for tp in tps if tp.partition == p})
         resume = {}
         for tp in tps:
             offset = committed.get(tp)

@@ -607,3 +607,25 @@ def test_a_record_refused_at_intake_leaves_no_deployment_behind():
     assert len(letters) == 50 and all("ttft_msx: unknown field" in v["detail"] for v in letters)
     assert h.router.deployments == {} and h.router.by_partition == {}
     assert {(canonical.CONTROL, r.offset) for r in bad} <= h.acked
+
+
+def test_a_deployment_does_not_wait_for_a_buffered_record_that_retention_deleted():
+    """The record a recovered deployment waits for (``awaiting``) is gone from its topic
+    (retention: a control event buffered for a week, a worker down longer than that). It
+    can never be read again, so the deployment must not wait for it: it waited forever,
+    fired no tick, and held every record it read from then on."""
+    control = ControlEvent.model_validate({"deployment": "a", "time": T0 + 22.1,
+                                           "body": {"command": "set_min_endpoints", "minimums": {"agg": 6}}})
+    log = _with_control(80, control)
+    h = Harness(deciding_planner())
+    cut = next(i for i, r in enumerate(log.records) if r.topic == FPM and orjson.loads(r.value)["time"] >= T0 + 24)
+    _deliver(h, log.records[:cut])
+    survivor = Harness(deciding_planner(), h.table)
+    survivor.sent, survivor.acked = h.sent, h.acked
+    assert survivor.router.deployments["a"].awaiting[canonical.CONTROL] == 0
+    committed = survivor.committed(log)
+    survivor.router.inputs_start_at(0, {canonical.CONTROL: 1, FPM: committed[FPM], REQ: committed[REQ]})
+    _deliver(survivor, [r for r in log.records if r.offset >= committed[r.topic] and r.topic != canonical.CONTROL])
+    dep = survivor.router.deployments["a"]
+    assert dep.awaiting == {} and dep.state.last_tick == T0 + 75
+    assert len(dep.held) < 40

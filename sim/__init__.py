@@ -12,6 +12,11 @@ to be stale (bench/remeasure.py runs such a file again).
   flight, requests arriving at one instant share an idle engine's first
   pass, the hindsight sizing reads the last partial window at its own
   length, and the warm initial fleet covers the startup span and no more.
+- 3: from 2026-12-05 (docs/simulate.md, "Revision 3"): a rate-scaled trace
+  keeps its own last requests where they are (a trace in whole seconds
+  ends on its duration, and they were moved to t = 0), and a ServeGen run
+  is its own span, not the 10-minute windows around it. Only Mooncake's
+  rate-scaled runs and ServeGen runs off the window grid move.
 """
 
-REVISION = 2
+REVISION = 3

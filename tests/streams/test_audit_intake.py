@@ -20,46 +20,21 @@ from tests.streams.traffic import T0, deciding_planner, traffic
 @pytest.mark.parametrize("when", [T0 - 30, T0 + 30])
 def test_a_set_config_refused_at_intake_is_not_folded_by_the_audit(monkeypatch, when):
     """Before the first traffic it would move the audit's first tick and report a false divergence."""
-    log = Log()
-    log.append(canonical.CONTROL, ControlEvent(
-        deployment="alpha", time=when, body={"command": "set_config", "changes": {"ttft_msx": 300}}))
-    fpms, requests = traffic("alpha", 90)
-    for _, topic, event in sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in requests],
-                                  key=lambda x: (x[0], x[1])):
-        log.append(topic, event)
-    worker = Harness(deciding_planner())
-    for i in range(0, len(log.records), 25):
-        worker.route(log.records[i:i + 25])
+    refused = ControlEvent(deployment="alpha", time=when,
+                           body={"command": "set_config", "changes": {"ttft_msx": 300}})
+    log, worker = _worker_run(seconds=90, extra=((canonical.CONTROL, refused),))
     assert len(worker.decisions("alpha")) > 0
-
-    topics = Topics("")
-    written = {topics.decisions: [], topics.deadletter: [], topics.ticks: []}
-    named = {canonical.DECISIONS: topics.decisions, canonical.DEADLETTER: topics.deadletter, TICKS: topics.ticks}
-    for topic, value in worker.sent:
-        written[named[topic]].append(value)
-
-    async def read_partitions(bootstrap, wanted, tail=None, starts=None):
-        slices = {}
-        for topic, partition in wanted:
-            if topic in topics.inputs:
-                slices[topic, partition] = [SimpleNamespace(key=r.key, value=r.value, offset=r.offset, partition=0)
-                                            for r in log.records if r.topic == topics.logical(topic)]
-            else:
-                slices[topic, partition] = [SimpleNamespace(key=b"alpha", value=orjson.dumps(v), offset=i, partition=0)
-                                            for i, v in enumerate(written[topic])]
-        return slices
-
-    monkeypatch.setattr(kafka_io, "read_partitions", read_partitions)
+    _reading(monkeypatch, log, *_written(worker))
     result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
     assert result.ok, "\n".join(result.lines())
     assert result.invalid == 1
 
 
-def _routed_run(snapshot_every: float, seconds: float = 120, extra: tuple = ()):
-    """A worker run of one deployment in process: the log it read and what it wrote, per topic
+def _worker_run(snapshot_every: float = 0, seconds: float = 120, extra: tuple = (), start: float | None = None):
+    """A worker run of one deployment in process: the log it read, and the worker
     (``extra``: more (topic, event) inputs, each before the traffic's of its time)."""
     log = Log()
-    fpms, requests = traffic("alpha", seconds)
+    fpms, requests = traffic("alpha", seconds, **({} if start is None else {"start": start}))
     for _, topic, event in sorted([(e.time, topic, e) for topic, e in extra] + [(e.time, FPM, e) for e in fpms]
                                   + [(e.time, REQ, e) for e in requests], key=lambda x: (x[0], x[1])):
         log.append(topic, event)
@@ -67,12 +42,23 @@ def _routed_run(snapshot_every: float, seconds: float = 120, extra: tuple = ()):
     worker.router.snapshot_every = snapshot_every
     for i in range(0, len(log.records), 25):
         worker.route(log.records[i:i + 25])
+    return log, worker
+
+
+def _written(worker):
+    """What the worker wrote, per output topic, and the topics' names."""
     topics = Topics("")
     written = {topics.decisions: [], topics.deadletter: [], topics.ticks: []}
     named = {canonical.DECISIONS: topics.decisions, canonical.DEADLETTER: topics.deadletter, TICKS: topics.ticks}
     for topic, value in worker.sent:
         written[named[topic]].append(value)
-    return log, written, topics
+    return written, topics
+
+
+def _routed_run(snapshot_every: float, seconds: float = 120, extra: tuple = ()):
+    """``_worker_run``'s log, and what the worker wrote, per topic."""
+    log, worker = _worker_run(snapshot_every, seconds, extra)
+    return log, *_written(worker)
 
 
 def _reading(monkeypatch, log, written, topics, *, cut_at: float | None = None, fpm_from: int | None = None):
@@ -230,25 +216,12 @@ def test_a_late_heartbeat_dated_before_the_first_tick_does_not_move_the_audits_f
     that had done nothing wrong."""
     from tests.streams.traffic import clock
 
-    log = Log()
-    fpms, requests = traffic("alpha", 40, start=T0 + 10)
-    for _, topic, event in sorted([(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in requests],
-                                  key=lambda x: (x[0], x[1])):
-        log.append(topic, event)
-    worker = Harness(deciding_planner())
-    for i in range(0, len(log.records), 25):
-        worker.route(log.records[i:i + 25])
+    log, worker = _worker_run(seconds=40, start=T0 + 10)
     first = worker.decisions("alpha")[0]["time"]
     assert first == T0 + 15
     worker.route([log.append(REQ, clock("alpha", T0 + 1))])
     assert worker.router.deployments["alpha"].state.late_events == 1
-
-    topics = Topics("")
-    written = {topics.decisions: [], topics.deadletter: [], topics.ticks: []}
-    named = {canonical.DECISIONS: topics.decisions, canonical.DEADLETTER: topics.deadletter, TICKS: topics.ticks}
-    for topic, value in worker.sent:
-        written[named[topic]].append(value)
-    _reading(monkeypatch, log, written, topics)
+    _reading(monkeypatch, log, *_written(worker))
     result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
     assert result.ok, "\n".join(result.lines())
     assert result.excluded_late == 1

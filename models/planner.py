@@ -412,11 +412,16 @@ class Planner:
         if not cfg.load_enabled:
             return dict(scratch.throughput_targets or baseline), reason_t, reason_l
         proposed = dict(scratch.load_targets or baseline)
+        capped = False
         for role, floor in state.lower_bound.items():
             if role in proposed and proposed[role] < floor:
                 if scratch.load_reasons.get(role) == "scale_down":
-                    reason_l = "scale_down_capped_by_throughput"
+                    scratch.load_reasons[role] = "scale_down_capped_by_throughput"
+                    capped = True
                 proposed[role] = floor
+        # a role still scaling up names the decision (Dynamo's priority: scale_up over capped)
+        if capped and reason_l not in ("scale_up", "scale_up_to_measured_rate"):
+            reason_l = "scale_down_capped_by_throughput"
         return proposed, reason_t, reason_l
 
     def _decide(self, state, now, baseline, targets, reason_t, reason_l, scratch) -> Decision | None:

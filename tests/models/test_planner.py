@@ -197,6 +197,23 @@ def test_scale_down_capped_by_throughput_reason(make_fleet):
     assert tick.targets["prefill"] == 2
 
 
+def test_a_capped_scale_down_does_not_relabel_a_scale_up(make_fleet):
+    """Prefill's scale-down held at the throughput floor while decode scales up: the decision is
+    a scale-up (Dynamo's priority: scale_up over scale_down_capped_by_throughput), and prefill's
+    own reason says it was capped, not released."""
+    fleet = make_fleet(enable_load_scaling=True)
+    evs = [ready(f"p{i}", "prefill") for i in range(2)] + [ready("d0", "decode")]
+    evs += requests(20, T0 + 1, T0 + 191)
+    for t in range(181, 191, 5):
+        evs += _engines(T0 + t, "prefill", 2, queued_prefill=0)
+        evs += _engines(T0 + t, "decode", 1, decode_reqs=256, decode_kv=900_000, queued_kv=900_000)
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    tick = [o for o in out if o.time == T0 + 185][0]
+    assert tick.decision is not None and tick.decision.targets == {"prefill": 2, "decode": 2}
+    assert tick.load_reason == "scale_up" and tick.decision.load_reason == "scale_up"
+    assert tick.load_reasons == {"prefill": "scale_down_capped_by_throughput", "decode": "scale_up"}
+
+
 def test_threshold_mode_needs_no_profile(make_fleet):
     fleet = make_fleet(profile=False, optimization_target="throughput", max_kv_tokens=100_000,
                        context_length=8192)

@@ -194,10 +194,16 @@ class Planner:
         elif _due(now, interval_l):
             self._load_loop(state, now, baseline, minimums, in_progress, kv_hit, accept, scratch)
 
-        proposed, reason_t, reason_l = self._reconcile(state, baseline, scratch)
-        proposed, bound_reason = clamp_to_bounds(proposed, minimums, maximums)
-        if bound_reason and proposed != baseline and scratch.load_targets is not None:
+        reconciled, reason_t, reason_l = self._reconcile(state, baseline, scratch)
+        proposed, bound_reason = clamp_to_bounds(reconciled, minimums, maximums)
+        if bound_reason and scratch.load_targets is not None:
+            # also where the clamp undid the whole move: a release held at the floor is no scale_down
             reason_l = bound_reason
+            for role in roles:
+                if proposed[role] != reconciled[role] and role in scratch.load_reasons:
+                    scratch.load_reasons[role] = (
+                        "reconcile_clamped_to_floor" if proposed[role] > reconciled[role]
+                        else "reconcile_clamped_to_ceiling")
         gpus = _gpus_per_role(state, roles)
         proposed, budget_reason = fit_gpu_budget(
             baseline, proposed, gpus, cfg.max_gpu_budget, cfg.min_gpu_budget, minimums, maximums

@@ -176,7 +176,9 @@ def test_throughput_floor_caps_load_scale_down(make_fleet):
     out = fleet.run(sorted(evs, key=lambda e: e.time))
     first, second = decisions(out)
     assert first.time == T0 + 5 and first.load_reason == "scale_down" and first.targets["prefill"] == 1
-    assert all(o.load_reason == "scale_down" and o.decision is None for o in out if T0 + 5 < o.time < T0 + 180)
+    # the two engines still report, but the fleet is at its floor of one: each later release is clamped
+    assert all(o.load_reason == "reconcile_clamped_to_floor" and o.decision is None
+               for o in out if T0 + 5 < o.time < T0 + 180)
     at_180 = [o for o in out if o.time == T0 + 180][0]
     assert at_180.throughput_reason == "set_lower_bound"
     assert at_180.lower_bound == {"prefill": 2, "decode": 1}
@@ -212,6 +214,21 @@ def test_a_capped_scale_down_does_not_relabel_a_scale_up(make_fleet):
     assert tick.decision is not None and tick.decision.targets == {"prefill": 2, "decode": 2}
     assert tick.load_reason == "scale_up" and tick.decision.load_reason == "scale_up"
     assert tick.load_reasons == {"prefill": "scale_down_capped_by_throughput", "decode": "scale_up"}
+
+
+def test_a_scale_down_held_at_the_replica_floor_is_not_reported_as_one(make_fleet):
+    """Two idle prefill engines at prefill_min_endpoint 2: the load loop's release is undone by the
+    floor, so no tick may say scale_down while the fleet stays (Dynamo: no_change)."""
+    fleet = _load_fleet(make_fleet, prefill_min_endpoint=2)
+    evs = [ready("p0", "prefill"), ready("p1", "prefill"), ready("d0", "decode")]
+    for t in range(1, 20, 5):
+        evs += _engines(T0 + t, "prefill", 2, queued_prefill=0)
+        evs += _engines(T0 + t, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    assert out and decisions(out) == []
+    assert all(o.targets["prefill"] == 2 for o in out)
+    assert all(o.load_reason == "reconcile_clamped_to_floor" for o in out)
+    assert all(o.load_reasons["prefill"] == "reconcile_clamped_to_floor" for o in out)
 
 
 def test_threshold_mode_needs_no_profile(make_fleet):

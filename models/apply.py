@@ -282,13 +282,21 @@ def _above_ceiling(config, role: Role, minimum: int) -> bool:
 
 
 def _apply_ack(state: DeploymentState, ack: Ack) -> None:
-    pending = state.pending
-    if pending is None or ack.decision_id != pending.decision_id:
-        return  # an ack for an older or unknown decision changes nothing
-    if ack.status == "applied":
-        state.desired = dict(pending.targets)
-        ack_startup_sample(state, ack, pending.targets)
-    state.pending = None
+    pending, timed_out = state.pending, state.timed_out
+    if pending is not None and ack.decision_id == pending.decision_id:
+        if ack.status == "applied":
+            state.desired = dict(pending.targets)
+            ack_startup_sample(state, ack, pending.targets)
+        state.pending = None
+        state.timed_out = None  # a newer decision's answer: the fleet is past the timed-out one
+    elif timed_out is not None and ack.decision_id == timed_out.decision_id:
+        # the decision the ack timeout gave up on was applied after all: the fleet is at its
+        # targets (a newer decision still pending moves it again when its own ack comes)
+        if ack.status == "applied":
+            state.desired = dict(timed_out.targets)
+            ack_startup_sample(state, ack, timed_out.targets)
+        state.timed_out = None
+    # an ack for any other older or unknown decision changes nothing
 
 
 _HANDLERS = {

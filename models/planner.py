@@ -160,7 +160,9 @@ class Planner:
         roles = cfg.roles
         scratch = _Scratch()
         if state.pending is not None and now - state.pending.time >= cfg.ack_timeout_seconds:
-            state.pending = None  # the connector never answered: proceed (Dynamo: 1800 s)
+            # the connector never answered: proceed (Dynamo: 1800 s), but remember the decision, so
+            # that an ack of it arriving later still moves the baseline to where the fleet went
+            state.timed_out, state.pending = state.pending, None
         forget_silent_engines(state, now)
 
         ready = _count_workers(state, roles, "ready")

@@ -248,6 +248,8 @@ class DeploymentState:
     measured_floors: list[dict[Role, int]] = field(default_factory=list)
     next_decision_id: int = 0
     pending: PendingDecision | None = None
+    # the last decision the ack timeout gave up on: its late ``applied`` ack still says where the fleet is
+    timed_out: PendingDecision | None = None
     desired: dict[Role, int] | None = None
     advised: dict[Role, int] | None = None
     # sizing past the reference: the last window's mix correction, startups seen
@@ -303,6 +305,10 @@ class DeploymentState:
                 "decision_id": self.pending.decision_id, "time": self.pending.time,
                 "targets": dict(self.pending.targets),
             },
+            "timed_out": None if self.timed_out is None else {
+                "decision_id": self.timed_out.decision_id, "time": self.timed_out.time,
+                "targets": dict(self.timed_out.targets),
+            },
             "desired": None if self.desired is None else dict(self.desired),
             "advised": None if self.advised is None else dict(self.advised),
             "mix_factor": dict(self.mix_factor),
@@ -323,6 +329,7 @@ class DeploymentState:
     @classmethod
     def from_data(cls, data: dict) -> DeploymentState:
         pending = data["pending"]
+        timed_out = data.get("timed_out")  # absent in older state
         return cls(
             deployment=data["deployment"],
             config=PlannerConfig.model_validate(data["config"]),
@@ -348,6 +355,9 @@ class DeploymentState:
             next_decision_id=data["next_decision_id"],
             pending=None if pending is None else PendingDecision(
                 pending["decision_id"], pending["time"], dict(pending["targets"])
+            ),
+            timed_out=None if timed_out is None else PendingDecision(
+                timed_out["decision_id"], timed_out["time"], dict(timed_out["targets"])
             ),
             desired=None if data["desired"] is None else dict(data["desired"]),
             advised=None if data["advised"] is None else dict(data["advised"]),

@@ -61,6 +61,24 @@ def test_ack_timeout_releases_guard(make_fleet):
     assert [d.decision_id for d in decisions(out)] == [0, 1]
 
 
+def test_a_late_applied_ack_of_a_timed_out_decision_moves_the_baseline(make_fleet):
+    """Decision 1 (prefill 2 -> 3) times out; traffic falls back, so no new decision is made; then
+    the connector acks decision 1 applied. The fleet now runs 3 prefill engines: the planner must
+    plan from them (and bring prefill back to 2), not hold a baseline of 2 for good."""
+    fleet = make_fleet(ack_timeout_seconds=300)
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 180), ack(0, T0 + 200),
+           *requests(40, T0 + 180, T0 + 360, tag="s"), *requests(20, T0 + 360, T0 + 905, tag="u"),
+           ack(1, T0 + 730)]
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    ds = decisions(out)
+    assert [(d.decision_id, d.targets["prefill"]) for d in ds[:2]] == [(0, 2), (1, 3)]
+    at_720 = [o for o in out if o.time == T0 + 720][0]
+    assert at_720.pending_decision_id is None and at_720.decision is None  # timed out, nothing to change
+    at_900 = [o for o in out if o.time == T0 + 900][0]
+    assert at_900.baseline["prefill"] == 3
+    assert at_900.decision is not None and at_900.decision.targets["prefill"] == 2
+
+
 def test_idle_traffic_scales_to_minimum(make_fleet):
     fleet = make_fleet()
     evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode"), ready("d1", "decode")]

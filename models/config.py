@@ -291,6 +291,13 @@ class PlannerConfig(BaseModel):
                 "optimization_target 'load' needs prefill_scale_{up,down}_queue_tokens and "
                 "decode_scale_{up,down}_kv_rate"
             )
+        if not self.sla_mode and "prefill" in self.roles and self.context_length is None:
+            # the threshold rules read prefill's queue per context length, which no profile gives:
+            # without it every prefill verdict is insufficient_data and prefill never scales
+            raise ValueError(
+                f"context_length: optimization_target '{self.optimization_target}' scales prefill by "
+                "its queue per context length; set the engines' context length"
+            )
         _check_replica_bounds(self)
         _check_budget_holds_one_engine_per_role(self)
         _check_predictor_params(self)

@@ -48,7 +48,7 @@ def test_tick_is_gcd_of_enabled_loops():
 
 
 def test_threshold_targets_force_load_loop_like_dynamo():
-    c = config_from_dict({"optimization_target": "throughput"})
+    c = config_from_dict({"optimization_target": "throughput", "context_length": 8192})
     assert c.load_enabled and not c.throughput_enabled
 
 
@@ -75,6 +75,12 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"uncalibrated_headroom": "half"}, "uncalibrated_headroom: Input should be 'full' or 'coverage'"),
         ({"burst_sizing": "rate"}, "burst_sizing: Input should be 'both' or 'queueing'"),
         ({"optimization_target": "load"}, "prefill_scale_{up,down}_queue_tokens"),
+        # threshold prefill reads queued tokens per context length: without it prefill never scales
+        ({"optimization_target": "throughput"},
+         "context_length: optimization_target 'throughput' scales prefill by its queue per context length"),
+        ({"optimization_target": "latency", "mode": "prefill"}, "context_length: optimization_target 'latency'"),
+        ({"optimization_target": "throughput", "context_length": 8192}, None),
+        ({"optimization_target": "throughput", "mode": "agg"}, None),  # agg's KV side still votes
         ({"max_gpu_budget": 2, "min_gpu_budget": 4}, "min_gpu_budget must not exceed"),
         # bounds that keep a tick's work finite (a set_config past them stalled the worker)
         ({"startup_seconds": 1e300}, "startup_seconds: Input should be less than or equal to 86400"),

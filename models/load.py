@@ -47,6 +47,8 @@ class EngineLoads:
     queued_prefill: np.ndarray
     scheduled_kv: np.ndarray
     queued_kv: np.ndarray
+    # the workers the entries belong to (an attention-DP worker reports one entry per rank); None: one each
+    num_workers: int | None = None
 
     @classmethod
     def of(cls, engines: Sequence[ForwardPassMetrics]) -> EngineLoads:
@@ -54,10 +56,20 @@ class EngineLoads:
             np.array([f.queued.sum_prefill_tokens for f in engines], dtype=np.float64),
             np.array([f.scheduled.sum_decode_kv_tokens for f in engines], dtype=np.float64),
             np.array([f.queued.sum_decode_kv_tokens for f in engines], dtype=np.float64),
+            num_workers=_workers(engines),
         )
 
     def __len__(self) -> int:
         return len(self.queued_prefill)
+
+    @property
+    def workers(self) -> int:
+        """Engines a scaling step adds or releases: workers, each with all its DP ranks."""
+        return len(self) if self.num_workers is None else self.num_workers
+
+
+def _workers(engines: Sequence[ForwardPassMetrics]) -> int:
+    return len({f.worker_id for f in engines})
 
 
 def _ttft(model, loads: EngineLoads, kv_hit: float, queue_scale: float = 1.0,
@@ -73,7 +85,7 @@ def prefill_signal(
     config: PlannerConfig, model, loads: EngineLoads, kv_hit_rate: float
 ) -> LoadSignal:
     """TTFT-driven verdict for prefill (or the prefill side of agg)."""
-    n = len(loads)
+    n = loads.workers  # a release takes a whole worker: its ranks' load moves to the others
     est = _ttft(model, loads, kv_hit_rate)
     if est is None:
         return LoadSignal(0, "insufficient_data")
@@ -102,7 +114,7 @@ def decode_signal(
     Aggregated engines count queued prefill as KV in the scale-down check,
     since those prompts become decode KV once prefilled (as Dynamo does).
     """
-    n = len(loads)
+    n = loads.workers  # a release takes a whole worker: its ranks' load moves to the others
     kv = loads.scheduled_kv + loads.queued_kv
     est = model.estimate_itl_ms_many(kv, accept_length)
     if est is None:
@@ -196,7 +208,7 @@ def threshold_signal(
     remaining engines would not cross the up threshold (consolidation guard).
     """
     target = config.optimization_target
-    n = len(engines)
+    n = _workers(engines)
     votes: list[int] = []
     if role in ("prefill", "agg") and context_length:
         if target == "load":

@@ -274,3 +274,17 @@ def test_more_traffic_never_lowers_the_measured_floor(make_fleet, rate, factor, 
 
     low, high = floor(rate), floor(rate * factor)
     assert all(low[role] <= high[role] for role in low)
+
+
+def test_attention_dp_ranks_are_not_counted_as_engines_to_release(make_fleet):
+    """One decode worker reporting two attention-DP ranks is one engine: releasing it leaves none
+    (min_endpoint 0 sent decode to 0 while it served), and N/(N-1) is over workers, not ranks."""
+    fleet = make_fleet(enable_load_scaling=True, enable_throughput_scaling=False, min_endpoint=0)
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    for t in (1, 6):
+        evs += [fpm("d0", "decode", T0 + t, decode_reqs=4, decode_kv=12_000, counter=t).model_copy(
+            update={"dp_rank": r}) for r in (0, 1)]
+        evs.append(fpm("p0", "prefill", T0 + t, counter=t))
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    assert out and decisions(out) == []
+    assert all(o.load_reasons["decode"] == "no_change" for o in out)

@@ -45,4 +45,25 @@ def build_planner(
     config: PlannerConfig | str | Path | None, profile: str | Path | None = None
 ) -> Planner:
     cfg = config if isinstance(config, PlannerConfig) else load_config(config)
-    return Planner(cfg, profile=load_profile_for(cfg, profile), warmup=load_warmup(cfg))
+    loaded = load_profile_for(cfg, profile)
+    _check_kv_capacity(cfg, loaded)
+    return Planner(cfg, profile=loaded, warmup=load_warmup(cfg))
+
+
+def _check_kv_capacity(cfg: PlannerConfig, profile) -> None:
+    """A threshold target judges decode (and agg) engines by their KV use: refuse one that cannot.
+
+    The KV capacity comes from ``max_kv_tokens`` or the profile; with neither,
+    every decode verdict was ``insufficient_data`` and decode never scaled,
+    however full its cache, while the planner started without a word. Only
+    here are the config and the profile both known.
+    """
+    if cfg.sla_mode or cfg.max_kv_tokens is not None:
+        return
+    if profile is not None and getattr(profile, "max_kv_tokens", None) is not None:
+        return
+    kv_roles = [r for r in cfg.roles if r in ("decode", "agg")]
+    if kv_roles:
+        raise ConfigError(
+            f"max_kv_tokens: optimization_target '{cfg.optimization_target}' scales {kv_roles[0]} by its KV "
+            "use; set the engines' KV-cache size in tokens, or give a profile that measured it")

@@ -283,3 +283,19 @@ def test_a_malformed_warmup_trace_names_the_field_and_the_line(tmp_path):
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,x,5\n")
     with pytest.raises(ConfigError, match=rf"^load_predictor_warmup_trace: {trace}:2: ContextTokens: "):
         build_planner(config_from_dict({"load_predictor_warmup_trace": str(trace)}))
+
+
+@pytest.mark.parametrize("mode", ["disagg", "agg"])
+def test_a_threshold_target_with_no_kv_capacity_anywhere_is_refused_when_the_planner_is_built(mode):
+    """Decode's threshold rule reads KV use over the cache size: with neither max_kv_tokens nor a
+    profile, every decode verdict was insufficient_data and decode never scaled."""
+    from fleetplan.bootstrap import build_planner
+
+    cfg = config_from_dict({"mode": mode, "optimization_target": "throughput", "context_length": 8192})
+    role = "decode" if mode == "disagg" else "agg"
+    with pytest.raises(ConfigError, match=rf"^max_kv_tokens: optimization_target 'throughput' scales {role} by"):
+        build_planner(cfg)
+    assert build_planner(cfg, "h200-llama3.1-8b").profile.max_kv_tokens == 945029  # the profile measured it
+    build_planner(config_from_dict({"mode": mode, "optimization_target": "throughput", "context_length": 8192,
+                                    "max_kv_tokens": 100_000}))
+    build_planner(config_from_dict({"mode": mode}))  # sla mode sizes decode from its perf model

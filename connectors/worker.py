@@ -497,8 +497,11 @@ class ConnectorService:
             await asyncio.sleep(lease / 3)
             attempt = time.monotonic()
             try:
-                held = await asyncio.wait_for(self.ledger.renew(decision),
-                                              timeout=max(0.0, held_at + LEASE_MARGIN * lease - attempt))
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can drop the cancellation that
+                # ends this task as the renewal completes (pyproject.toml's note on redis-py 8), and
+                # the apply's clean-up would then wait on a renewal loop that never ends
+                async with asyncio.timeout(max(0.0, held_at + LEASE_MARGIN * lease - attempt)):
+                    held = await self.ledger.renew(decision)
             except (RedisError, OSError) as err:  # TimeoutError is an OSError
                 self.metrics.errors.labels("redis").inc()
                 problem = str(err) or "no answer"

@@ -344,3 +344,32 @@ async def test_one_failed_renewal_within_the_lease_does_not_stop_the_apply():
                                settings=ServiceSettings("unused:1"))
     observed = await asyncio.wait_for(service._apply_leased(make_decision("llama", 3), recover=False), 5)
     assert observed.status == "applied"
+
+
+class _CancellingLedger:
+    """A renewal that completes as the apply's clean-up cancels the renewing task: the race of
+    CPython gh-86296, made certain."""
+
+    lease_s = 0.003
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task | None = None
+
+    async def renew(self, decision) -> bool:
+        self.task.cancel()
+        return True
+
+
+async def test_the_lease_renewal_ends_when_cancelled_as_a_renewal_completes():
+    """Python 3.11's wait_for returns the result of a call that completed as its caller was
+    cancelled, and drops the cancellation: around the renewal, the apply's clean-up then waited
+    on a renewal loop that never ends."""
+    ledger = _CancellingLedger()
+    service = ConnectorService(LogApplier(), ledger=ledger, metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    ledger.task = task = asyncio.create_task(service._renew_lease(make_decision("llama", 1)))
+    done, _ = await asyncio.wait({task}, timeout=1.0)
+    if not done:
+        task.cancel()  # the second cancel lands in the sleep and ends it; the test fails below
+        await asyncio.wait({task}, timeout=1.0)
+    assert done and task.cancelled()

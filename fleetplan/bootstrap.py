@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetplan.models.config import ConfigError, PlannerConfig, load_config
+from fleetplan.models.config import ConfigError, PlannerConfig, check_kv_capacity, load_config
 from fleetplan.models.forecast import bucket_traffic
 from fleetplan.models.planner import Planner
 
@@ -46,24 +46,5 @@ def build_planner(
 ) -> Planner:
     cfg = config if isinstance(config, PlannerConfig) else load_config(config)
     loaded = load_profile_for(cfg, profile)
-    _check_kv_capacity(cfg, loaded)
+    check_kv_capacity(cfg, None if loaded is None else loaded.max_kv_tokens)
     return Planner(cfg, profile=loaded, warmup=load_warmup(cfg))
-
-
-def _check_kv_capacity(cfg: PlannerConfig, profile) -> None:
-    """A threshold target judges decode (and agg) engines by their KV use: refuse one that cannot.
-
-    The KV capacity comes from ``max_kv_tokens`` or the profile; with neither,
-    every decode verdict was ``insufficient_data`` and decode never scaled,
-    however full its cache, while the planner started without a word. Only
-    here are the config and the profile both known.
-    """
-    if cfg.sla_mode or cfg.max_kv_tokens is not None:
-        return
-    if profile is not None and getattr(profile, "max_kv_tokens", None) is not None:
-        return
-    kv_roles = [r for r in cfg.roles if r in ("decode", "agg")]
-    if kv_roles:
-        raise ConfigError(
-            f"max_kv_tokens: optimization_target '{cfg.optimization_target}' scales {kv_roles[0]} by its KV "
-            "use; set the engines' KV-cache size in tokens, or give a profile that measured it")

@@ -282,21 +282,24 @@ def _above_ceiling(config, role: Role, minimum: int) -> bool:
 
 
 def _apply_ack(state: DeploymentState, ack: Ack) -> None:
-    pending, timed_out = state.pending, state.timed_out
-    if pending is not None and ack.decision_id == pending.decision_id:
-        if ack.status == "applied":
-            state.desired = dict(pending.targets)
-            ack_startup_sample(state, ack, pending.targets)
+    """The pending decision's answer, or a late one for the decision the ack timeout gave up on.
+
+    Either way an ``applied`` ack says the fleet is at that decision's targets
+    (a newer decision still pending moves it again when its own ack comes);
+    an answer to the pending decision also closes the timed-out one, which
+    the fleet is past. An ack for any other older or unknown decision
+    changes nothing.
+    """
+    answered = next((d for d in (state.pending, state.timed_out)
+                     if d is not None and d.decision_id == ack.decision_id), None)
+    if answered is None:
+        return
+    if ack.status == "applied":
+        state.desired = dict(answered.targets)
+        ack_startup_sample(state, ack, answered.targets)
+    if answered is state.pending:
         state.pending = None
-        state.timed_out = None  # a newer decision's answer: the fleet is past the timed-out one
-    elif timed_out is not None and ack.decision_id == timed_out.decision_id:
-        # the decision the ack timeout gave up on was applied after all: the fleet is at its
-        # targets (a newer decision still pending moves it again when its own ack comes)
-        if ack.status == "applied":
-            state.desired = dict(timed_out.targets)
-            ack_startup_sample(state, ack, timed_out.targets)
-        state.timed_out = None
-    # an ack for any other older or unknown decision changes nothing
+    state.timed_out = None
 
 
 _HANDLERS = {

@@ -513,6 +513,25 @@ def number_problem(key: str, value: object, annotation) -> str | None:
     return None
 
 
+def check_kv_capacity(cfg: PlannerConfig, profile_kv_tokens: int | None) -> None:
+    """A threshold target judges decode (and agg) engines by their KV use: refuse one that cannot.
+
+    The KV capacity comes from ``max_kv_tokens`` or the profile's measured
+    cache (``profile_kv_tokens``); with neither, every decode verdict was
+    ``insufficient_data`` and decode never scaled, however full its cache,
+    while the planner started without a word. Checked when the planner is
+    built (fleetplan/bootstrap.py), where the config and the profile are
+    both known.
+    """
+    if cfg.sla_mode or cfg.max_kv_tokens is not None or profile_kv_tokens is not None:
+        return
+    kv_roles = [r for r in cfg.roles if r in ("decode", "agg")]
+    if kv_roles:
+        raise ConfigError(
+            f"max_kv_tokens: optimization_target '{cfg.optimization_target}' scales {kv_roles[0]} by its KV "
+            "use; set the engines' KV-cache size in tokens, or give a profile that measured it")
+
+
 def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
     """Validate a config mapping; fail with the field name and the expectation."""
     if not isinstance(data, dict):

@@ -37,6 +37,13 @@ class PendingDecision:
     time: float
     targets: dict[Role, int]
 
+    def to_data(self) -> dict:
+        return {"decision_id": self.decision_id, "time": self.time, "targets": dict(self.targets)}
+
+    @classmethod
+    def from_data(cls, data: dict | None) -> PendingDecision | None:
+        return None if data is None else cls(data["decision_id"], data["time"], dict(data["targets"]))
+
 
 def request_kv_hit_rate(req) -> float | None:
     """A request's prefix-cache hit rate: reported, else cached over input tokens."""
@@ -301,14 +308,8 @@ class DeploymentState:
             "down_since": dict(self.down_since),
             "measured_floors": [dict(f) for f in self.measured_floors],
             "next_decision_id": self.next_decision_id,
-            "pending": None if self.pending is None else {
-                "decision_id": self.pending.decision_id, "time": self.pending.time,
-                "targets": dict(self.pending.targets),
-            },
-            "timed_out": None if self.timed_out is None else {
-                "decision_id": self.timed_out.decision_id, "time": self.timed_out.time,
-                "targets": dict(self.timed_out.targets),
-            },
+            "pending": None if self.pending is None else self.pending.to_data(),
+            "timed_out": None if self.timed_out is None else self.timed_out.to_data(),
             "desired": None if self.desired is None else dict(self.desired),
             "advised": None if self.advised is None else dict(self.advised),
             "mix_factor": dict(self.mix_factor),
@@ -328,8 +329,6 @@ class DeploymentState:
 
     @classmethod
     def from_data(cls, data: dict) -> DeploymentState:
-        pending = data["pending"]
-        timed_out = data.get("timed_out")  # absent in older state
         return cls(
             deployment=data["deployment"],
             config=PlannerConfig.model_validate(data["config"]),
@@ -353,12 +352,8 @@ class DeploymentState:
             down_since=dict(data.get("down_since", {})),
             measured_floors=[dict(f) for f in data.get("measured_floors", [])],
             next_decision_id=data["next_decision_id"],
-            pending=None if pending is None else PendingDecision(
-                pending["decision_id"], pending["time"], dict(pending["targets"])
-            ),
-            timed_out=None if timed_out is None else PendingDecision(
-                timed_out["decision_id"], timed_out["time"], dict(timed_out["targets"])
-            ),
+            pending=PendingDecision.from_data(data["pending"]),
+            timed_out=PendingDecision.from_data(data.get("timed_out")),  # absent in older state
             desired=None if data["desired"] is None else dict(data["desired"]),
             advised=None if data["advised"] is None else dict(data["advised"]),
             mix_factor=dict(data["mix_factor"]),

@@ -84,9 +84,9 @@ ACCEPTED_TYPES = ("fpm", "fpm_batch", "request", "arrival")
 PAYLOAD_LIMIT = 4096
 MAX_EVENTS_PER_MESSAGE = 100_000
 """Longest array of events one message may carry; a longer one is dead-lettered whole. Each
-element is validated on the event loop: 100,000 empty objects took 0.55 s (2-core Xeon, busy),
+element is validated on the event loop: 100,000 empty objects took 0.43 s (bench/input_bounds.py),
 so the 16 million of a 16 MiB msgpack array would hold every other message and heartbeat back
-for about a minute and a half."""
+for over a minute."""
 MAX_REJECTED_PER_MESSAGE = 100
 """Bad events of one array dead-lettered one by one; the rest are counted in one more dead
 letter. A 16 MiB array holds millions of one-byte items, and a dead letter each (each

@@ -10,7 +10,7 @@ letters) map to ``None``.
 
 from __future__ import annotations
 
-from fleetplan.models.config import ConfigError
+from fleetplan.models.config import ConfigError, check_kv_capacity
 from fleetplan.models.measured_floor import measures_floor
 from fleetplan.models.mix import LengthMix
 from fleetplan.models.perf import FpmColumns
@@ -55,7 +55,8 @@ def apply_event(state: DeploymentState, event, *, profile=None) -> None:
     """Fold one input event into ``state`` (in place); an unknown type changes nothing.
 
     ``profile`` is the engine profile the planner seeds perf models from,
-    which a ``reset_perf`` control seeds them from again.
+    which a ``reset_perf`` control seeds them from again, and whose KV cache
+    a change of config is checked against (``check_kv_capacity``).
     """
     if isinstance(event, ControlEvent):
         _apply_control(state, event, profile)
@@ -250,6 +251,9 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
     """
     try:
         config = state.config.with_changes(body.changes, command=body.command)
+        # a switch to a threshold target (or a reset_perf dropping max_kv_tokens) is held to the
+        # KV-capacity rule a config file meets when the planner is built: without it decode never scaled
+        check_kv_capacity(config, None if profile is None else profile.max_kv_tokens)
         forecaster = (rebuild_forecaster(config, state.traffic_history, asked=state.forecaster.asked)
                       if predictor_changed(state.config, config) else state.forecaster)
     except (ConfigError, PredictorUnavailable):

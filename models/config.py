@@ -521,7 +521,8 @@ def check_kv_capacity(cfg: PlannerConfig, profile_kv_tokens: int | None) -> None
     ``insufficient_data`` and decode never scaled, however full its cache,
     while the planner started without a word. Checked when the planner is
     built (fleetplan/bootstrap.py), where the config and the profile are
-    both known.
+    both known, and at the tick of a ``set_config`` or ``reset_perf`` that
+    could take the capacity away (models/apply.py).
     """
     if cfg.sla_mode or cfg.max_kv_tokens is not None or profile_kv_tokens is not None:
         return

@@ -102,3 +102,21 @@ def test_a_measured_floor_switched_back_on_does_not_hold_a_window_from_before():
         return [r.time - T0 for r in reports if r.decision][0]
 
     assert first_release(busy=True) == first_release(busy=False) == 1005  # busy: 1260 (two windows later)
+
+
+def test_a_switch_to_a_threshold_target_with_no_kv_capacity_is_refused():
+    """Decode's threshold rule reads KV use over the cache size: a config file that switches to a
+    threshold target with neither max_kv_tokens nor a profile is refused when the planner is
+    built, and a set_config that does the same was taken, after which every decode verdict was
+    insufficient_data and decode never scaled, however full its cache."""
+    cfg = config_from_dict({"mode": "decode", "load_predictor": "constant"})
+    events = [ready("d0", "decode"), _set(T0 + 5, optimization_target="latency"),
+              ClockEvent(deployment="d", time=T0 + 200)]
+    fleet = Fleet(Planner(cfg))
+    fleet.run(events)
+    state = fleet.states["d"]
+    assert state.rejected_controls == 1 and state.config.optimization_target == "sla"
+    profiled = Fleet(Planner(cfg, profile=load_profile("h200-llama3.1-8b")))  # the profile measured it
+    profiled.run(events)
+    assert profiled.states["d"].rejected_controls == 0
+    assert profiled.states["d"].config.optimization_target == "latency"

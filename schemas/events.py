@@ -355,7 +355,7 @@ class ClockEvent(_Envelope):
 # --- decisions and acks ------------------------------------------------------
 
 ThroughputReason = Literal[
-    "disabled", "not_due", "no_traffic_data", "predict_failed", "model_not_ready",
+    "disabled", "not_due", "no_traffic_data", "model_not_ready",
     "set_lower_bound", "scale", "no_change", "scaling_in_progress",
     "gpu_budget_guard_hold", "gpu_budget_reconcile",
 ]

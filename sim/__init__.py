@@ -17,6 +17,12 @@ to be stale (bench/remeasure.py runs such a file again).
   ends on its duration, and they were moved to t = 0), and a ServeGen run
   is its own span, not the 10-minute windows around it. Only Mooncake's
   rate-scaled runs and ServeGen runs off the window grid move.
+- 4: from 2026-12-05 (docs/simulate.md, "Revision 4"): a decode batch
+  whose contexts are shorter than the profile's shortest measured level
+  pays per sequence (it was clamped to that level at the same KV usage,
+  which timed 256 sequences of 100 tokens like 73 of 350). Runs whose
+  decode batches reach such short contexts move: Azure code and ServeGen
+  (the quickstart's log is the same byte for byte).
 """
 
-REVISION = 3
+REVISION = 4

@@ -24,9 +24,12 @@ never be wrong about it.
   ``kv / max_kv_tokens`` and context ``kv / b``; the ITL is interpolated
   linearly in usage on the two nearest context levels, then between them
   linearly in ``1 / context``: at a fixed KV usage that is linear in the
-  batch size, the quantity a pass's per-sequence cost scales with (values
-  clamp at the edges of the measured range). Linear in the context itself
-  would be wrong where the levels are far apart: on the shipped profiles
+  batch size, the quantity a pass's per-sequence cost scales with. Below the
+  shortest level the line carries on (a batch of short contexts still pays
+  per sequence), kept between the first level's time at the same usage and at
+  the same batch; above the longest level, and past a level's measured usage,
+  values clamp (the longest levels hardly differ at the same usage). Linear
+  in the context itself would be wrong where the levels are far apart: on the shipped profiles
   the first two levels are 350 and 2,997 (8B) or 16,671 (70B) tokens, and
   a held-out level is then mispredicted by 70 % (8B) and 24 % (70B) on
   average, against 7.5 % and 3 % in ``1 / context``
@@ -136,14 +139,28 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
         if seqs <= 0:
             return 0.0
         usage = kv / max_kv
-        ctx = kv / seqs
-        if len(ctxs) == 1 or ctx <= ctxs[0]:
+        ctx = max(kv / seqs, 1.0)  # a sequence holds a token at least (a bench's FPM may say 0)
+        if len(ctxs) == 1:
             return curves[0](usage)
+        if ctx <= ctxs[0]:
+            return below_first(seqs, usage, ctx)
         if ctx >= ctxs[-1]:
             return curves[-1](usage)
         i = bisect.bisect_right(ctxs, ctx)
         t0, t1 = curves[i - 1](usage), curves[i](usage)
         return t0 + (t1 - t0) * (inverse[i - 1] - 1.0 / ctx) / (inverse[i - 1] - inverse[i])
+
+    def below_first(seqs: int, usage: float, ctx: float) -> float:
+        # Shorter contexts than the first level's hold more sequences at the same usage, and
+        # there a sequence costs a pass more than its KV does: the line between the first two
+        # levels, in 1/context, carries on (clamped to the first level's curve instead, 256
+        # sequences of 100 tokens took what 73 of 350 take, half their cost). Kept between
+        # fewer sequences at the same usage and the same sequences at the first level's
+        # context, so two nearly equal levels near zero usage do not magnify their noise.
+        t0 = curves[0](usage)
+        t1 = curves[1](usage)
+        line = t0 + (t0 - t1) * (1.0 / ctx - inverse[0]) / (inverse[0] - inverse[1])
+        return min(max(line, t0), curves[0](seqs * ctxs[0] / max_kv))
 
     def mixed(prefill_tokens: float, seqs: int, kv: float) -> float:
         if seqs <= 0:

@@ -103,3 +103,38 @@ def test_between_context_levels_decode_is_linear_in_the_batch():
         for usage in (0.2, 0.4, 0.6):  # on measured usages: exact in usage too
             kv = usage * max_kv
             assert timing.decode_s(kv / ctx, kv) * 1000 == pytest.approx(plane_ms(kv / ctx, kv), rel=1e-12)
+
+
+def test_below_the_shortest_measured_context_a_batch_still_pays_per_sequence(h200, timing):
+    """256 sequences of 100 tokens hold the KV (25,600 tokens, usage 2.7 %) that 73 sequences
+    hold at the shortest measured context, 350. Clamped to that level's curve at the same
+    usage, the pass cost what the 73 sequences cost (8.4 ms), less than half of 256 sequences
+    at 350 (18.7 ms), though the profile's levels say a sequence, not a KV token, is most of
+    a pass here. The cost model the interpolation rests on (``a + b·sequences + c·kv``,
+    docs/calibration.md) is linear in 1/context at a fixed usage below the first level too."""
+    max_kv = h200.max_kv_tokens
+    levels = h200.decode_levels()
+    (c0, (u0, itl0)), (c1, (u1, itl1)) = list(levels.items())[:2]
+    assert (c0, c1) == (350.0, 2997.0)
+    kv = 256 * 100
+    usage = kv / max_kv
+    # by hand: each level's curve at this usage (linear between its two nearest rows) ...
+    t0 = itl0[0] + (itl0[1] - itl0[0]) * (usage - u0[0]) / (u0[1] - u0[0])
+    t1 = itl1[0] + (itl1[1] - itl1[0]) * (usage - u1[0]) / (u1[1] - u1[0])
+    # ... and the line through them in 1/context, carried on to 1/100
+    by_hand = t0 + (t0 - t1) * (1 / 100 - 1 / c0) / (1 / c0 - 1 / c1)
+    assert by_hand == pytest.approx(17.33, abs=0.01)
+    assert timing.decode_s(256, kv) * 1000 == pytest.approx(by_hand, rel=1e-9)
+    # more sequences holding the same KV cost more; the same sequences with more context too
+    assert timing.decode_s(73, kv) < timing.decode_s(256, kv) <= timing.decode_s(256, 256 * c0)
+
+
+def test_below_the_shortest_context_the_pass_stays_between_its_bounds(timing):
+    """Where the two levels' difference is noise (near zero usage), the line carried far
+    below the first level must not fall under what fewer sequences cost at the same usage."""
+    for seqs, ctx in [(1, 2), (1, 100), (8, 20), (64, 50), (256, 300)]:
+        kv = seqs * ctx
+        same_usage = timing.decode_s(max(1, round(kv / 350)), kv)  # fewer sequences, the same KV, at 350
+        same_batch = timing.decode_s(seqs, seqs * 350)  # the same sequences at 350
+        assert same_usage - 1e-12 <= timing.decode_s(seqs, kv) <= same_batch + 1e-12
+    assert timing.decode_s(4, 0) == timing.decode_s(1, 1)  # no KV reported: the cheapest pass

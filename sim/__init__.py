@@ -22,7 +22,9 @@ to be stale (bench/remeasure.py runs such a file again).
   pays per sequence (it was clamped to that level at the same KV usage,
   which timed 256 sequences of 100 tokens like 73 of 350). Runs whose
   decode batches reach such short contexts move: Azure code and ServeGen
-  (the quickstart's log is the same byte for byte).
+  (the quickstart's log is the same byte for byte). A ``--duration`` past
+  a trace's end no longer spreads the rate-scaled copies into the empty
+  tail after it.
 """
 
 REVISION = 4

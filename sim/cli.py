@@ -406,9 +406,12 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
         if not requests:
             raise ValueError(f"--start/--duration: {trace}: no requests in [{start:g}, "
                              f"{end if end is not None else full:g}) s (the trace spans {full:g} s)")
-    window = (duration if duration is not None else max(full - start, 1.0))
+    covered = max(full - start, 1.0)  # the part of the slice the trace has
+    window = duration if duration is not None else covered
     if rate_scale != 1.0:
-        requests = scale_rate(requests, rate_scale, seed=seed, duration_s=window)
+        # the copies wrap around the trace's own span: wrapped around a --duration past its
+        # end they put part of the traffic in a tail the trace leaves empty, and less in it
+        requests = scale_rate(requests, rate_scale, seed=seed, duration_s=min(window, covered))
     if speed != 1.0:
         if window / speed > MAX_TRACE_SPAN_S:
             raise ValueError(f"--speed: {speed:g} stretches {window:g} s of trace to {window / speed:.3g} s, "

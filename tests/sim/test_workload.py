@@ -189,3 +189,23 @@ def test_servegen_starting_inside_a_window_has_that_windows_traffic():
     expected = [(r.arrival_s - 300, r.input_tokens, r.output_tokens) for r in whole.requests()
                 if 300 <= r.arrival_s < 900]
     assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in wl.requests()] == expected
+
+
+def test_a_duration_past_the_trace_end_scales_the_trace_not_its_empty_tail(conv):
+    """``--duration 1200 --rate-scale 2`` on a 600-s trace: the copies wrapped around the
+    1,200 s asked for, so the trace's 600 s got 1.71 times its rate (4,902 requests) and the
+    600 s after it, where the trace has none, the other 832. Twice the users is twice the
+    trace's own arrivals, over the time it covers."""
+    from fleetplan.sim.cli import _workload
+
+    assert trace_duration(conv) == 600
+    wl, _ = _workload(CONV, None, None, 0.0, 1200.0, 2.0, 1.0, 0)
+    assert wl.duration_s == 1200.0  # the run is as long as asked: the fleet idles after the trace
+    arrivals = [r.arrival_s for r in wl.requests()]
+    assert len(arrivals) == 2 * len(conv)
+    assert max(arrivals) < 600
+    assert arrivals == [r.arrival_s for r in _workload(CONV, None, None, 0.0, 600.0, 2.0, 1.0, 0)[0].requests()]
+    # a start inside the trace: its remaining 300 s carry both copies
+    late, _ = _workload(CONV, None, None, 300.0, 600.0, 2.0, 1.0, 0)
+    inside = slice_trace(conv, 300.0)
+    assert sum(1 for r in late.requests() if r.arrival_s < 300) == 2 * len(inside)

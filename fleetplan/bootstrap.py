@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetplan.models.config import ConfigError, PlannerConfig, check_kv_capacity, load_config
+from fleetplan.models.config import (
+    ConfigError,
+    PlannerConfig,
+    check_kv_capacity,
+    check_profile_engines,
+    engine_gpus_wanted,
+    load_config,
+)
 from fleetplan.models.forecast import bucket_traffic
 from fleetplan.models.planner import Planner
 
@@ -35,10 +42,12 @@ def load_profile_for(config: PlannerConfig, profile: str | Path | None = None):
     from fleetplan.sim.profiles import load_profile
 
     try:
-        return load_profile(source, tp=config.profile_tp)
+        loaded = load_profile(source, tp=config.profile_tp, engine_gpus=engine_gpus_wanted(config))
     except (ValueError, OSError) as err:
         where = "--profile" if profile is not None else "profile_results_dir"
         raise ConfigError(f"{where}: {err}") from None
+    check_profile_engines(config, loaded.engine_gpus, loaded.name)
+    return loaded
 
 
 def build_planner(

@@ -533,6 +533,41 @@ def check_kv_capacity(cfg: PlannerConfig, profile_kv_tokens: int | None) -> None
             "use; set the engines' KV-cache size in tokens, or give a profile that measured it")
 
 
+def engine_gpus_wanted(cfg: PlannerConfig) -> int | None:
+    """The GPUs an engine has, to choose a profile's config by, when ``profile_tp`` does not.
+
+    A profile stacked over parallel configs (TP2, TP4, TP8) otherwise gives
+    the one with the fewest GPUs, and a deployment of 8-GPU engines was
+    timed (the simulator) or seeded (the planner) on 2-GPU rows while its
+    budget counted 8. None when the roles' counts are unset or differ (the
+    check below then names the role that disagrees).
+    """
+    if cfg.profile_tp is not None:
+        return None
+    counts = {cfg.gpus_per_engine(role) for role in cfg.roles} - {None}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def check_profile_engines(cfg: PlannerConfig, profile_engine_gpus: int | None, profile_name: str | None) -> None:
+    """Refuse a config whose engines are not the ones the profile measured.
+
+    The profile's times are one engine config's; with ``*_engine_num_gpu``
+    set to another, the simulator billed the config's GPUs for the profile's
+    speed, and the planner's perf model started from another engine's
+    curves. A profile without parallel metadata is taken on trust.
+    """
+    if profile_engine_gpus is None:
+        return
+    for role in cfg.roles:
+        count = cfg.gpus_per_engine(role)
+        if count is not None and count != profile_engine_gpus:
+            slot = "prefill" if role == "prefill" else "decode"
+            raise ConfigError(
+                f"{slot}_engine_num_gpu: {count} GPUs an engine, but the profile {profile_name or ''} measured "
+                f"engines of {profile_engine_gpus}; give the profile of those engines (profile_tp picks one of a "
+                f"file's configs) or set {slot}_engine_num_gpu: {profile_engine_gpus}")
+
+
 def config_from_dict(data: dict, *, source: str = "config") -> PlannerConfig:
     """Validate a config mapping; fail with the field name and the expectation."""
     if not isinstance(data, dict):

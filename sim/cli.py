@@ -169,7 +169,12 @@ def _prepare(
     prefix_block_tokens=512, deployment="sim", spread="auto", inventory=True,
 ) -> dict:
     from fleetplan.bootstrap import build_planner
-    from fleetplan.models.config import ConfigError, load_config
+    from fleetplan.models.config import (
+        ConfigError,
+        check_profile_engines,
+        engine_gpus_wanted,
+        load_config,
+    )
     from fleetplan.sim.policy import PolicyError, load_policy
     from fleetplan.sim.profile_convert import ProfileConvertError, profile_from_spec
     from fleetplan.sim.profiles import ProfileError, load_profile
@@ -201,11 +206,15 @@ def _prepare(
         prof = profile_from_spec(profile)
         converted = prof is not None
         if prof is None:
-            prof = load_profile(profile, tp=cfg.profile_tp)
+            prof = load_profile(profile, tp=cfg.profile_tp, engine_gpus=engine_gpus_wanted(cfg))
     except (ProfileError, ProfileConvertError) as err:
         raise _UserError(f"{where}: profile {err}") from None
     except ValueError as err:
         raise _UserError(f"{where}: profile {profile}: {err}") from None
+    try:
+        check_profile_engines(cfg, prof.engine_gpus, prof.name)
+    except ConfigError as err:
+        raise _UserError(f"{config or 'config'}: {err}") from None
     if not deployment:
         raise _UserError("--deployment: must not be empty")
     options = SimOptions(

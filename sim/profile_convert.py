@@ -81,7 +81,7 @@ def splitwise_profile(path: str | Path, model: str, hardware: str, tp: int, max_
         x_kv_usage=np.array([min(1.0, b * c / kv_cap) for b, c in points]),
         y_context_length=np.array([c for _, c in points]),
         z_itl_ms=np.array([np.mean(decode[k]) for k in points]),
-        max_kv_tokens=kv_cap, name=f"splitwise-{model}-{hardware}-tp{tp}", model=model, gpu=hardware, tp=tp,
+        max_kv_tokens=kv_cap, name=f"splitwise-{model}-{hardware}-tp{tp}", model=model, gpu=hardware, tp=tp, engine_gpus=tp,
     )
 
 
@@ -156,7 +156,7 @@ def distserve_profile(
         p,
         prefill_isl=isl, prefill_ttft_ms=ttft, x_kv_usage=np.array(usage), y_context_length=np.array(ctx),
         z_itl_ms=np.array(itl), max_kv_tokens=max_kv_tokens, name=f"distserve-{model}-tp{tp}", model=model,
-        gpu="a100-80gb", tp=tp,
+        gpu="a100-80gb", tp=tp, engine_gpus=tp,
     )
 
 

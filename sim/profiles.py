@@ -7,8 +7,9 @@ Layouts understood, as the Dynamo planner and its profiler write them:
   ``prefill_raw_data.json`` / ``decode_raw_data.json`` with the same keys;
 - a pre-swept pair ``<stem>__prefill.npz`` / ``<stem>__decode.npz`` (or
   ``prefill.npz`` / ``decode.npz``), whose arrays may be stacked over several
-  parallel configs, shape (n_configs, n); ``tp`` picks one, by default the
-  config with the fewest GPUs (tp·dp·pp);
+  parallel configs, shape (n_configs, n); ``tp`` picks one, else
+  ``engine_gpus`` the one whose engine has that many GPUs (tp·dp·pp), else
+  the config with the fewest GPUs;
 - either file of a pair (its partner is found by name), or a bundled name
   (:data:`BUNDLED_PROFILES`) shipped as package data in ``profile_data/``.
 
@@ -74,12 +75,19 @@ def bundled_profile_names() -> tuple[str, ...]:
     return tuple(BUNDLED_PROFILES)
 
 
-def load_profile(name_or_path: str | os.PathLike[str], tp: int | None = None) -> ProfileData:
-    """Load a bundled profile by name, or a profile file/directory by path."""
+def load_profile(
+    name_or_path: str | os.PathLike[str], tp: int | None = None, engine_gpus: int | None = None
+) -> ProfileData:
+    """Load a bundled profile by name, or a profile file/directory by path.
+
+    Of a file stacked over parallel configs, ``tp`` picks one; without it
+    ``engine_gpus`` picks the config whose engine has that many GPUs, so a
+    deployment of 8-GPU engines is timed on the TP8 rows, not the fewest.
+    """
     key = os.fspath(name_or_path)
     if key in BUNDLED_PROFILES:
         prefill, decode = _bundled_sources(BUNDLED_PROFILES[key])
-        return _build(prefill, decode, tp, name=key)
+        return _build(prefill, decode, tp, engine_gpus, name=key)
     path = Path(key)
     if not path.exists():
         raise ProfileError(
@@ -92,8 +100,8 @@ def load_profile(name_or_path: str | os.PathLike[str], tp: int | None = None) ->
             raise ProfileError(path, None, f"no profiling data found (looked for {looked})")
         prefill = _read(found["prefill"]) if found["prefill"] else None
         decode = _read(found["decode"]) if found["decode"] else None
-        return _build(prefill, decode, tp, name=path.name)
-    return _load_file(path, tp)
+        return _build(prefill, decode, tp, engine_gpus, name=path.name)
+    return _load_file(path, tp, engine_gpus)
 
 
 # -- locating ------------------------------------------------------------------
@@ -125,7 +133,7 @@ def _partner(path: Path, role: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def _load_file(path: Path, tp: int | None) -> ProfileData:
+def _load_file(path: Path, tp: int | None, engine_gpus: int | None) -> ProfileData:
     """One file: it holds one role (its partner, if any, holds the other) or both."""
     source = _read(path)
     has_prefill = all(k in source.data for k in _PREFILL_KEYS)
@@ -138,7 +146,7 @@ def _load_file(path: Path, tp: int | None) -> ProfileData:
     other = _read(partner) if partner is not None else None
     prefill = source if has_prefill else other
     decode = source if has_decode else other
-    return _build(prefill, decode, tp, name=_stem(path))
+    return _build(prefill, decode, tp, engine_gpus, name=_stem(path))
 
 
 def _stem(path: Path) -> str:
@@ -190,18 +198,20 @@ def _read_npz_bytes(content: bytes, label: str) -> _Source:
 # -- assembling ----------------------------------------------------------------
 
 
-def _build(prefill: _Source | None, decode: _Source | None, tp: int | None, name: str) -> ProfileData:
+def _build(
+    prefill: _Source | None, decode: _Source | None, tp: int | None, engine_gpus: int | None, name: str
+) -> ProfileData:
     fields: dict[str, Any] = {"name": name}
     meta: dict[str, Any] = {}
     if prefill is not None:
-        row = _config_row(prefill, _PREFILL_KEYS, tp)
+        row = _config_row(prefill, _PREFILL_KEYS, tp, engine_gpus)
         fields["prefill_isl"] = _pick(prefill, "prefill_isl", row)
         fields["prefill_ttft_ms"] = _pick(prefill, "prefill_ttft", row)
         meta = _metadata(prefill, row)
     else:
         fields["prefill_isl"] = fields["prefill_ttft_ms"] = np.zeros(0)
     if decode is not None:
-        row = _config_row(decode, _DECODE_KEYS[:3], tp)
+        row = _config_row(decode, _DECODE_KEYS[:3], tp, engine_gpus)
         fields["x_kv_usage"] = _pick(decode, "x_kv_usage", row)
         fields["y_context_length"] = _pick(decode, "y_context_length", row)
         fields["z_itl_ms"] = _pick(decode, "z_itl", row)
@@ -209,8 +219,9 @@ def _build(prefill: _Source | None, decode: _Source | None, tp: int | None, name
         meta = meta or _metadata(decode, row)
     else:
         fields["x_kv_usage"] = fields["y_context_length"] = fields["z_itl_ms"] = np.zeros(0)
-    if meta.get("tp") is None:
+    if meta.get("tp") is None:  # no metadata: the asked TP is taken on trust
         meta["tp"] = tp
+        meta["engine_gpus"] = tp
     try:
         return ProfileData(**fields, **meta)
     except InvalidProfile as exc:
@@ -226,7 +237,7 @@ def _require(source: _Source, key: str) -> np.ndarray:
     return source.data[key]
 
 
-def _config_row(source: _Source, keys: tuple[str, ...], tp: int | None) -> int | None:
+def _config_row(source: _Source, keys: tuple[str, ...], tp: int | None, engine_gpus: int | None) -> int | None:
     """Which config of a stacked file to use; None for a flat (single-config) file."""
     arrays = [_require(source, k) for k in keys]
     ndims = {a.ndim for a in arrays}
@@ -256,6 +267,12 @@ def _config_row(source: _Source, keys: tuple[str, ...], tp: int | None) -> int |
         int(tps[i]) * (int(dps[i]) if dps is not None else 1) * (int(pps[i]) if pps is not None else 1)
         for i in range(n_configs)
     ]
+    if engine_gpus is not None:
+        if engine_gpus not in gpus:
+            raise ProfileError(source.label, "tp", f"no config whose engine has {engine_gpus} GPUs, as the config's "
+                               f"*_engine_num_gpu say (have {sorted(set(gpus), reverse=True)}); set profile_tp "
+                               "to choose one")
+        return gpus.index(engine_gpus)
     return gpus.index(min(gpus))
 
 
@@ -289,10 +306,12 @@ def _metadata(source: _Source, row: int | None) -> dict[str, Any]:
     tp = _meta_value(source, "tp", row)
     gpu = _meta_value(source, "gpu_type", row)
     model = _meta_value(source, "model", row)
+    dp, pp = (_meta_value(source, key, row) or 1 for key in ("dp", "pp"))
     return {
         "gpu": None if gpu is None else str(gpu),
         "model": None if model is None else str(model),
         "tp": None if tp is None else int(tp),
+        "engine_gpus": None if tp is None else int(tp) * int(dp) * int(pp),
     }
 
 

@@ -123,7 +123,7 @@ def make_setup(config: PlannerConfig, profile: ProfileData, options: SimOptions)
         max_context_length=config.context_length,
     )
     timing = engine_timing(profile, options.timing, limits)
-    per_engine = profile.tp or 1
+    per_engine = profile.engine_gpus or profile.tp or 1
     roles = ("prefill", "decode") if config.mode == "disagg" else ("agg",)
     gpus = {r: config.gpus_per_engine(r) or per_engine for r in roles}
     check_gpu_budget(config, gpus)  # now that the profile says an engine's GPUs: else a role gets none, forever

@@ -68,6 +68,8 @@ class ProfileData:
     gpu: str | None = None
     model: str | None = None
     tp: int | None = None
+    engine_gpus: int | None = None
+    """GPUs one engine of the measured config uses (tp·dp·pp), where the file says."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

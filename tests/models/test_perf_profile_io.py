@@ -164,3 +164,42 @@ def test_unreadable_and_missing(tmp_path):
         load_profile(empty)
     with pytest.raises(ProfileError, match="bundled profiles"):
         load_profile("h300-nonexistent")
+
+
+def test_the_engines_gpu_count_chooses_the_config_a_stacked_profile_times():
+    """A deployment of 8-GPU engines on the 70B profile (TP8, TP4, TP2 rows) was timed on the
+    TP2 rows, the fewest GPUs, while the simulator billed 8 GPUs an engine: a quarter of the
+    speed it paid for. Without ``profile_tp`` the engines' GPU count now chooses."""
+    from fleetplan.bootstrap import load_profile_for
+    from fleetplan.models.config import ConfigError, config_from_dict
+
+    def cfg(**fields):
+        return config_from_dict({"max_gpu_budget": -1, **fields})
+
+    tp8 = load_profile_for(cfg(prefill_engine_num_gpu=8, decode_engine_num_gpu=8), "h100-llama3.3-70b")
+    assert (tp8.tp, tp8.engine_gpus) == (8, 8)
+    assert tp8.prefill_ttft_ms[-1] == pytest.approx(703.830652)  # the TP8 row, as load_profile(tp=8)
+    assert load_profile_for(cfg(), "h100-llama3.3-70b").tp == 2  # unset: the fewest GPUs, as before
+    assert load_profile_for(cfg(profile_tp=4, decode_engine_num_gpu=4), "h100-llama3.3-70b").tp == 4
+    # engines the profile did not measure fail at start, naming the field and what would do
+    with pytest.raises(ConfigError, match=r"^--profile: .*no config whose engine has 3 GPUs.*have \[8, 4, 2\]"):
+        load_profile_for(cfg(decode_engine_num_gpu=3), "h100-llama3.3-70b")
+    with pytest.raises(ConfigError, match=r"^decode_engine_num_gpu: 2 GPUs an engine, but the profile "
+                                          r"h100-llama3.3-70b measured engines of 4;.*decode_engine_num_gpu: 4$"):
+        load_profile_for(cfg(profile_tp=4, decode_engine_num_gpu=2), "h100-llama3.3-70b")
+    # prefill on TP8 and decode on TP2 cannot both be one profile's config: the one that is not, named
+    with pytest.raises(ConfigError, match=r"^prefill_engine_num_gpu: 8 GPUs an engine.*engines of 2"):
+        load_profile_for(cfg(prefill_engine_num_gpu=8, decode_engine_num_gpu=2), "h100-llama3.3-70b")
+    with pytest.raises(ConfigError, match=r"^decode_engine_num_gpu: 2 .*engines of 1"):
+        load_profile_for(cfg(decode_engine_num_gpu=2), "h200-llama3.1-8b")
+
+
+def test_a_profile_without_parallel_metadata_is_taken_on_trust(tmp_path):
+    from fleetplan.bootstrap import load_profile_for
+    from fleetplan.models.config import config_from_dict
+
+    np.savez(tmp_path / "prefill.npz", **prefill_arrays())
+    np.savez(tmp_path / "decode.npz", **decode_arrays())
+    loaded = load_profile_for(config_from_dict({"decode_engine_num_gpu": 4, "prefill_engine_num_gpu": 4,
+                                                "max_gpu_budget": -1}), tmp_path)
+    assert (loaded.tp, loaded.engine_gpus) == (None, None)

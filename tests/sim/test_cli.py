@@ -110,6 +110,11 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         # the 70B profile's engines take 2 GPUs each (TP2): 5 engines are 10 GPUs, not 5
         (["--trace", CODE, "--profile", "h100-llama3.3-70b", "--initial", "prefill=3,decode=2"],
          "--initial: 10 GPUs, more than max_gpu_budget (8)"),
+        # 8-GPU engines timed on the 8B profile's 1-GPU engine: billed 8 GPUs for one GPU's speed
+        (["--trace", CODE, "--config", "TP8"], "TP8.yaml: decode_engine_num_gpu: 8 GPUs an engine, but the profile "
+         "h200-llama3.1-8b measured engines of 1"),
+        (["--trace", CODE, "--profile", "h100-llama3.3-70b", "--config", "TP3"],
+         "no config whose engine has 3 GPUs, as the config's *_engine_num_gpu say (have [8, 4, 2])"),
         (["--trace", CODE, "--spread-arrivals", "soon"], "--spread-arrivals: expected auto, off or a step"),
         ([], "give exactly one of --trace FILE or --servegen FILE"),
         (["--trace", CODE, "--goal", 2], "--goal: a fraction in (0, 1], got 2"),
@@ -149,7 +154,11 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     no_profile.write_text("profile_results_dir: nope\n")
     no_budget = tmp_path / "NOBUDGET.yaml"
     no_budget.write_text("max_gpu_budget: -1\n")
-    named = {"NOBUDGET": no_budget, "BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
+    tp8 = tmp_path / "TP8.yaml"
+    tp8.write_text("decode_engine_num_gpu: 8\nmax_gpu_budget: -1\n")
+    tp3 = tmp_path / "TP3.yaml"
+    tp3.write_text("decode_engine_num_gpu: 3\nmax_gpu_budget: -1\n")
+    named = {"TP8": tp8, "TP3": tp3, "NOBUDGET": no_budget, "BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
              "NOPROF": no_profile}
     named["DIR"] = tmp_path
     message = message.replace("DIR_PATH", str(tmp_path))

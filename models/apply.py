@@ -108,27 +108,50 @@ def forget_silent_engines(state: DeploymentState, now: float) -> None:
       its ack, and are no scale-down's leftovers. Not where inventory is
       written: its ``gone`` events say who left.
     """
-    last: dict[str, float] = {}
-    for key, fpm in state.latest_fpm.items():
-        worker = key.rsplit("/", 1)[0]
-        last[worker] = max(fpm.time, last.get(worker, fpm.time))
     ttl = state.config.discovered_engine_ttl_seconds
     if ttl > 0:
+        last = _last_heard(state)
         for worker_id, worker in list(state.workers.items()):
             if worker.discovered and now - last.get(worker_id, worker.since) > ttl:
                 _forget(state, worker_id)
+    for seen, worker_id in engines_beyond_decided(state):
+        if now - seen >= GONE_AFTER_SILENCE_SECONDS:
+            _forget(state, worker_id)
+
+
+def engines_beyond_decided(state: DeploymentState) -> list[tuple[float, str]]:
+    """``(last heard, worker)`` of the engines known only from their FPMs that each role
+    has beyond its decided count, silent longest first; none where inventory is written
+    or nothing was decided yet.
+
+    These are, as a rule, a scale-down's engines, draining or gone:
+    :func:`forget_silent_engines` drops them once silent for
+    ``GONE_AFTER_SILENCE_SECONDS``, and until then the load loop holds
+    (``worker_count_mismatch``), as Dynamo's does while the engines that report
+    FPMs are not the deployment's count.
+    """
     if state.inventory_seen or state.desired is None:
-        return
+        return []
+    last = _last_heard(state)
     asked = dict(state.desired)
     if state.pending is not None:
         for role, count in state.pending.targets.items():
             asked[role] = max(count, asked.get(role, 0))
+    beyond: list[tuple[float, str]] = []
     for role, count in asked.items():
         silent = sorted((last.get(w, v.since), w) for w, v in state.workers.items()
                         if v.role == role and v.discovered and v.state == "ready")
-        for seen, worker_id in silent[:max(0, len(silent) - count)]:
-            if now - seen >= GONE_AFTER_SILENCE_SECONDS:
-                _forget(state, worker_id)
+        beyond.extend(silent[:max(0, len(silent) - count)])
+    return beyond
+
+
+def _last_heard(state: DeploymentState) -> dict[str, float]:
+    """Each worker's latest FPM time, over its attention-DP ranks."""
+    last: dict[str, float] = {}
+    for key, fpm in state.latest_fpm.items():
+        worker = key.rsplit("/", 1)[0]
+        last[worker] = max(fpm.time, last.get(worker, fpm.time))
+    return last
 
 
 def _forget(state: DeploymentState, worker_id: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetplan.models.apply import apply_event, forget_silent_engines
+from fleetplan.models.apply import apply_event, engines_beyond_decided, forget_silent_engines
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
 from fleetplan.models.forecast import TrafficObservation
@@ -339,6 +339,10 @@ class Planner:
             scratch.load_reason = "scaling_in_progress"
             return
         targets: dict[Role, int] = {}
+        # engines beyond a role's decided count (without inventory: a release's, draining or
+        # silent until taken for gone) make the snapshots another fleet's than the one decided;
+        # counted, two engines that could not consolidate looked like three that could
+        over = {state.workers[worker].role for _, worker in engines_beyond_decided(state)}
         for role in cfg.roles:
             engines, coverage = _engines_of(state, role)
             if not engines:
@@ -353,7 +357,7 @@ class Planner:
                         scratch.load_reasons[role] = held.reason
                         targets[role] = baseline[role] + held.step
                 continue
-            if not coverage:
+            if not coverage or role in over:
                 scratch.load_reasons[role] = "worker_count_mismatch"
                 continue
             signal = self._signal(state, role, engines, kv_hit, accept)

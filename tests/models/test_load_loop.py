@@ -288,3 +288,29 @@ def test_attention_dp_ranks_are_not_counted_as_engines_to_release(make_fleet):
     out = fleet.run(sorted(evs, key=lambda e: e.time))
     assert out and decisions(out) == []
     assert all(o.load_reasons["decode"] == "no_change" for o in out)
+
+
+def test_a_released_engine_holds_the_load_loop_until_it_is_gone(make_fleet):
+    """Without inventory a released engine stays known, with its last FPM, until it has been
+    silent for 30 s (``GONE_AFTER_SILENCE_SECONDS``; a draining one keeps reporting), and the
+    load loop counted it: two engines that could not take each other's queue (2 -> 1 refused)
+    looked like three that could (3 -> 2), and a second engine went 5 s after the first. As in
+    Dynamo, FPMs from more engines than decided hold the loop (``worker_count_mismatch``)."""
+    from tests.models.factories import ack
+
+    evs = []
+    for t in range(1, 6):  # three idle prefill engines and a decode engine, known from their FPMs
+        evs += [fpm(f"p{i}", "prefill", T0 + t, wall=0.0, counter=t) for i in range(3)]
+        evs.append(fpm("d0", "decode", T0 + t, wall=0.0, counter=t, decode_reqs=4, decode_kv=12_000))
+    evs.append(ack(0, T0 + 6))  # the first idle verdict released p2; its FPMs stop
+    for t in range(6, 45):  # the two left each queue 6,500 prompt tokens
+        evs += [fpm(f"p{i}", "prefill", T0 + t, wall=0.0, counter=t, queued_prefill=6_500) for i in range(2)]
+        evs.append(fpm("d0", "decode", T0 + t, wall=0.0, counter=t, decode_reqs=4, decode_kv=12_000))
+    out = _load_only(make_fleet).run([*evs, ClockEvent(deployment="d", time=T0 + 45)])
+    (release,) = decisions(out)
+    assert release.time == T0 + 5 and release.targets["prefill"] == 2
+    reasons = {o.time - T0: o.load_reasons["prefill"] for o in out if o.time > T0 + 5}
+    # p2's last FPM (T0 + 5) is 30 s old at T0 + 35: taken for gone, the two engines decide
+    assert {t for t, r in reasons.items() if r == "worker_count_mismatch"} == {10, 15, 20, 25, 30}
+    assert {reasons[t] for t in (35, 40, 45)} == {"scale_down_refused_consolidation"}
+    assert all(o.load_reasons["decode"] == "no_change" for o in out)

@@ -186,6 +186,10 @@ class Planner:
                 if measures_floor(cfg) and began is not None and now - began >= PARTIAL_WINDOW_SHARE * interval_t:
                     closed = engines_measured(state, now - began, baseline, minimums, kv_hit, accept)
                     state.measured_floors = [*state.measured_floors, closed][-cfg.floor_memory_windows:]
+                # the load loop's estimates read them too: without this the loop alone kept
+                # accept 1 and no cache hits for good (a 7-ms ITL at accept 3 read as 22 ms)
+                kv_hit, accept = _remember_cache_and_speculation(
+                    state, state.window.observation(interval_t), kv_hit, accept)
                 # a new window each interval keeps a load-only deployment's state bounded
                 # (the window counts every second)
                 _start_window(state, now)
@@ -285,12 +289,7 @@ class Planner:
             start_s=min(start, now - interval),
         )
         scratch.observed = full
-        if obs.kv_hit_rate is not None:
-            state.last_kv_hit_rate = obs.kv_hit_rate
-            kv_hit = obs.kv_hit_rate
-        if obs.accept_length is not None:
-            state.last_accept_length = obs.accept_length
-            accept = obs.accept_length
+        kv_hit, accept = _remember_cache_and_speculation(state, obs, kv_hit, accept)
         budgets, osl_classes = size_mix(state, mix, kv_hit, accept)
         # a partial first window has partial sub-windows too: its peak is not a peak
         peak = peak if duration >= interval else None
@@ -483,6 +482,22 @@ def _start_window(state: DeploymentState, now: float) -> None:
     """A fresh traffic window from ``now`` on."""
     state.window = TrafficWindow()
     state.window_start = now
+
+
+def _remember_cache_and_speculation(
+    state: DeploymentState, obs: TrafficObservation, kv_hit: float, accept: float,
+) -> tuple[float, float]:
+    """Keep a closed window's KV hit rate and accept length, and return the ones in force.
+
+    Last-value semantics, as Dynamo's: a window that measured neither keeps the
+    last that did. Both loops read them (the throughput loop's capacity, the
+    load loop's TTFT and ITL), so they are kept whichever loop closes the window.
+    """
+    if obs.kv_hit_rate is not None:
+        state.last_kv_hit_rate = kv_hit = obs.kv_hit_rate
+    if obs.accept_length is not None:
+        state.last_accept_length = accept = obs.accept_length
+    return kv_hit, accept
 
 
 def _stabilization_seconds(state: DeploymentState) -> float:

@@ -314,3 +314,24 @@ def test_a_released_engine_holds_the_load_loop_until_it_is_gone(make_fleet):
     assert {t for t, r in reasons.items() if r == "worker_count_mismatch"} == {10, 15, 20, 25, 30}
     assert {reasons[t] for t in (35, 40, 45)} == {"scale_down_refused_consolidation"}
     assert all(o.load_reasons["decode"] == "no_change" for o in out)
+
+
+def test_a_load_only_loop_reads_the_measured_accept_length_and_kv_hit_rate(make_fleet):
+    """Speculative decoding emits ``accept_length`` tokens a pass, so the load loop divides a
+    pass by it to get the ITL, and a prefix-cache hit shortens the prefill it times. Only the
+    throughput loop stored the last window's figures: without it the load loop read accept 1
+    and no cache hits for good, and a decode engine at 7 ms a token (22 ms a pass, accept 3)
+    was scaled up against a 20 ms target that the same deployment with both loops kept."""
+    evs = [fpm("d0", "decode", T0 + t, wall=0.0, counter=t, decode_reqs=200,
+               decode_kv=400_000 if t > 180 else 12_000) for t in range(1, 200)]
+    finished = [r.model_copy(update={"accept_length": 3.0, "kv_hit_rate": 0.5})
+                for r in requests(2, T0 + 1, T0 + 170)]
+    evs = sorted([*evs, *finished], key=lambda e: e.time) + [ClockEvent(deployment="d", time=T0 + 200)]
+    for loops in ({"enable_throughput_scaling": False}, {}):
+        fleet = make_fleet(mode="decode", itl=20, enable_load_scaling=True, **loops)
+        out = fleet.run(evs)
+        at_185 = next(o for o in out if o.time == T0 + 185)
+        assert at_185.load_reasons == {"decode": "no_change"}, loops
+        assert at_185.estimates["decode"].itl_ms < 20 and decisions(out) == []
+        state = fleet.state("d")
+        assert (state.last_accept_length, state.last_kv_hit_rate) == (3.0, 0.5)

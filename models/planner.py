@@ -423,15 +423,23 @@ class Planner:
         if not cfg.load_enabled:
             return dict(scratch.throughput_targets or baseline), reason_t, reason_l
         proposed = dict(scratch.load_targets or baseline)
-        capped = False
+        capped = raised = False
         for role, floor in state.lower_bound.items():
             if role in proposed and proposed[role] < floor:
                 if scratch.load_reasons.get(role) == "scale_down":
                     scratch.load_reasons[role] = "scale_down_capped_by_throughput"
                     capped = True
+                elif floor > baseline[role] and role in scratch.load_reasons:
+                    # the floor grows the role past the loop's verdict (a floor set while a
+                    # decision was in flight, applied at a later tick whose throughput loop is
+                    # not due): Dynamo's scale_up; the decision said no_change / not_due
+                    scratch.load_reasons[role] = "scale_up"
+                    raised = True
                 proposed[role] = floor
         # a role still scaling up names the decision (Dynamo's priority: scale_up over capped)
-        if capped and reason_l not in ("scale_up", "scale_up_to_measured_rate"):
+        if raised:
+            reason_l = "scale_up"
+        elif capped and reason_l not in ("scale_up", "scale_up_to_measured_rate"):
             reason_l = "scale_down_capped_by_throughput"
         return proposed, reason_t, reason_l
 

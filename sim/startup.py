@@ -12,7 +12,10 @@ distribution:
 
 ``upper()`` is a value no draw is expected to exceed (the 99th percentile for
 unbounded distributions): the hindsight oracle starts workers that much
-ahead of need.
+ahead of need. It may be at most ``MAX_STARTUP_SECONDS`` (a day), the
+config's bound on ``startup_seconds``: the simulator plans that far ahead a
+second at a time, and a startup of 1e7 s ran for minutes before its first
+request.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+
+from fleetplan.models.config import MAX_STARTUP_SECONDS
 
 
 @dataclass
@@ -48,7 +53,10 @@ class StartupTime:
             return self.b
         if self.kind == "normal":
             return self.a + 2.326 * self.b
-        return self.a * math.exp(2.326 * self.b)
+        try:
+            return self.a * math.exp(2.326 * self.b)
+        except OverflowError:
+            return math.inf
 
     def describe(self) -> str:
         if self.kind == "fixed":
@@ -57,11 +65,18 @@ class StartupTime:
 
 
 def parse_startup(spec: str | float, seed: int = 0) -> StartupTime:
-    """Parse a startup spec; ``ValueError`` says what is wrong."""
+    """Parse a startup spec; ``ValueError`` says what is wrong.
+
+    Every parameter must be finite: NaN passed a ``< 0`` check and started
+    engines at a NaN time (or failed later in ``--initial``), and infinity
+    raised a traceback.
+    """
     if isinstance(spec, int | float):
         value = float(spec)
-        if not value >= 0:
-            raise ValueError(f"startup time must be >= 0 s, got {spec}")
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"startup time must be a finite number of seconds >= 0, got {spec}")
+        if value > MAX_STARTUP_SECONDS:
+            raise ValueError(f"startup: at most {MAX_STARTUP_SECONDS:g} s (a day), got {value:g}")
         return StartupTime("fixed", value, seed=seed)
     text = str(spec).strip()
     parts = text.split(":")
@@ -79,6 +94,10 @@ def parse_startup(spec: str | float, seed: int = 0) -> StartupTime:
             f"startup: expected uniform:LO:HI, normal:MEAN:SD or lognormal:MEDIAN:SIGMA; got {text!r}"
         )
     a, b = numbers
-    if a < 0 or b < 0 or (kind == "uniform" and b < a):
-        raise ValueError(f"startup: parameters must be >= 0 (and LO <= HI); got {text!r}")
-    return StartupTime(kind, a, b, seed=seed)
+    if not all(math.isfinite(x) and x >= 0 for x in (a, b)) or (kind == "uniform" and b < a):
+        raise ValueError(f"startup: parameters must be finite and >= 0 (and LO <= HI); got {text!r}")
+    startup = StartupTime(kind, a, b, seed=seed)
+    if startup.upper() > MAX_STARTUP_SECONDS:
+        raise ValueError(f"startup: at most {MAX_STARTUP_SECONDS:g} s (a day), got {text!r} "
+                         f"(engines planned to start within {startup.upper():.3g} s)")
+    return startup

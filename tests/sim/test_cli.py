@@ -103,6 +103,11 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         (["--trace", CODE, "--policy", "nope"], "expected MODULE:CLASS"),
         (["--trace", CODE, "--router", "random"], "--router: expected one of"),
         (["--trace", CODE, "--startup", "gamma:1:2"], "--startup"),
+        # NaN passed `< 0` (engines started at NaN, or --initial was blamed); inf raised a traceback
+        (["--trace", CODE, "--startup", "uniform:nan:5"], "--startup: startup: parameters must be finite"),
+        (["--trace", CODE, "--startup", "lognormal:nan:1"], "--startup: startup: parameters must be finite"),
+        (["--trace", CODE, "--startup", "inf"], "--startup: startup time must be a finite number"),
+        (["--trace", CODE, "--startup", "uniform:0:inf"], "--startup: startup: parameters must be finite"),
         (["--trace", CODE, "--initial", "prefill=x"], "--initial"),
         (["--trace", CODE, "--initial", "agg=3"], "--initial: agg: not a role of mode disagg (its roles: prefill, decode)"),
         (["--trace", CODE, "--initial", "prefill=2,decode=1000"], "--initial: 1002 GPUs, more than max_gpu_budget (8)"),

@@ -456,18 +456,22 @@ def _check_initial(spec, cfg, gpus) -> None:
 
 
 def _initial_spec(text: str):
+    """``warm``, ``min`` or role counts; a role given twice is refused, not run on its last count."""
     if text in ("warm", "min"):
         return text
     out = {}
     for part in text.split(","):
         role, sep, n = part.partition("=")
-        if not sep or role.strip() not in ("prefill", "decode", "agg"):
+        role = role.strip()
+        if not sep or role not in ("prefill", "decode", "agg"):
             raise ValueError(f"expected warm, min or role=count pairs like prefill=2,decode=3; got {text!r}")
+        if role in out:
+            raise ValueError(f"{role}: given twice in {text!r}")
         try:
-            out[role.strip()] = int(n)
+            out[role] = int(n)
         except ValueError:
             raise ValueError(f"{role}: expected an integer count, got {n!r}") from None
-        if out[role.strip()] < 0:
+        if out[role] < 0:
             raise ValueError(f"{role}: count must be >= 0")
     return out
 

@@ -109,6 +109,8 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         (["--trace", CODE, "--startup", "inf"], "--startup: startup time must be a finite number"),
         (["--trace", CODE, "--startup", "uniform:0:inf"], "--startup: startup: parameters must be finite"),
         (["--trace", CODE, "--initial", "prefill=x"], "--initial"),
+        # a role given twice ran on the last count without a word
+        (["--trace", CODE, "--initial", "prefill=2,decode=1,prefill=3"], "--initial: prefill: given twice"),
         (["--trace", CODE, "--initial", "agg=3"], "--initial: agg: not a role of mode disagg (its roles: prefill, decode)"),
         (["--trace", CODE, "--initial", "prefill=2,decode=1000"], "--initial: 1002 GPUs, more than max_gpu_budget (8)"),
         (["--trace", CODE, "--config", "NOBUDGET", "--initial", "decode=100000"], "--initial: decode=100000: more engines than 10,000"),

@@ -18,7 +18,7 @@ import typer
 
 from fleetplan.connectors.base import Applier, ConnectorConfigError, check_seconds
 from fleetplan.connectors.ledger import DEFAULT_LEASE_S
-from fleetplan.options import bootstrap_problem, log_level_problem, port_problem
+from fleetplan.options import bootstrap_problem, log_level_problem, port_problem, topic_name_problem
 from fleetplan.schemas import topics
 from fleetplan.schemas.events import ROLES
 
@@ -124,9 +124,15 @@ def connector(
     deployments = list(deployment or [])
     try:
         for option, problem in (("--log-level", log_level_problem(log_level)),
-                                ("--bootstrap", bootstrap_problem(bootstrap))):
+                                ("--bootstrap", bootstrap_problem(bootstrap)),
+                                ("--decisions-topic", topic_name_problem(decisions_topic)),
+                                ("--acks-topic", topic_name_problem(acks_topic)),
+                                ("--deadletter-topic", topic_name_problem(deadletter_topic))):
             if problem is not None:
                 raise ConnectorConfigError(option, problem)
+        if not group_id:
+            # Kafka refuses an empty group at the join, after Redis and the broker were reached
+            raise ConnectorConfigError("--group-id", "must not be empty")
         if not 0 <= metrics_port <= 65535:
             raise ConnectorConfigError("--metrics-port", f"must be 0..65535, got {metrics_port}")
         check_seconds("--claim-lease", claim_lease)

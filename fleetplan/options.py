@@ -8,6 +8,7 @@ otherwise find it later, with a traceback or after topics were created.
 
 from __future__ import annotations
 
+import re
 import socket
 
 
@@ -17,6 +18,20 @@ def bootstrap_problem(value: str) -> str | None:
         host, colon, port = server.strip().rpartition(":")
         if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
             return f"expected host:port[,host:port...] with ports in 1..65535, got {value!r}"
+    return None
+
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def topic_name_problem(value: str) -> str | None:
+    """A whole Kafka topic name (Kafka's rule): 1 to 249 of letters, digits, '.', '_', '-', not ``.`` or ``..``.
+
+    A name Kafka refuses is never created, so a consumer waits for it without
+    end and a producer fails on it only when it first sends.
+    """
+    if not _TOPIC_NAME.fullmatch(value) or value in (".", ".."):
+        return f"a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-' (not . or ..), got {value!r}"
     return None
 
 

@@ -38,6 +38,16 @@ def run(*args: str):
     (["--backend", "log", "--log-level", "bogus"], "--log-level"),
     (["--backend", "log", "--bootstrap", "host:notaport"], "--bootstrap"),
     (["--backend", "log", "--redis-url", "redis://127.0.0.1:1/0"], "--redis-url"),
+    # names Kafka refuses: an empty group raised InvalidGroupIdError at the join (a traceback); a
+    # decision topic that cannot exist was waited for without end, and an ack topic that cannot
+    # was found only after the first decision was applied (its ack then failed ten times a second)
+    (["--backend", "log", "--group-id", "", "--redis-url", "redis://127.0.0.1:1/0"], "--group-id"),
+    (["--backend", "log", "--decisions-topic", "bad topic", "--redis-url", "redis://127.0.0.1:1/0"],
+     "--decisions-topic"),
+    (["--backend", "log", "--acks-topic", "", "--redis-url", "redis://127.0.0.1:1/0"], "--acks-topic"),
+    (["--backend", "log", "--deadletter-topic", "x" * 250, "--redis-url", "redis://127.0.0.1:1/0"],
+     "--deadletter-topic"),
+    (["--backend", "log", "--acks-topic", "..", "--redis-url", "redis://127.0.0.1:1/0"], "--acks-topic"),
     # a duration like the others: a broker refuses it only at the group join, after Redis and Kafka
     (["--backend", "log", "--session-timeout-ms", "-5", "--redis-url", "redis://127.0.0.1:1/0"],
      "--session-timeout-ms"),

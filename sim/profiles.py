@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import zipfile
 from dataclasses import dataclass
@@ -257,14 +258,14 @@ def _config_row(source: _Source, keys: tuple[str, ...], tp: int | None, engine_g
     if tps is None:
         raise ProfileError(source.label, "tp", f"missing key: needed to choose among {n_configs} configs")
     if tp is not None:
-        matches = [i for i, v in enumerate(tps) if int(v) == tp]
+        matches = [i for i, v in enumerate(tps) if v == tp]
         if not matches:
-            raise ProfileError(source.label, "tp", f"no config with tp={tp} (have {[int(v) for v in tps]})")
+            raise ProfileError(source.label, "tp", f"no config with tp={tp} (have {tps})")
         return matches[0]
     dps = _meta_column(source, "dp", n_configs)
     pps = _meta_column(source, "pp", n_configs)
     gpus = [
-        int(tps[i]) * (int(dps[i]) if dps is not None else 1) * (int(pps[i]) if pps is not None else 1)
+        tps[i] * (dps[i] if dps is not None else 1) * (pps[i] if pps is not None else 1)
         for i in range(n_configs)
     ]
     if engine_gpus is not None:
@@ -280,17 +281,30 @@ def _check_tp_matches(source: _Source, tp: int | None, row: int | None) -> None:
     if tp is None or "tp" not in source.data:
         return
     have = _meta_value(source, "tp", row)
-    if have is not None and int(have) != tp:
-        raise ProfileError(source.label, "tp", f"file is tp={int(have)}, asked for tp={tp}")
+    if have is not None and _whole(source, "tp", have) != tp:
+        raise ProfileError(source.label, "tp", f"file is tp={_whole(source, 'tp', have)}, asked for tp={tp}")
 
 
-def _meta_column(source: _Source, key: str, n_configs: int) -> list[Any] | None:
+def _meta_column(source: _Source, key: str, n_configs: int) -> list[int] | None:
+    """A parallelism column (tp, dp, pp) of a stacked file, one whole number per config."""
     if key not in source.data:
         return None
     column = np.asarray(source.data[key]).reshape(-1)
     if column.size != n_configs:
         raise ProfileError(source.label, key, f"expected {n_configs} values, got {column.size}")
-    return column.tolist()
+    return [_whole(source, key, v) for v in column.tolist()]
+
+
+def _whole(source: _Source, key: str, value: Any) -> int:
+    """A parallelism degree as an int; anything else is a ProfileError naming the key.
+
+    ``int()`` raised a bare "cannot convert float NaN to integer" for a NaN,
+    one that named neither the file nor the key, and cut 2.5 to 2 silently.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < 1 or value != int(value):
+        raise ProfileError(source.label, key, f"expected a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 def _meta_value(source: _Source, key: str, row: int | None) -> Any:
@@ -306,12 +320,13 @@ def _metadata(source: _Source, row: int | None) -> dict[str, Any]:
     tp = _meta_value(source, "tp", row)
     gpu = _meta_value(source, "gpu_type", row)
     model = _meta_value(source, "model", row)
-    dp, pp = (_meta_value(source, key, row) or 1 for key in ("dp", "pp"))
+    dp, pp = (_whole(source, key, value) if (value := _meta_value(source, key, row)) is not None else 1
+              for key in ("dp", "pp"))
     return {
         "gpu": None if gpu is None else str(gpu),
         "model": None if model is None else str(model),
-        "tp": None if tp is None else int(tp),
-        "engine_gpus": None if tp is None else int(tp) * int(dp) * int(pp),
+        "tp": None if tp is None else _whole(source, "tp", tp),
+        "engine_gpus": None if tp is None else _whole(source, "tp", tp) * dp * pp,
     }
 
 

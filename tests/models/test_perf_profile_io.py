@@ -121,6 +121,10 @@ def test_named_pair_and_single_files(tmp_path):
         ("decode", {"x_kv_usage": np.full(41, 2.0)}, "x_kv_usage"),
         ("decode", {"z_itl": np.full(41, np.nan)}, "z_itl"),
         ("decode", {"y_context_length": None}, "y_context_length"),
+        # metadata that is not a whole number raised a bare "cannot convert float NaN to integer"
+        ("prefill", {"tp": np.array([np.nan])}, "tp"),
+        ("prefill", {"tp": np.array(["two"])}, "tp"),
+        ("prefill", {"tp": np.array([2.5])}, "tp"),
     ],
 )
 def test_bad_files_name_file_and_key(tmp_path, role, overrides, key):
@@ -141,6 +145,16 @@ def test_stacked_file_without_tp_cannot_choose(tmp_path):
     with pytest.raises(ProfileError) as err:
         load_profile(tmp_path / "s__prefill.npz")
     assert err.value.key == "tp"
+
+
+def test_stacked_file_with_a_tp_that_is_not_a_whole_number(tmp_path):
+    stacked = {k: np.stack([v, v]) for k, v in prefill_arrays().items()}
+    stacked["tp"] = np.array([[1.0], [np.nan]])
+    np.savez(tmp_path / "s__prefill.npz", **stacked)
+    for tp in (None, 1):
+        with pytest.raises(ProfileError) as err:
+            load_profile(tmp_path / "s__prefill.npz", tp=tp)
+        assert err.value.key == "tp" and "s__prefill.npz" in str(err.value)
 
 
 def test_unreadable_and_missing(tmp_path):

@@ -27,6 +27,7 @@ import numpy as np
 
 from fleetplan.models.perf.columns import FpmColumns
 from fleetplan.schemas import Role
+from fleetplan.schemas.events import MAX_REQUEST_TOKENS
 
 FILE_KEYS = {
     "prefill_isl": "prefill_isl",
@@ -77,10 +78,14 @@ class ProfileData:
                 object.__setattr__(self, f.name, _vector(f.name, getattr(self, f.name)))
         _same_length(self, _PREFILL)
         _same_length(self, _DECODE)
-        _check(self, "prefill_isl", lambda a: a > 0, "must be > 0 tokens")
+        # lengths of one request, bounded as a request's are (MAX_REQUEST_TOKENS): a prompt of
+        # 1e200 tokens overflowed the prefill fit to NaN, and the first tick raised on it
+        _check(self, "prefill_isl", lambda a: (a > 0) & (a <= MAX_REQUEST_TOKENS),
+               f"must be > 0 and at most {MAX_REQUEST_TOKENS:,} tokens")
         _check(self, "prefill_ttft_ms", lambda a: a > 0, "must be > 0 ms")
         _check(self, "x_kv_usage", lambda a: (a >= 0) & (a <= 1), "must be a fraction in [0, 1]")
-        _check(self, "y_context_length", lambda a: a >= 0, "must be >= 0 tokens")
+        _check(self, "y_context_length", lambda a: (a >= 0) & (a <= MAX_REQUEST_TOKENS),
+               f"must be >= 0 and at most {MAX_REQUEST_TOKENS:,} tokens")
         _check(self, "z_itl_ms", lambda a: a > 0, "must be > 0 ms")
         if self.has_decode:
             kv = self.max_kv_tokens

@@ -125,6 +125,9 @@ def test_named_pair_and_single_files(tmp_path):
         ("prefill", {"tp": np.array([np.nan])}, "tp"),
         ("prefill", {"tp": np.array(["two"])}, "tp"),
         ("prefill", {"tp": np.array([2.5])}, "tp"),
+        # a prompt of 1e200 tokens overflowed the prefill fit to NaN: a traceback at the first tick
+        ("prefill", {"prefill_isl": np.full(17, 1e200)}, "prefill_isl"),
+        ("decode", {"y_context_length": np.full(41, 1e200)}, "y_context_length"),
     ],
 )
 def test_bad_files_name_file_and_key(tmp_path, role, overrides, key):

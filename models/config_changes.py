@@ -43,12 +43,18 @@ def change_problem(config: PlannerConfig, changes: dict[str, Any], command: str 
     allowed, anything else not.
     """
     fields = field_names()
+    given: dict[str, str] = {}  # field -> the key that named it
     for key, value in changes.items():
         if key in DYNAMO_RUNTIME_FIELDS:
             continue  # accepted and ignored, as in a config file
         name = fields.get(key)
         if name is None:
             return f"{command}: {key}: unknown field"
+        if name in given:
+            # by its name and its Dynamo alias (ttft_ms, ttft): the fold refuses it as a config
+            # file is refused, so it passed intake only to be counted rejected at its tick
+            return f"{command}: {key}: the same field as {given[name]}, given both"
+        given[name] = key
         problem = value_problem(key, value)
         if problem is not None:
             return f"{command}: {problem}"

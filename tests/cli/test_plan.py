@@ -214,6 +214,19 @@ def test_a_set_config_the_worker_would_dead_letter_is_a_bad_line(tmp_path):
     assert "skipped" in skipped.stderr and ":3: body.changes" in skipped.stderr
 
 
+def test_a_set_config_naming_one_field_twice_is_a_bad_line(tmp_path):
+    """By its name and its Dynamo alias: the tick refused it (rejected_controls), so intake does."""
+    log = tmp_path / "with_control.jsonl"
+    lines = EXAMPLE.read_bytes().splitlines()
+    control = {"type": "control", "deployment": "code", "time": 1700000040.0,
+               "body": {"command": "set_config", "changes": {"ttft": 300, "ttft_ms": 200}}}
+    lines.insert(2, orjson.dumps(control))
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b")
+    assert result.exit_code == 2
+    assert f"{log}:3: body.changes: set_config: ttft_ms: the same field as ttft, given both" in result.stderr
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_disk_is_one_line_naming_the_output():
     result = _plan("--events", EXAMPLE, "--config", CONFIG, "--profile", "h100-llama3.3-70b",

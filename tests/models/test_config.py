@@ -252,6 +252,8 @@ def test_a_change_may_name_a_field_by_its_dynamo_alias():
     assert c.with_changes({"ttft": 250}).ttft_ms == 250
     with pytest.raises(ConfigError, match="set_config: ttft: the same field as ttft_ms, given both"):
         c.with_changes({"ttft_ms": 250, "ttft": 300})
+    # wrong on the change alone, so intake refuses it (it passed, and the tick counted it rejected)
+    assert change_problem(c, {"ttft_ms": 250, "ttft": 300}) == "set_config: ttft: the same field as ttft_ms, given both"
 
 
 @pytest.mark.parametrize("name", sorted(STARTUP_FIELDS))

@@ -649,9 +649,14 @@ def _refuse_duplicate_json_keys(pairs: list[tuple[str, object]]) -> dict:
 
 
 def _parse_settings(p: Path, text: bytes) -> object:
-    """YAML (or JSON for ``.json``) with every mapping's keys unique."""
+    """YAML (or JSON for ``.json``) with every mapping's keys unique.
+
+    A UTF-8 byte-order mark, as Windows editors write, is not part of the
+    file: PyYAML skips it, orjson refused the whole file for it.
+    """
     if p.suffix != ".json":
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    text = text.removeprefix(b"\xef\xbb\xbf")
     data = orjson.loads(text)
     # orjson keeps the last of duplicate keys; the slower stdlib parse is only there to find them
     json.loads(text, object_pairs_hook=_refuse_duplicate_json_keys)

@@ -164,7 +164,7 @@ def _stem(path: Path) -> str:
 def _read(path: Path) -> _Source:
     if path.suffix == ".json":
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not JSON
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProfileError(path, None, f"not a readable JSON file ({exc})") from None
         if not isinstance(raw, dict):

@@ -200,6 +200,18 @@ def test_a_duplicate_key_names_both_lines(tmp_path):
         load_config(as_json)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_file(tmp_path):
+    """Windows editors write one; YAML, traces and event logs took it, JSON refused the file."""
+    for name, text in (("c.json", '{"ttft_ms": 300}'), ("c.yaml", "ttft_ms: 300\r\n")):
+        path = tmp_path / name
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert load_config(path).ttft_ms == 300
+    dup = tmp_path / "d.json"
+    dup.write_bytes(b'\xef\xbb\xbf{"ttft_ms": 500, "ttft_ms": 300}')
+    with pytest.raises(ConfigError, match=f"^{dup}: ttft_ms: duplicate key$"):
+        load_config(dup)
+
+
 def test_a_yaml_merge_key_may_still_be_overridden(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("planner:\n  <<: {ttft_ms: 500, itl_ms: 50}\n  ttft_ms: 300\n")

@@ -94,6 +94,12 @@ def test_json_fallback(tmp_path):
     (tmp_path / "decode_raw_data.json").write_text(json.dumps(decode))
     assert same_data(load_profile(tmp_path), H200)
     assert same_data(load_profile(tmp_path / "prefill_raw_data.json"), H200)
+    # a byte-order mark (a Windows editor's) is not part of the JSON, as in a config file
+    bom = tmp_path / "bom"
+    bom.mkdir()
+    (bom / "prefill_raw_data.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(prefill).encode())
+    (bom / "decode_raw_data.json").write_text(json.dumps(decode))
+    assert same_data(load_profile(bom), H200)
 
 
 def test_named_pair_and_single_files(tmp_path):

@@ -228,3 +228,24 @@ def test_the_max_budget_and_the_ceilings_are_never_exceeded(gp, gd, cp, cd, pp, 
     again = fit_gpu_budget(dict(reversed(current.items())), dict(reversed(proposed.items())), gpus,
                            high, min_budget=low, floors=minimums, maximums=maximums)
     assert again == (out, reason)
+
+
+def test_bounds_name_no_side_when_nothing_was_clamped():
+    # a role at its floor or its ceiling was not clamped: the tick keeps its load reason
+    out, reason = clamp_to_bounds({"prefill": 1, "decode": 4}, {"prefill": 1, "decode": 1}, {"prefill": None, "decode": 4})
+    assert out == {"prefill": 1, "decode": 4} and reason is None
+
+
+def test_over_the_budget_the_largest_gpu_user_gives_up_replicas_first():
+    # 4 prefill (1 GPU) + 4 decode (2 GPUs) = 12 over a budget of 10: decode uses 8 GPUs, prefill
+    # 4, so one decode engine goes (10), not two prefill engines
+    out, reason = fit_gpu_budget({"prefill": 4, "decode": 4}, {"prefill": 4, "decode": 4}, G, 10,
+                                 floors={"prefill": 1, "decode": 1})
+    assert out == {"prefill": 4, "decode": 3} and reason == "gpu_budget_reconcile"
+
+
+def test_a_fleet_below_the_band_grows_to_a_max_budget_it_can_reach():
+    # band [4, 4] of 1-GPU engines, the fleet at 2: it grows to 4, the last engine landing on the max
+    one = {"prefill": 1, "decode": 1}
+    out, reason = fit_gpu_budget({"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 1}, one, 4, min_budget=4)
+    assert gpu_total(out, one) == 4 and reason == "gpu_budget_reconcile"

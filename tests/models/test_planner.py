@@ -430,3 +430,65 @@ def test_a_worker_stuck_starting_stops_holding_the_load_loop_after_the_ack_timeo
     (unstuck, *_) = run(stuck=True)
     assert unstuck.time == T0 + 605  # the first load tick after it had been starting 600 s (from T0 + 0.1)
     assert unstuck.targets["prefill"] < 5 and unstuck.load_reason == "scale_down"
+
+
+def _discovered_fleet(make_fleet, prefill: int, until: float):
+    """``prefill`` prefill engines and one decode engine known only from their FPMs (no inventory),
+    each passing once a second, and 20 rps of finished requests (2 prefill engines' worth)."""
+    fleet = make_fleet()
+    engines = [f"p{i}" for i in range(prefill)]
+    passes = [fpm(w, "prefill" if w.startswith("p") else "decode", T0 + s + 0.5)
+              for s in range(int(until - T0)) for w in [*engines, "d0"]]
+    out = fleet.run(sorted([*passes, *requests(20, T0 + 1, until)], key=lambda e: e.time))
+    return fleet, out
+
+
+def test_the_ack_of_a_scale_down_times_no_startup(make_fleet):
+    """Without inventory the applied ack of a scale-up times a startup; a decision that only
+    released engines started none, and its ack (seconds, not minutes) is no startup."""
+    from fleetplan.schemas import Ack, ClockEvent
+
+    fleet, out = _discovered_fleet(make_fleet, 3, T0 + 185)
+    (d,) = decisions(out)
+    assert d.previous == {"prefill": 3, "decode": 1} and d.targets == {"prefill": 2, "decode": 1}
+    fleet.run([Ack(deployment="d", time=d.time + 5.0, decision_id=d.decision_id, status="applied",
+                   observed=dict(d.targets)), ClockEvent(deployment="d", time=T0 + 361)])
+    state = fleet.state("d")
+    assert state.desired == d.targets and state.startup_samples == []
+
+
+def test_workers_still_starting_count_as_the_fleet(make_fleet):
+    """Before any ack the fleet is what inventory names, starting workers included: one already
+    starting is not asked for again."""
+    fleet = make_fleet()
+    out = fleet.run([ready("p0", "prefill"), ready("p1", "prefill", state="starting"), ready("d0", "decode"),
+                     *requests(20, T0 + 1, T0 + 185)])
+    (tick,) = [o for o in out if o.time == T0 + 180]
+    assert tick.baseline == {"prefill": 2, "decode": 1} and tick.targets == {"prefill": 2, "decode": 1}
+    assert decisions(out) == []
+
+
+def test_a_failed_ack_leaves_the_fleet_where_it_was(make_fleet):
+    """Only an ``applied`` ack says the fleet reached a decision's targets; after a failed one the
+    planner plans from the counts it had, and asks again."""
+    fleet = make_fleet()
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 365),
+           ack(0, T0 + 200, status="failed")]
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    ds = decisions(out)
+    assert [(d.decision_id, d.targets["prefill"]) for d in ds] == [(0, 2), (1, 2)]
+    assert ds[1].previous == {"prefill": 1, "decode": 1}
+
+
+def test_a_late_ack_of_a_timed_out_decision_after_a_newer_one_was_applied_changes_nothing(make_fleet):
+    """Decision 1 times out; decision 2 is made and applied; then decision 1's applied ack comes:
+    the fleet is past it (docs/planner.md: remembered until a newer one is acked)."""
+    fleet = make_fleet(ack_timeout_seconds=300)
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 180), ack(0, T0 + 200),
+           *requests(40, T0 + 180, T0 + 540, tag="s"), *requests(60, T0 + 540, T0 + 905, tag="u"),
+           ack(2, T0 + 730), ack(1, T0 + 740)]
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    ds = decisions(out)
+    assert [d.decision_id for d in ds] == [0, 1, 2] and ds[2].time == T0 + 720
+    at_900 = [o for o in out if o.time == T0 + 900][0]
+    assert at_900.baseline == ds[2].targets and at_900.decision is None

@@ -158,3 +158,34 @@ def test_an_idle_engine_is_kept_while_a_scale_up_brings_its_new_engines():
     fleet.run(sorted(events, key=lambda e: e.time))
     assert state.last_tick == T0 + 360 and state.pending is not None
     assert sorted(w for w, v in state.workers.items() if v.role == "prefill") == ["p0", "p1", "p2"]
+
+
+def test_an_attention_dp_worker_is_as_recent_as_its_latest_rank():
+    """A worker reports one FPM per attention-DP rank; one rank idle (its one heartbeat, then
+    nothing) while another serves is a live worker, not the silent one a scale-down left."""
+    fleet = _fleet()
+    rank1 = fpm("p0", "prefill", T0 + 1).model_copy(update={"dp_rank": 1})
+    fleet.run([rank1, *_busy(["p0", "p1", "p2", "d0"], T0 + 1, T0 + 60)])
+    _scaled_down_to(fleet, 2, T0 + 60)
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 60, T0 + 200))  # p2 was released; p0's rank 1 idles
+    state = fleet.state("d")
+    assert state.last_tick == T0 + 180
+    assert sorted(w for w, v in state.workers.items() if v.role == "prefill") == ["p0", "p1"]
+
+
+def test_a_pending_scale_down_does_not_count_an_engine_gone_before_its_ack():
+    """A pending decision counts where it asks for more (docs: forget_silent_engines); one asking
+    for fewer is not applied yet, so the engines the last applied decision asked for are kept."""
+    from fleetplan.models.state import PendingDecision
+
+    fleet = _fleet()
+    fleet.run(_busy(["p0", "p1", "p2", "d0"], T0 + 1, T0 + 60))
+    _scaled_down_to(fleet, 3, T0 + 60)
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 60, T0 + 185))  # p2 idle from 60 s, 3 engines applied
+    state = fleet.state("d")
+    assert state.desired == {"prefill": 3, "decode": 1} and "p2" in state.workers
+    state.pending = PendingDecision(state.next_decision_id, T0 + 185, {"prefill": 2, "decode": 1})
+    state.next_decision_id += 1
+    fleet.run(_busy(["p0", "p1", "d0"], T0 + 185, T0 + 380))
+    assert state.last_tick == T0 + 360 and state.pending is not None
+    assert "p2" in state.workers

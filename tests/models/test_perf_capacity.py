@@ -134,6 +134,22 @@ def test_agg_unbalanced_batches_are_skipped_and_none_balanced_serves_one_at_a_ti
                         4000, 1, None, None, None, None) is None
 
 
+def test_agg_a_batch_whose_prefill_exactly_fills_the_token_budget_is_balanced():
+    # Dynamo: balanced while ceil(bs·accept·eff_isl/osl) <= MBT - bs. eff 1023, osl 1: bs 2 admits
+    # 2046 tokens, exactly the 2048 - 2 left, and serves 2 / t(2046, 2046) = 65.6 rps against bs 1's
+    # 1 / t(1023, 1023) = 49.5
+    limits = EngineLimits(max_num_batched_tokens=2048, max_num_seqs=100, max_kv_tokens=10_000_000)
+    cap = agg_capacity(MIXED, limits, 1023, 1, None, None, None, None)
+    assert cap.batch == 2
+    assert cap.rps == pytest.approx(2 / MIXED.predict(2046, 2046))
+
+
+def test_limits_default_to_dynamos_fallbacks():
+    # a model card without them: 8192 batched tokens, 256 sequences, no known cache or context
+    assert EngineLimits() == EngineLimits(max_num_batched_tokens=8192, max_num_seqs=256,
+                                          max_kv_tokens=None, max_context_length=None)
+
+
 def test_eligible_beats_ineligible_even_at_lower_rate():
     # decode itl SLA 6 ms: bs <= 9 eligible; bs 100 would be faster but misses it
     cap = decode_capacity(DECODE, EngineLimits(max_kv_tokens=110_000), 1000, 200, 6.0, None)

@@ -140,6 +140,14 @@ def test_agg_itl_uses_learned_prefill_mix(agg):
     assert many.tolist() == [agg.estimate_itl_ms(engine)]
 
 
+def test_itl_floors_are_one_average_request_alone(decode, agg):
+    # decode: t(1 request, avg_decode_len 500) = 0.005 + 1e-4 + 5e-6; agg: no prompt riding along,
+    # t(0 prefill, 500) = 0.01 + 5e-6; both divided by the accept length
+    assert decode.estimate_itl_floor_ms() == pytest.approx(5.105)
+    assert agg.estimate_itl_floor_ms() == pytest.approx(10.005)
+    assert agg.estimate_itl_floor_ms(2.0) == pytest.approx(10.005 / 2)
+
+
 def test_estimates_none_until_ready():
     assert PrefillPerfModel().estimate_ttft_ms(fpm("prefill")) is None
     assert PrefillPerfModel().estimate_ttft_ms_many(np.zeros(3)) is None

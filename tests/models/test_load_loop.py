@@ -335,3 +335,18 @@ def test_a_load_only_loop_reads_the_measured_accept_length_and_kv_hit_rate(make_
         assert at_185.estimates["decode"].itl_ms < 20 and decisions(out) == []
         state = fleet.state("d")
         assert (state.last_accept_length, state.last_kv_hit_rate) == (3.0, 0.5)
+
+
+def test_the_measured_floor_sizes_for_the_busiest_minute(make_fleet):
+    """Half an engine's worth of traffic for two minutes, then a minute at six engines' worth:
+    the window's mean is 2.3 engines' worth, but the minute that queued needed six engines at
+    their SLA-bound rate, so the floor from that window is no fewer (docs/planner.md: the window's
+    busiest minute)."""
+    one = _prefill_rps(make_fleet)
+    evs = _idle_fleet(T0 + 190)
+    clock = evs.pop()
+    traffic = [*requests(0.5 * one, T0 + 1, T0 + 120), *requests(6 * one, T0 + 120, T0 + 180, tag="b")]
+    fleet = _load_only(make_fleet, sizing="fleetplan")
+    fleet.run([*sorted([*evs, *traffic], key=lambda e: e.time), clock])
+    (closed,) = fleet.state("d").measured_floors  # the window the tick at T0 + 180 closed
+    assert closed["prefill"] >= 6

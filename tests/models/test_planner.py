@@ -492,3 +492,12 @@ def test_a_late_ack_of_a_timed_out_decision_after_a_newer_one_was_applied_change
     assert [d.decision_id for d in ds] == [0, 1, 2] and ds[2].time == T0 + 720
     at_900 = [o for o in out if o.time == T0 + 900][0]
     assert at_900.baseline == ds[2].targets and at_900.decision is None
+
+
+def test_the_ack_timeout_ends_on_the_tick_it_runs_out(make_fleet):
+    """A decision unanswered for ``ack_timeout_seconds`` is given up at that tick, not one later:
+    the default 1,800 s is ten 180-s windows, so the timeout always lands on a tick (here 180 s)."""
+    fleet = make_fleet(ack_timeout_seconds=180)
+    out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 365)])
+    ds = decisions(out)
+    assert [(d.decision_id, d.time) for d in ds] == [(0, T0 + 180), (1, T0 + 360)]

@@ -595,6 +595,8 @@ def _starting_within(state: DeploymentState, now: float, timeout: float) -> bool
 
 
 def _gpus_per_role(state: DeploymentState, roles) -> dict[Role, int]:
+    """GPUs an engine of each role costs: the config's, else the largest its workers report
+    (a budget priced at the smallest could be overrun by the next engine started), else 1."""
     out: dict[Role, int] = {}
     for role in roles:
         configured = state.config.gpus_per_engine(role)

@@ -42,6 +42,13 @@ few to a few tens of tokens). Without a bound, one record's ``accept_length`` of
 every replay (until 2026-12-05)."""
 AcceptLength = Annotated[float, Field(ge=1.0, le=MAX_ACCEPT_LENGTH, allow_inf_nan=False)]
 
+MAX_PASS_SECONDS = 600.0
+"""The longest forward pass accepted, in seconds. A pass of a 10M-token prompt on one slow GPU is
+minutes; ten is a unit or clock error. Without a bound, one FPM's ``wall_time`` of 1e300 stayed
+among the perf model's samples, estimated every TTFT at 4e301 ms and scaled prefill up on every
+tick (until 2026-12-05)."""
+PassSeconds = Annotated[float, Field(ge=0.0, le=MAX_PASS_SECONDS, allow_inf_nan=False)]
+
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Tokens = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 RequestTokens = Annotated[int, Field(ge=0, le=MAX_REQUEST_TOKENS)]
@@ -107,7 +114,7 @@ class ForwardPassMetrics(_Envelope):
     worker_id: Name
     dp_rank: Count = 0
     counter_id: Count = Field(0, description="monotonic per (worker_id, dp_rank)")
-    wall_time: NonNegative = Field(0.0, description="iteration time in seconds")
+    wall_time: PassSeconds = Field(0.0, description="iteration time in seconds (at most 600)")
     scheduled: ScheduledRequests = ScheduledRequests()
     queued: QueuedRequests = QueuedRequests()
 

@@ -34,6 +34,7 @@ from fleetplan.schemas.codec import MAX_EVENT_BYTES, decode_event
 from fleetplan.schemas.events import (
     MAX_COUNT,
     MAX_EVENT_TIME,
+    MAX_PASS_SECONDS,
     ForwardPassMetrics,
     FpmBatch,
     QueuedRequests,
@@ -48,6 +49,7 @@ from fleetplan.schemas.events import (
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Tokens = Count
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
+PassSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_PASS_SECONDS)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 EventTime = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_EVENT_TIME)]
 
@@ -115,7 +117,7 @@ class WireFpm(_Wire, tag_field="type", tag="fpm"):
     schema_version: Literal[1] = 1
     dp_rank: Count = 0
     counter_id: Count = 0
-    wall_time: NonNegative = 0.0
+    wall_time: PassSeconds = 0.0
     scheduled: WireScheduled = _NO_SCHEDULED
     queued: WireQueued = _NO_QUEUED
 

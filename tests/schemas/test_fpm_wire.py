@@ -231,6 +231,7 @@ REFUSED = {
     "NaN": batch(FPM).replace(b'"wall_time": 0.02', b'"wall_time": NaN'),
     "Infinity": batch(FPM).replace(b'"wall_time": 0.02', b'"wall_time": Infinity'),
     "1e400": batch(FPM).replace(b'"wall_time": 0.02', b'"wall_time": 1e400'),
+    "a pass over 600 s": batch(fpm_with(wall_time=1e300)),
     "nested 1e400": batch(scheduled_with(var_decode_kv_tokens=1.0)).replace(
         b'"var_decode_kv_tokens": 1.0', b'"var_decode_kv_tokens": 1e400'),
     "missing worker_id": batch(fpm_with(worker_id=DROP)),
@@ -288,7 +289,8 @@ ACCEPTED = {
     "defaults written out": batch(fpm_with(type="fpm", schema_version=1), schema_version=1),
     "ints for floats": batch(fpm_with(wall_time=0, time=12)),
     "negative zero": batch(fpm_with(wall_time=-0.0)),
-    "largest float": batch(fpm_with(wall_time=1.7976931348623157e308)),
+    "largest float": batch(scheduled_with(var_decode_kv_tokens=1.7976931348623157e308)),
+    "longest pass": batch(fpm_with(wall_time=600.0)),
     "subnormal": batch(fpm_with(wall_time=5e-324)),
     "underflow to zero": batch(fpm_with(wall_time=1.0)).replace(b'"wall_time": 1.0', b'"wall_time": 1e-400'),
     "largest int": batch(fpm_with(counter_id=2**63 - 1)),

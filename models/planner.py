@@ -15,6 +15,7 @@ targets change.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fleetplan.models.apply import apply_event, engines_beyond_decided, forget_silent_engines
@@ -150,7 +151,19 @@ class Planner:
     def apply(self, state: DeploymentState, event) -> DeploymentState:
         """Fold one input event into the state (in place; returns it): models/apply.py."""
         apply_event(state, event, profile=self.profile)
+        if state.last_input is None or event.time > state.last_input:
+            state.last_input = event.time
         return state
+
+    def skip_silence(self, state: DeploymentState, through: float) -> None:
+        """Ticks up to ``through`` were skipped, the deployment silent (models/sequencer.py).
+
+        The traffic window starts again on the last throughput tick skipped, so the first
+        window after the silence is an interval long, as after any tick: started where the
+        last fired tick left it, it was the whole silence, and its rate a day's average.
+        """
+        interval = state.config.throughput_adjustment_interval_seconds
+        _start_window(state, float(math.floor(through / interval) * interval))
 
     # --- tick --------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from fleetplan.models import fold_ahead
 from fleetplan.models.canonical import canonical_key
+from fleetplan.models.config import MAX_STARTUP_SECONDS
 from fleetplan.models.fold_ahead import FoldAhead
 from fleetplan.models.planner import Planner, TickReport
 from fleetplan.models.state import DeploymentState
@@ -73,16 +74,30 @@ def advance(planner: Planner, state: DeploymentState, watermark: float | Waterma
     that changes the grace period: the ticks after it fire under the new one,
     however the events were split into calls.
 
+    The ticks of a silence longer than every timer are skipped, not fired
+    (:func:`silent_through`); the skip depends on the events alone.
+
     ``max_ticks`` stops after that many ticks; the rest fire on the next call.
     Firing later never changes a tick's decision, only which events come too
     late for it.
     """
     at = watermark if callable(watermark) else (lambda _state: watermark)
     reports: list[TickReport] = []
-    while state.next_tick is not None and state.next_tick <= at(state) and (
-        max_ticks is None or len(reports) < max_ticks
-    ):
+    while state.next_tick is not None and (max_ticks is None or len(reports) < max_ticks):
         now = state.next_tick
+        mark = at(state)  # once a tick: the worker pairs each tick with the watermark it fired under
+        if now > mark:
+            break
+        through = silent_through(state, now, mark)
+        if through is not None:
+            interval = state.config.tick_interval_seconds
+            state.silent_ticks_skipped += round((through - now) / interval) + 1
+            planner.skip_silence(state, through)
+            state.last_tick = through
+            state.next_tick = first_tick_after(through, interval)
+            if ahead is not None:
+                ahead.settle()
+            continue
         due = [e for e in state.buffer if e.time < now]
         if due:
             state.buffer = [e for e in state.buffer if e.time >= now]
@@ -100,6 +115,38 @@ def advance(planner: Planner, state: DeploymentState, watermark: float | Waterma
     if ahead is not None:
         fold_ahead.fold(planner, state, ahead, at(state))
     return reports
+
+
+SILENCE_SKIPPED_AFTER_SECONDS = 86_400.0
+"""A deployment silent this long (no event at all, not even a bridge heartbeat) has its
+further silent ticks skipped; longer when a configured timer runs longer."""
+
+
+def silent_through(state: DeploymentState, now: float, watermark: float) -> float | None:
+    """The last tick of a silence that the ticks from ``now`` on can skip, or None.
+
+    A tick sees the events before it, so in a stretch with no event the ticks only
+    replay the timers (the ack timeout, a stuck startup, forgetting silent engines) and
+    feed the forecaster empty windows. Once the deployment has been silent longer than
+    any of those timers, nothing is left for them to do, and firing them all was a
+    hang: one event dated 1970 ahead of a 2023 log (an engine on a monotonic clock)
+    made 340 million 5-s ticks due. The ticks are skipped up to the next buffered
+    event or the watermark, whichever is first; the skip depends on the events alone
+    (the latest applied, the buffered), so a replay skips the same ticks.
+    """
+    last = state.last_input
+    cfg = state.config
+    quiet = max(SILENCE_SKIPPED_AFTER_SECONDS, cfg.ack_timeout_seconds, cfg.discovered_engine_ttl_seconds,
+                MAX_STARTUP_SECONDS)
+    # and a throughput window and a tick more, so that each timer's own tick has fired
+    if last is None or now - last <= quiet + cfg.throughput_adjustment_interval_seconds + cfg.tick_interval_seconds:
+        return None
+    upto = min((e.time for e in state.buffer), default=watermark)
+    if upto < now:
+        return None  # the tick has events to apply
+    interval = cfg.tick_interval_seconds
+    through = float(math.floor(min(upto, watermark) / interval) * interval)
+    return through if through >= now else None
 
 
 def clock_watermark(clock: float) -> Watermark:

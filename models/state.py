@@ -276,6 +276,8 @@ class DeploymentState:
     # [start_s, duration_s, num_req, isl, osl, kv_hit_rate, accept_length, peak] (models/predictor_swap.py)
     traffic_history: list[list] = field(default_factory=list)
     rejected_controls: int = 0  # control events (set_config, seed_traffic) refused when their tick applied them
+    last_input: float | None = None  # time of the latest event applied (models/sequencer.py skips long silences)
+    silent_ticks_skipped: int = 0  # ticks of such silences not fired
 
     @property
     def advisory(self) -> bool:
@@ -325,6 +327,8 @@ class DeploymentState:
             "late_events": self.late_events,
             "traffic_history": [list(w) for w in self.traffic_history],
             "rejected_controls": self.rejected_controls,
+            "last_input": self.last_input,
+            "silent_ticks_skipped": self.silent_ticks_skipped,
         }
 
     @classmethod
@@ -369,4 +373,6 @@ class DeploymentState:
             late_events=data["late_events"],
             traffic_history=[list(w) for w in data.get("traffic_history", [])],
             rejected_controls=data.get("rejected_controls", 0),
+            last_input=data.get("last_input"),
+            silent_ticks_skipped=data.get("silent_ticks_skipped", 0),
         )

@@ -355,19 +355,21 @@ class Router:
                 clock, advanced_at = self.watermarks.time(partition, name, now)
                 if clock is None:
                     continue
-                marks: list[float] = []
+                marks: dict[float, float] = {}
 
                 def watermark(state, clock=clock, marks=marks) -> float:
-                    # asked before each tick (then once more): marks[i] is the one tick i fired under
-                    marks.append(clock_watermark(clock)(state))
-                    return marks[-1]
+                    # asked before each tick (and before a silence it skips, and once more at the
+                    # end): the last asked at a tick's time is the one that tick fired under
+                    mark = clock_watermark(clock)(state)
+                    marks[state.next_tick] = mark
+                    return mark
 
                 before = state.last_tick
                 reports = advance(self.planner, state, watermark, dep.ahead, max_ticks=MAX_TICKS_PER_BATCH)
-                if not reports:
+                if not reports and state.last_tick == before:
                     continue  # at most events folded ahead: nothing to save or release yet
-                for report, mark in zip(reports, marks, strict=False):
-                    batch.ticks.append(self._tick_outputs(dep, report, clock, mark, advanced_at))
+                for report in reports:
+                    batch.ticks.append(self._tick_outputs(dep, report, clock, marks[report.time], advanced_at))
                 self._snapshot(dep, before, batch)
                 dep.dirty = True
                 last = state.last_tick

@@ -56,6 +56,7 @@ def test_every_field_survives_the_round_trip(make_fleet):
         "inventory_seen": True, "arrival_dispersion": 3.5, "dispersion_curve": [[1.0, 3.5], [2.0, 4.0]],
         "buffer": [latest], "max_time": T0 + 11, "next_tick": T0 + 15, "last_tick": T0 + 10, "late_events": 2,
         "traffic_history": [[T0, 180, 10.0, 300.0, 30.0, None, None, 12.0]], "rejected_controls": 4,
+        "last_input": T0 + 7.5, "silent_ticks_skipped": 17,
     }
     for name, value in values.items():
         setattr(state, name, value)

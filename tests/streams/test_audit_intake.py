@@ -245,3 +245,35 @@ def test_an_audit_since_judges_lost_inputs_by_the_grace_period_the_snapshot_had_
     with pytest.raises(NoSnapshot, match=r"fpm.v1 partition 0 now starts at event time 1075\.0 .*10 s out of order\): "
                                          r"give a --since after 1085\.0"):
         asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))
+
+
+def test_a_silence_of_days_is_skipped_by_the_worker_and_its_audit_alike(monkeypatch):
+    """The traffic's second minute comes two days after its first: past a day of silence the
+    worker skips the ticks (models/sequencer.py silent_through), in batches of 25 records and
+    snapshots every 30 s, and the audit, folding the log in one go, skips the same ones and
+    proves every decision."""
+    gap = 2 * 86_400.0
+    log = Log()
+    fpms, requests = traffic("alpha", 120)
+    shifted = [(e.time, topic, e if e.time < T0 + 60 else e.model_copy(update={"time": e.time + gap}))
+               for topic, events in ((FPM, fpms), (REQ, requests)) for e in events]
+    for _, topic, event in sorted(((e.time, topic, e) for _, topic, e in shifted), key=lambda x: (x[0], x[1])):
+        log.append(topic, event)
+    worker = Harness(deciding_planner())
+    worker.router.snapshot_every = 30
+    for i in range(0, len(log.records), 25):
+        worker.route(log.records[i:i + 25])
+    while True:  # a batch fires at most MAX_TICKS_PER_BATCH ticks: empty ones fire the rest
+        sent = len(worker.sent)
+        worker.route([])
+        if len(worker.sent) == sent:
+            break
+    written, topics = _written(worker)
+    decisions = written[topics.decisions]
+    assert any(d["time"] > T0 + gap for d in decisions), "the traffic after the silence must decide"
+    ticks = [r["time"] for r in written[topics.ticks] if r.get("type") != "snapshot"]
+    assert len(ticks) < 2 * 86_400 / 5  # a day of silent ticks fired, not two
+    _reading(monkeypatch, log, written, topics)
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
+    assert result.ok, "\n".join(result.lines())
+    assert result.reproduced == [d["decision_id"] for d in decisions]

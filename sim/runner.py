@@ -476,12 +476,17 @@ class ClosedLoop(FleetListener):
         return self.clock.now - max(self._finished_at, self.workload.duration_s) > STALL_S
 
     def _strand(self) -> None:
-        """Count the requests a stalled run left waiting as missed: TTFT (or ITL) up to the end."""
+        """Count the requests a stalled run left waiting as missed: TTFT (or ITL) up to the end.
+
+        One that never had its first token has no ITL (NaN, as a one-token answer): recorded as
+        0 ms, it counted as a measured ITL and pulled the run's ITL percentiles down.
+        """
         now = self.clock.now
         for waiting in self.fleet.frontend.values():
             for req in waiting:
-                first = req.first_token if req.first_token >= 0 else now
-                itl = (now - first) / (req.osl - 1) if req.osl > 1 else math.nan
+                started = req.first_token >= 0
+                first = req.first_token if started else now
+                itl = (now - first) / (req.osl - 1) if started and req.osl > 1 else math.nan
                 self.requests.record(req.arrival, first - req.arrival, itl, req.isl, req.osl, req.cached, now)
                 self.stranded += 1
                 self.fleet.in_flight -= 1

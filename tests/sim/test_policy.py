@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fleetplan.sim.baselines import SchedulePolicy, refine_needs, static_targets
@@ -176,4 +177,9 @@ def test_a_run_whose_fleet_cannot_serve_what_is_left_ends_and_counts_it_missed(p
     assert result.summary.requests == arrived  # the stranded ones included
     assert result.summary.sla_attainment < 0.6
     assert STALL_S < result.end_s < STALL_S + 600
+    # a request stranded before its first token has no inter-token latency: recorded as 0 ms, it
+    # counted as a measured ITL and pulled the run's ITL percentiles down
+    log = result.requests.arrays()
+    never = log["ttft"] >= result.end_s - log["arrival"] - 1e-9
+    assert never.any() and np.isnan(log["itl"][never]).all()
 

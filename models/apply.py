@@ -108,18 +108,18 @@ def forget_silent_engines(state: DeploymentState, now: float) -> None:
       its ack, and are no scale-down's leftovers. Not where inventory is
       written: its ``gone`` events say who left.
     """
+    last = _last_heard(state)
     ttl = state.config.discovered_engine_ttl_seconds
     if ttl > 0:
-        last = _last_heard(state)
         for worker_id, worker in list(state.workers.items()):
             if worker.discovered and now - last.get(worker_id, worker.since) > ttl:
                 _forget(state, worker_id)
-    for seen, worker_id in engines_beyond_decided(state):
+    for seen, worker_id in engines_beyond_decided(state, last):
         if now - seen >= GONE_AFTER_SILENCE_SECONDS:
             _forget(state, worker_id)
 
 
-def engines_beyond_decided(state: DeploymentState) -> list[tuple[float, str]]:
+def engines_beyond_decided(state: DeploymentState, last: dict[str, float] | None = None) -> list[tuple[float, str]]:
     """``(last heard, worker)`` of the engines known only from their FPMs that each role
     has beyond its decided count, silent longest first; none where inventory is written
     or nothing was decided yet.
@@ -128,11 +128,13 @@ def engines_beyond_decided(state: DeploymentState) -> list[tuple[float, str]]:
     :func:`forget_silent_engines` drops them once silent for
     ``GONE_AFTER_SILENCE_SECONDS``, and until then the load loop holds
     (``worker_count_mismatch``), as Dynamo's does while the engines that report
-    FPMs are not the deployment's count.
+    FPMs are not the deployment's count. ``last``: each worker's latest FPM
+    time, when the caller has it (:func:`_last_heard`).
     """
     if state.inventory_seen or state.desired is None:
         return []
-    last = _last_heard(state)
+    if last is None:
+        last = _last_heard(state)
     asked = dict(state.desired)
     if state.pending is not None:
         for role, count in state.pending.targets.items():

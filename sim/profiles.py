@@ -317,7 +317,8 @@ def _meta_value(source: _Source, key: str, row: int | None) -> Any:
 
 
 def _metadata(source: _Source, row: int | None) -> dict[str, Any]:
-    tp = _meta_value(source, "tp", row)
+    raw_tp = _meta_value(source, "tp", row)
+    tp = None if raw_tp is None else _whole(source, "tp", raw_tp)
     gpu = _meta_value(source, "gpu_type", row)
     model = _meta_value(source, "model", row)
     dp, pp = (_whole(source, key, value) if (value := _meta_value(source, key, row)) is not None else 1
@@ -325,8 +326,8 @@ def _metadata(source: _Source, row: int | None) -> dict[str, Any]:
     return {
         "gpu": None if gpu is None else str(gpu),
         "model": None if model is None else str(model),
-        "tp": None if tp is None else _whole(source, "tp", tp),
-        "engine_gpus": None if tp is None else _whole(source, "tp", tp) * dp * pp,
+        "tp": tp,
+        "engine_gpus": None if tp is None else tp * dp * pp,
     }
 
 

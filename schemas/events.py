@@ -167,6 +167,10 @@ def batch_problem(deployment: str, time: float, fpms) -> str | None:
 # --- finished requests (dynamo.request.trace.v1 request_end) ----------------
 
 
+ARRIVAL_SLACK_MS = 1.0
+"""How far after its end a request's arrival may be dated before it is refused (rounding)."""
+
+
 class RequestRecord(_Envelope):
     """A finished request. ``time`` is when it ended; ``request_received_ms`` when it arrived."""
 
@@ -187,6 +191,17 @@ class RequestRecord(_Envelope):
     queue_depth: Count | None = None
     prefill_worker_id: str | None = None
     decode_worker_id: str | None = None
+
+    @model_validator(mode="after")
+    def _arrived_before_it_ended(self) -> RequestRecord:
+        """A request that arrived after it ended is a broken record (two clocks, or
+        milliseconds and seconds mixed up): its arrival would date the deployment's
+        first window, and the audit's run would start at it. The frontend stamps
+        both on one clock, so the only slack kept is a millisecond for rounding."""
+        if self.request_received_ms > self.time * 1000.0 + ARRIVAL_SLACK_MS:
+            raise ValueError(f"request_received_ms: at most the record's time ({self.time * 1000.0:.3f} ms), "
+                             f"when it ended; got {self.request_received_ms:.3f}")
+        return self
 
     @property
     def arrival_s(self) -> float:

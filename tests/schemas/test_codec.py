@@ -23,7 +23,7 @@ from fleetplan.schemas import (
     decode_event,
     encode_event,
 )
-from fleetplan.schemas.events import MAX_EVENT_TIME
+from fleetplan.schemas.events import ARRIVAL_SLACK_MS, MAX_EVENT_TIME
 
 counts = st.integers(min_value=0, max_value=2**40)
 finite = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
@@ -98,6 +98,10 @@ def _fpm_json(**overrides) -> bytes:
         # one request is not a million million tokens: a unit or parsing error (MAX_REQUEST_TOKENS)
         (b'{"type":"request","deployment":"d","time":5,"request_id":"r","input_tokens":1000000000000000000,'
          b'"output_tokens":1,"request_received_ms":1}', "input_tokens", "less than or equal to 10000000"),
+        # a request ends after it arrives: one that "arrived" later (seconds sent as milliseconds,
+        # or two clocks) would date the deployment's first window after its traffic
+        (b'{"type":"request","deployment":"d","time":5,"request_id":"r","input_tokens":10,'
+         b'"output_tokens":1,"request_received_ms":5002}', "request_received_ms", "at most the record's time"),
         (b'{"type":"arrival","deployment":"d","time":5,"request_id":"r","input_tokens":10000001}',
          "input_tokens", "less than or equal to 10000000"),
         # a speculative decoder accepts a few tokens a step, not 1e307 (MAX_ACCEPT_LENGTH): an unbounded
@@ -146,3 +150,11 @@ def test_oversize_message_is_flagged():
         decode_event(raw)
     assert info.value.oversize
     assert f"at most {MAX_EVENT_BYTES} bytes" in str(info.value)
+
+
+def test_request_ending_as_it_arrived_is_accepted():
+    """Arrival and end stamped on one clock may meet, or differ by float rounding."""
+    for received_ms in (5000.0, 5000.0 + ARRIVAL_SLACK_MS):
+        raw = (b'{"type":"request","deployment":"d","time":5,"request_id":"r","input_tokens":10,'
+               b'"output_tokens":1,"request_received_ms":' + str(received_ms).encode() + b"}")
+        assert decode_event(raw).arrival_s == received_ms / 1000.0

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from fleetplan.sim.traces import TraceRequest
-from fleetplan.sim.workload import Workload
+from fleetplan.sim.workload import MAX_SCALED_REQUESTS, Workload
 
 WINDOW_S = 600.0
 MAX_CLIENT_RATE = 100_000.0
@@ -153,6 +153,7 @@ def servegen_workload(
     end_s = start_s + duration_s
     # from the window ``start_s`` falls in (its traffic after ``start_s`` is the run's)
     windows = read_client_windows(clients_path, model, start_s - start_s % WINDOW_S, end_s)
+    _check_window_draws(windows, rate_scale)
     if lengths_path is None:
         lengths_path = clients_path.parent / f"{model}_mean_isl_osl_6h.csv"
     lengths = read_mean_lengths(lengths_path)
@@ -161,6 +162,24 @@ def servegen_workload(
         return _generate(windows, lengths, start_s, end_s, rate_scale, seed, sigma, max_tokens)
 
     return Workload(f"servegen-{model}", float(duration_s), generate)
+
+
+def _check_window_draws(windows: list[ClientWindow], rate_scale: float) -> None:
+    """Refuse a ``rate_scale`` whose busiest window would draw more than a replay holds.
+
+    A window's arrivals are drawn at once (every client's gaps, then their
+    lengths), so its request count, not the day's, is what memory bounds;
+    the day's is streamed.
+    """
+    per_window: dict[float, float] = defaultdict(float)
+    for w in windows:
+        per_window[w.t] += w.rate * WINDOW_S
+    if not per_window:
+        return
+    t, drawn = max(per_window.items(), key=lambda kv: (kv[1], -kv[0]))
+    if drawn * rate_scale > MAX_SCALED_REQUESTS:
+        raise ValueError(f"--rate-scale: {rate_scale:g} × the {drawn:,.0f} requests of the window at {t:g} s "
+                         f"is {drawn * rate_scale:.3g}, more than the {MAX_SCALED_REQUESTS:,} one window may draw")
 
 
 def _generate(windows, lengths, start_s, end_s, rate_scale, seed, sigma, max_tokens) -> Iterator[TraceRequest]:

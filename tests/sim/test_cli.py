@@ -131,6 +131,8 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         (["--trace", CODE, "--duration", -10], "--duration: must be > 0, got -10.0"),
         (["--trace", CODE, "--start", -5], "--start: must be a finite number of seconds >= 0, got -5.0"),
         (["--trace", CODE, "--speed", "inf"], "--speed: must be a finite number, got inf"),
+        # 1e6 for 1.6: the copies of the trace used to be made until memory ran out
+        (["--trace", CODE, "--rate-scale", "1e6"], "--rate-scale: 1e+06 × 1,482 requests is 1.48e+09, more than"),
         (["--trace", CODE, "--speed", "1e-300"], "--speed: 1e-300 stretches"),
         (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
         (["--trace", CODE, "--warm-up", 0], "--warm-up: must be > 0, got 0.0"),

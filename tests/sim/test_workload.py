@@ -138,6 +138,22 @@ def test_servegen_rows_out_of_range_name_the_line_and_field(tmp_path, row, messa
     assert message in str(info.value)
 
 
+def test_a_rate_scale_past_what_a_replay_holds_is_refused_before_any_copy(conv):
+    # 1e6 for 1.6: the copies were made, 290 bytes a request, until memory ran out
+    with pytest.raises(ValueError, match=r"--rate-scale: 1e\+06 × 2,867 requests is 2.87e\+09, more than the "
+                                         r"10,000,000 one replay holds"):
+        rate_scale(conv, 1e6)
+
+
+def test_a_servegen_rate_scale_whose_busiest_window_draws_too_many_is_refused():
+    # the sample's clients sum to about 707 req/s: 424,000 requests a 10-minute window, drawn at once
+    clients, lengths = DATA / "servegen_m-mid_30min_sample.csv", DATA / "m-mid_mean_isl_osl_6h.csv"
+    with pytest.raises(ValueError, match=r"--rate-scale: 30 × the 437,633 requests of the window at 1200 s is "
+                                         r"1.31e\+07, more than the 10,000,000 one window may draw"):
+        servegen_workload(clients, "m-mid", duration_s=1800, rate_scale=30, lengths_path=lengths)
+    assert servegen_workload(clients, "m-mid", duration_s=1800, rate_scale=20, lengths_path=lengths).duration_s == 1800
+
+
 # --- arrival times rounded to a step -----------------------------------------------
 
 

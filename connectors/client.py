@@ -44,6 +44,7 @@ from fleetplan.connectors.virtual import (
     VirtualKeys,
     last_stream_id,
 )
+from fleetplan.options import topic_name_problem
 from fleetplan.schemas import topics
 from fleetplan.schemas.codec import SchemaError, decode_event, encode_event
 from fleetplan.schemas.events import Ack, AckStatus, Decision
@@ -146,6 +147,20 @@ class RedisOrchestratorClient(OrchestratorClient):
 # --- Kafka ----------------------------------------------------------------------------
 
 
+def _check_kafka_names(*, decisions_topic: str, acks_topic: str, group_id: str, session_timeout_ms: int) -> None:
+    """Refuse, at construction, what Kafka would refuse only later: a topic it
+    cannot name is waited for without end (decisions) or fails the first ack
+    after the decision was applied (acks); an empty group fails at the join."""
+    for name, topic in (("decisions_topic", decisions_topic), ("acks_topic", acks_topic)):
+        problem = topic_name_problem(topic)
+        if problem is not None:
+            raise ValueError(f"{name}: {problem}")
+    if not group_id:
+        raise ValueError("group_id: must not be empty")
+    if not session_timeout_ms > 0:
+        raise ValueError(f"session_timeout_ms: must be > 0, got {session_timeout_ms}")
+
+
 class KafkaOrchestratorClient(OrchestratorClient):
     """Reads decisions and writes acks on Kafka directly (the orchestrator is the connector).
 
@@ -172,6 +187,8 @@ class KafkaOrchestratorClient(OrchestratorClient):
         self._deployments = frozenset(deployments)
         if not self._deployments:
             raise ValueError("deployments: name at least one")
+        _check_kafka_names(decisions_topic=decisions_topic, acks_topic=acks_topic, group_id=group_id,
+                           session_timeout_ms=session_timeout_ms)
         self._bootstrap = bootstrap
         self._group_id = group_id
         self._instance_id = instance_id

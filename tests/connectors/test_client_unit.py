@@ -280,3 +280,16 @@ async def test_the_client_subscribes_only_once_the_decision_topic_exists(monkeyp
     async with KafkaOrchestratorClient("unused:1", ["llama"]):
         assert looks == [(topics.DECISIONS, True), (topics.DECISIONS, True)]
         assert consumer.listener is not None
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"decisions_topic": "my decisions"}, "decisions_topic: a Kafka topic name"),
+    ({"acks_topic": "acks/v1"}, "acks_topic: a Kafka topic name"),
+    ({"group_id": ""}, "group_id: must not be empty"),
+    ({"session_timeout_ms": 0}, "session_timeout_ms: must be > 0, got 0"),
+])
+def test_what_kafka_would_refuse_later_is_refused_at_construction(kwargs, message):
+    # a decision topic Kafka cannot name was waited for without end; an acks topic it cannot
+    # name failed the first ack, after the orchestrator had applied the decision
+    with pytest.raises(ValueError, match=message):
+        KafkaOrchestratorClient("unused:1", ["llama"], **kwargs)

@@ -12,6 +12,7 @@ from pathlib import Path
 from fleetplan.models.config import (
     ConfigError,
     PlannerConfig,
+    check_gpu_budget,
     check_kv_capacity,
     check_profile_engines,
     engine_gpus_wanted,
@@ -47,6 +48,12 @@ def load_profile_for(config: PlannerConfig, profile: str | Path | None = None):
         where = "--profile" if profile is not None else "profile_results_dir"
         raise ConfigError(f"{where}: {err}") from None
     check_profile_engines(config, loaded.engine_gpus, loaded.name)
+    # the budget must hold one engine of each role as the planner prices them (the profile's,
+    # where the config does not say): else the budget, which wins over the floors, keeps a role at 0
+    try:
+        check_gpu_budget(config, {r: config.gpus_per_engine(r) or loaded.engine_gpus or 1 for r in config.roles})
+    except ValueError as err:
+        raise ConfigError(f"{err} (engines of the profile {loaded.name or source})") from None
     return loaded
 
 

@@ -249,3 +249,32 @@ def test_a_fleet_below_the_band_grows_to_a_max_budget_it_can_reach():
     one = {"prefill": 1, "decode": 1}
     out, reason = fit_gpu_budget({"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 1}, one, 4, min_budget=4)
     assert gpu_total(out, one) == 4 and reason == "gpu_budget_reconcile"
+
+
+def test_engines_known_only_from_their_fpms_cost_the_profiles_gpus_in_the_budget():
+    """The live stack sends no inventory, so engines are known from their FPMs. Of a TP2 profile
+    (the bundled 70B's default config) each costs 2 GPUs; until 2026-12-05 the budget counted 1,
+    and a max_gpu_budget of 8 let 20 rps grow the fleet to P5/D3, 16 GPUs."""
+    from tests.models.factories import fpm
+
+    profile = load_profile("h100-llama3.3-70b")
+    assert profile.engine_gpus == 2
+    cfg = config_from_dict({"load_predictor": "constant", **REFERENCE_SIZING, "max_gpu_budget": 8})
+    fleet = Fleet(Planner(cfg, profile=profile))
+    events = [fpm("p0", "prefill", T0 + 0.5, wall=0), fpm("d0", "decode", T0 + 0.5, wall=0),
+              *requests(20, T0 + 1, T0 + 185)]
+    made = decisions(fleet.run(events))
+    assert made and all(2 * sum(d.targets.values()) <= 8 for d in made)
+
+
+def test_a_budget_that_cannot_hold_one_engine_of_the_profiles_each_role_is_refused_at_start():
+    """Unset ``*_engine_num_gpu``, an engine is the profile's (TP8 here: 8 GPUs), so the default
+    budget of 8 GPUs leaves decode no engine; refused when the planner is built, as simulate does."""
+    import pytest
+
+    from fleetplan.bootstrap import build_planner
+    from fleetplan.models.config import ConfigError
+
+    cfg = config_from_dict({"profile_tp": 8})
+    with pytest.raises((ConfigError, ValueError), match="max_gpu_budget"):
+        build_planner(cfg, profile="h100-llama3.3-70b")

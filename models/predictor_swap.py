@@ -25,6 +25,8 @@ while it has been fed nothing else.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fleetplan.models.config import PlannerConfig
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.quantiles import QuantileForecaster, asked_requests
@@ -156,6 +158,24 @@ def window_of(row: list) -> tuple[TrafficObservation, float | None]:
     return obs, peak
 
 
+def _at_interval(
+    obs: TrafficObservation, peak: float | None, interval: float,
+) -> tuple[TrafficObservation, float | None]:
+    """A kept window's count and peak as counts of an ``interval``-long window.
+
+    The forecast is a count per window, and the throughput loop's demand that
+    count over the interval in force: a window kept before the interval
+    changed (180 s, then 60 s) is replayed at the rate it measured, not as
+    three times the traffic. A window already of that length is unchanged.
+    """
+    duration = obs.duration_s
+    if not duration or duration == interval:
+        return obs, peak
+    scale = interval / duration
+    return (replace(obs, duration_s=float(interval), num_req=obs.num_req * scale),
+            None if peak is None else peak * scale)
+
+
 def asked_of(row: list) -> list:
     """The quantile requests made before a kept window was fed (none for a row without them)."""
     return asked_requests(row[len(SEED_KEYS)]) if len(row) > len(SEED_KEYS) else []
@@ -177,13 +197,14 @@ def rebuild_forecaster(cfg: PlannerConfig, history: list[list], asked=()) -> Qua
     them; the live windows after are not.
     """
     forecaster = build_forecaster(cfg)
+    interval = cfg.throughput_adjustment_interval_seconds
     warm_up = 0
     while warm_up < len(history) and history[warm_up][0] is None:
         warm_up += 1
     if warm_up:
-        forecaster.warm([window_of(row)[0] for row in history[:warm_up]])
+        forecaster.warm([_at_interval(*window_of(row), interval)[0] for row in history[:warm_up]])
     for row in history[warm_up:]:
-        obs, peak = window_of(row)
+        obs, peak = _at_interval(*window_of(row), interval)
         forecaster.ask(asked_of(row))
         forecaster.observe(obs, peak=peak)
     forecaster.ask(asked)

@@ -208,3 +208,16 @@ def test_a_rebuild_replays_a_warm_up_trace_as_warm_did():
             native.observe(obs, peak=float(n))
             remember_window(history, obs, float(n), cfg.predictor_history_windows)
         assert rebuild_forecaster(cfg, history).to_state() == native.to_state(), kind
+
+
+def test_a_new_throughput_interval_replays_the_kept_windows_as_counts_of_the_new_length(make_fleet):
+    """The forecast is a count per window and the loop's demand that count over the interval, so
+    the windows kept at 180 s are replayed as 60-s counts after a change to 60 s. Until
+    2026-12-05 they were replayed as they were: 20 rps throughout read as 38.7 rps at the first
+    tick after the change (kalman; the ensemble 31.5), as if the traffic had nearly doubled."""
+    for kind in ("kalman", "ensemble"):
+        fleet = make_fleet(load_predictor=kind)
+        events = [ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 180 * 13)]
+        out = fleet.run(_timed(*events, _set(T0 + 180 * 10 + 30, throughput_adjustment_interval_seconds=60)))
+        after = [o.predicted for o in out if getattr(o, "predicted", None) is not None and o.time > T0 + 1830]
+        assert after and all(abs(p.rps - 20.0) < 1.0 for p in after), (kind, [round(p.rps, 1) for p in after])

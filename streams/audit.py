@@ -468,12 +468,18 @@ def _tick_time(raw: bytes | None, deployment: str) -> float | None:
     return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) else None
 
 
-def write_audit_report(result: AuditResult, config, out: Path, window_s: float = 60.0) -> Path:
-    """Draw the deployment's recorded run as ``fleetplan simulate`` draws a simulated one."""
+def write_audit_report(result: AuditResult, config, out: Path, window_s: float = 60.0, *,
+                       profile_engine_gpus: int | None = None) -> Path:
+    """Draw the deployment's recorded run as ``fleetplan simulate`` draws a simulated one.
+
+    Engines no inventory event prices cost the config's ``*_engine_num_gpu``,
+    else the profile's engine (``profile_engine_gpus``), as the planner's GPU
+    budget prices them: at 1 each, a TP2 fleet's report showed half its GPU-hours.
+    """
     from fleetplan.sim.recorded import recorded_run
     from fleetplan.sim.report import write_report
 
-    gpus = {r: config.gpus_per_engine(r) or 1 for r in config.roles}
+    gpus = {r: config.gpus_per_engine(r) or profile_engine_gpus or 1 for r in config.roles}
     run = recorded_run(result.deployment, result.events, result.reports, config.roles, gpus,
                        config.ttft_ms, config.itl_ms, window_s, workers=result.workers)
     out.mkdir(parents=True, exist_ok=True)

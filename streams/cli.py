@@ -260,7 +260,8 @@ def audit(
                 typer.echo(f"seed: {seed_out}")
     if report is not None:
         try:
-            typer.echo(f"report: {write_audit_report(result, planner.config, report)}")
+            engine_gpus = None if planner.profile is None else planner.profile.engine_gpus
+            typer.echo(f"report: {write_audit_report(result, planner.config, report, profile_engine_gpus=engine_gpus)}")
         except (OSError, ValueError) as err:
             if result.ok:
                 _fail(f"--report: {err}")

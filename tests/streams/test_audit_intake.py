@@ -180,6 +180,24 @@ def test_the_report_of_an_audit_since_a_snapshot_starts_with_the_engines_it_held
     assert [(c["agg"]["ready"], gpus) for _, c, gpus in points] == [(3, 6), (4, 8)]
 
 
+def test_the_report_prices_engines_no_inventory_names_as_the_profiles(monkeypatch, tmp_path):
+    """No inventory: each tick's ready engines cost the profile's engine GPUs (TP2: 2), as
+    the planner's budget prices them; at 1 each the report showed half the GPU-hours."""
+    import fleetplan.sim.report as report
+    from fleetplan.streams.audit import write_audit_report
+
+    log, written, topics = _routed_run(snapshot_every=0)
+    _reading(monkeypatch, log, written, topics)
+    result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
+    assert result.ok, "\n".join(result.lines())
+    drawn = []
+    monkeypatch.setattr(report, "write_report", lambda out, results, *args: drawn.extend(results) or out)
+    write_audit_report(result, deciding_planner().config, tmp_path, profile_engine_gpus=2)
+    points = [(c["agg"]["ready"], gpus) for _, c, gpus in drawn[0].timeline.points]
+    assert any(ready for ready, _ in points)
+    assert all(gpus == 2 * ready for ready, gpus in points)
+
+
 def test_an_audit_since_refuses_when_retention_emptied_an_input_partition(monkeypatch):
     """A deployment whose FPMs stopped more than a day ago: the partition keeps none, so any of
     them may be after the snapshot (told by the partition's first offset, past 0)."""

@@ -25,7 +25,12 @@ Two rules bound the waiting:
   smallest of the partition's sources' latest times across deployments);
 * a source not seen yet holds the clock for ``idle_after_s`` after the
   deployment was first seen (or the partition assigned), so a slower topic
-  gets the chance to show up before ticks fire without it.
+  gets the chance to show up before ticks fire without it;
+* idleness is silence while the other sources are heard: when every source
+  was silent (the broker or the bridge was down, or the traffic paused) and
+  one comes back, the others hold the clock again for ``idle_after_s``, so
+  the backlog of the topic read second is not late for ticks the first one
+  moved the clock past.
 
 Clocks never go backwards: a source that comes back behind the clock makes
 its events late rather than un-firing ticks.
@@ -52,9 +57,13 @@ class Clock:
     clocks: dict[str, SourceClock] = field(default_factory=dict)
     value: float | None = None
     advanced_at: float | None = None
+    # wall time the sources were last heard again after all of them fell silent
+    resumed_at: float | None = None
 
     def observe(self, source: str, event_time: float, now: float) -> None:
         """A record of ``source`` with ``event_time`` arrived at wall time ``now``."""
+        if self.clocks and all(now - c.seen_at >= self.idle_after_s for c in self.clocks.values()):
+            self.resumed_at = now  # every source was silent: none was down while others went on
         clock = self.clocks.get(source)
         if clock is None:
             self.clocks[source] = SourceClock(event_time, now)
@@ -72,7 +81,8 @@ class Clock:
                 if now - self.started_at < self.idle_after_s:
                     return None, True
                 continue
-            if now - clock.seen_at < self.idle_after_s:
+            heard = clock.seen_at if self.resumed_at is None else max(clock.seen_at, self.resumed_at)
+            if now - heard < self.idle_after_s:
                 live.append(clock.latest)
         return (min(live) if live else None), False
 

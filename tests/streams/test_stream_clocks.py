@@ -79,3 +79,29 @@ def test_a_partition_stuck_past_its_expected_offset_is_sought_again_then_jumps()
 def test_deployments_hash_like_kafkas_default_partitioner():
     # Known values of murmur2 as used by the Java client and aiokafka.
     assert [partition_for(d, 2) for d in ("alpha", "epsilon")] == [0, 1]
+
+
+def test_sources_silent_together_hold_the_clock_again_when_one_comes_back():
+    """Both sources silent past ``idle_after`` (a broker or bridge outage), then the FPM
+    backlog is read first: the request records were as silent as the FPMs, not down, so
+    they hold the clock again until they come back (or stay away ``idle_after`` more)."""
+    w = Watermarks(CLOCKED, idle_after_s=5)
+    for src in CLOCKED:
+        w.observe(src, 0, "a", 100.0, now=0.0)
+    w.observe(FPM, 0, "a", 160.0, now=30.0)
+    assert w.time(0, "a", now=30.1)[0] == 100.0
+    w.observe(REQ, 0, "a", 160.0, now=30.2)
+    assert w.time(0, "a", now=30.3)[0] == 160.0
+    w.observe(FPM, 0, "a", 170.0, now=40.0)  # silent again; this time requests stay away
+    assert w.time(0, "a", now=44.0)[0] == 160.0
+    w.observe(FPM, 0, "a", 175.0, now=44.5)
+    assert w.time(0, "a", now=45.5)[0] == 175.0  # idle_after after the FPMs came back
+
+
+def test_a_source_down_while_another_is_heard_stops_holding_the_clock_for_good():
+    w = Watermarks(CLOCKED, idle_after_s=5)
+    for src in CLOCKED:
+        w.observe(src, 0, "a", 100.0, now=0.0)
+    for t in range(1, 12):  # the request bridge is down, the FPMs go on
+        w.observe(FPM, 0, "a", 100.0 + t, now=float(t))
+    assert w.time(0, "a", now=11.5)[0] == 111.0

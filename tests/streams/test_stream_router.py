@@ -629,3 +629,21 @@ def test_a_deployment_does_not_wait_for_a_buffered_record_that_retention_deleted
     dep = survivor.router.deployments["a"]
     assert dep.awaiting == {} and dep.state.last_tick == T0 + 75
     assert len(dep.held) < 40
+
+
+def test_a_pause_of_every_source_makes_no_record_late_when_they_come_back():
+    """Every input of a deployment pauses longer than ``idle_after`` (the broker or the bridge
+    was down), then the backlog is read, one topic's records first. The request records were
+    as silent as the FPMs, not down: none of them may come in late for a tick that the FPMs
+    alone moved the clock past (until 2026-12-05 every one of them did, dead-lettered)."""
+    log = Log()
+    h = Harness(deciding_planner())
+    h.router.watermarks = Watermarks(CLOCKED, idle_after_s=5)
+    fpms, reqs = traffic("a", 40)
+    h.route([log.append(FPM, e) for e in fpms if e.time < T0 + 15]
+            + [log.append(REQ, e) for e in reqs if e.time < T0 + 15])
+    h.now += 30.0  # the outage: nothing read for 30 s of wall time
+    h.route([log.append(FPM, e) for e in fpms if e.time >= T0 + 15])
+    h.route([log.append(REQ, e) for e in reqs if e.time >= T0 + 15])
+    assert [v["detail"] for t, v in h.sent if t == canonical.DEADLETTER] == []
+    assert h.router.deployments["a"].state.late_events == 0

@@ -272,3 +272,23 @@ def test_a_decision_the_broker_refuses_stops_the_worker(namespace, worker_factor
     assert worker.proc.returncode != 0, worker.log()
     assert decisions_of(namespace, "alpha") == []
     assert "not acknowledged" in worker.log() or "MessageSizeTooLarge" in worker.log() or "TooLarge" in worker.log()
+
+
+def test_inputs_back_after_a_pause_longer_than_idle_after_are_not_late(namespace, worker_factory):
+    """Every input of a deployment pauses longer than ``--idle-after`` (3 s here; a broker or
+    bridge outage), then its backlog comes back, the FPMs first. The request records were as
+    silent as the FPMs, not down, so none is dead-lettered late: until 2026-12-05 the FPMs
+    alone moved the clock past them and every one was."""
+    worker = worker_factory().start()
+    fpms, reqs = traffic("alpha", 60, batch=4)
+    produce(namespace, [e for e in fpms if e.time < T0 + 15], [e for e in reqs if e.time < T0 + 15])
+    wait_for(lambda: decisions_of(namespace, "alpha"), 60, "the first decision")
+    time.sleep(5.0)
+    run_async(namespace.produce(namespace.topics.fpm, [e for e in fpms if e.time >= T0 + 15]))
+    time.sleep(1.0)
+    run_async(namespace.produce(namespace.topics.requests, [e for e in reqs if e.time >= T0 + 15]))
+    want = [d for d in expected_decisions("alpha", fpms, reqs) if d["time"] <= T0 + 55]
+    wait_for(lambda: len(decisions_of(namespace, "alpha")) >= len(want), 60, "the decisions after the pause")
+    letters = [orjson.loads(r.value) for r in run_async(namespace.read(namespace.topics.deadletter))]
+    assert [d["detail"] for d in letters] == [], worker.log()[-2000:]
+    assert decisions_of(namespace, "alpha")[:len(want)] == want

@@ -18,21 +18,25 @@ from fleetplan.models.config import (
     engine_gpus_wanted,
     load_config,
 )
-from fleetplan.models.forecast import bucket_traffic
+from fleetplan.models.forecast import bucket_peaks, bucket_traffic
 from fleetplan.models.planner import Planner
 
 
-def load_warmup(config: PlannerConfig):
-    """Traffic observations from ``load_predictor_warmup_trace``, bucketed at the throughput interval."""
+def load_warmup(config: PlannerConfig) -> dict:
+    """``Planner`` keywords from ``load_predictor_warmup_trace``: its windows at the throughput
+    interval (``warmup``) and their busiest bursts (``warmup_peaks``, what the sizing quantile
+    calibrates on); none without a trace."""
     if not config.load_predictor_warmup_trace:
-        return []
+        return {}
     from fleetplan.sim.traces import read_trace, trace_arrivals
 
     try:
         requests = read_trace(config.load_predictor_warmup_trace)
     except (ValueError, OSError) as err:  # the reader names the file, line and field
         raise ConfigError(f"load_predictor_warmup_trace: {err}") from None
-    return bucket_traffic(trace_arrivals(requests), config.throughput_adjustment_interval_seconds)
+    arrivals, interval = trace_arrivals(requests), config.throughput_adjustment_interval_seconds
+    return {"warmup": bucket_traffic(arrivals, interval),
+            "warmup_peaks": bucket_peaks(arrivals, interval, config.burst_seconds)}
 
 
 def load_profile_for(config: PlannerConfig, profile: str | Path | None = None):
@@ -63,4 +67,4 @@ def build_planner(
     cfg = config if isinstance(config, PlannerConfig) else load_config(config)
     loaded = load_profile_for(cfg, profile)
     check_kv_capacity(cfg, None if loaded is None else loaded.max_kv_tokens)
-    return Planner(cfg, profile=loaded, warmup=load_warmup(cfg))
+    return Planner(cfg, profile=loaded, **load_warmup(cfg))

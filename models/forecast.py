@@ -20,6 +20,7 @@ from fleetplan.models.predictors import Predictor, make_predictor, predictor_fro
 __all__ = [
     "TrafficForecaster",
     "TrafficObservation",
+    "bucket_peaks",
     "bucket_traffic",
     "window_loss",
 ]
@@ -235,6 +236,34 @@ def bucket_traffic(
             )
         )
     return observations
+
+
+def bucket_peaks(
+    arrivals: Iterable[tuple[float, float, float]], interval_s: float, burst_s: float
+) -> list[float | None]:
+    """Each ``bucket_traffic`` window's busiest ``burst_s`` sub-window, scaled to a window count.
+
+    What the throughput loop feeds the sizing quantile with each live window
+    (``TrafficWindow.peak_count``): a warm-up trace's windows need theirs too,
+    or the quantile of the busiest burst is calibrated on window counts and
+    is conformal, yet a quantile of counts, from the first tick. Sub-windows
+    start with the windows, at the first arrival; None with ``burst_s`` 0 or
+    in an empty window.
+    """
+    times = [float(t) for t, _, _ in arrivals]
+    if not times:
+        return []
+    interval, burst = float(interval_s), float(burst_s)
+    start = min(times)
+    windows = math.floor((max(times) - start) / interval) + 1
+    if burst <= 0.0:
+        return [None] * windows
+    counts: list[dict[int, int]] = [{} for _ in range(windows)]
+    for t in times:
+        index = math.floor((t - start) / interval)
+        sub = math.floor((t - start - index * interval) / burst)
+        counts[index][sub] = counts[index].get(sub, 0) + 1
+    return [max(c.values()) * interval / burst if c else None for c in counts]
 
 
 def window_loss(pred: tuple[float, float, float], actual: tuple[float, float, float]) -> float:

@@ -120,16 +120,21 @@ class Planner:
 
     ``profile`` (a :class:`fleetplan.models.perf.ProfileData`) seeds the perf
     models of every new deployment; ``warmup`` (traffic observations bucketed
-    at the throughput interval) warms every new deployment's forecaster.
+    at the throughput interval) warms every new deployment's forecaster, with
+    ``warmup_peaks`` (their busiest bursts, ``bucket_peaks``) where known.
     """
 
     def __init__(
         self, config: PlannerConfig, profile=None,
         warmup: list[TrafficObservation] | None = None,
+        warmup_peaks: list[float | None] | None = None,
     ) -> None:
         self.config = config
         self.profile = profile
         self.warmup = list(warmup or [])
+        self.warmup_peaks = [None] * len(self.warmup) if warmup_peaks is None else list(warmup_peaks)
+        if len(self.warmup_peaks) != len(self.warmup):
+            raise ValueError(f"{len(self.warmup_peaks)} warm-up peaks for {len(self.warmup)} windows")
 
     # --- state -------------------------------------------------------------
 
@@ -138,9 +143,9 @@ class Planner:
         forecaster = build_forecaster(cfg)
         history: list[list] = []
         if self.warmup:
-            forecaster.warm(self.warmup)
-            for obs in self.warmup:  # a predictor swapped in later is warmed on them too
-                remember_window(history, obs, None, cfg.predictor_history_windows)
+            forecaster.warm(self.warmup, self.warmup_peaks)
+            for obs, peak in zip(self.warmup, self.warmup_peaks, strict=True):  # and a predictor swapped in later
+                remember_window(history, obs, peak, cfg.predictor_history_windows)
         return DeploymentState(
             deployment=deployment, config=cfg,
             perf=make_perf_models(cfg, self.profile), forecaster=forecaster, traffic_history=history,

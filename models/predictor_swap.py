@@ -202,7 +202,8 @@ def rebuild_forecaster(cfg: PlannerConfig, history: list[list], asked=()) -> Qua
     while warm_up < len(history) and history[warm_up][0] is None:
         warm_up += 1
     if warm_up:
-        forecaster.warm([_at_interval(*window_of(row), interval)[0] for row in history[:warm_up]])
+        warmed = [_at_interval(*window_of(row), interval) for row in history[:warm_up]]
+        forecaster.warm([obs for obs, _ in warmed], [peak for _, peak in warmed])
     for row in history[warm_up:]:
         obs, peak = _at_interval(*window_of(row), interval)
         forecaster.ask(asked_of(row))

@@ -285,10 +285,16 @@ class QuantileForecaster:
         for q, horizon, of in requests:
             self.quantiles(q, horizon, of=of)
 
-    def warm(self, observations) -> None:
-        """Replay recorded windows (they calibrate too), then skip an idle start again."""
-        for obs in observations:
-            self.observe(obs)
+    def warm(self, observations, peaks=None) -> None:
+        """Replay recorded windows (they calibrate too), then skip an idle start again.
+
+        ``peaks`` are the windows' busiest bursts (``bucket_peaks``), each fed as
+        :meth:`observe` feeds a live window's; without them the peak quantiles
+        calibrate on the windows' counts.
+        """
+        observations = list(observations)
+        for obs, peak in zip(observations, [None] * len(observations) if peaks is None else peaks, strict=True):
+            self.observe(obs, peak=peak)
         for predictor in self._forecaster.predictors:
             predictor.reset_idle_skip()
         self._next = None

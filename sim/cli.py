@@ -240,7 +240,7 @@ def _prepare(
                 from fleetplan.bootstrap import load_warmup
                 from fleetplan.models.planner import Planner
 
-                planner = Planner(cfg, profile=prof, warmup=load_warmup(cfg))
+                planner = Planner(cfg, profile=prof, **load_warmup(cfg))
             else:
                 planner = build_planner(cfg, profile)
         except (ConfigError, ValueError, OSError) as err:

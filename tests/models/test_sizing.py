@@ -300,6 +300,24 @@ def test_headroom_moves_to_calibrated_utilization_as_the_quantile_calibrates(mak
     assert {t.estimates["prefill"].rate_replicas for t in held[2:]} == {3}
 
 
+def test_the_docs_table_of_the_share_by_errors_seen_is_the_planners():
+    """docs/sizing.md tabulates the share after m errors in the pool; it said 0.886 at m = 6,
+    where the planner (and the formula above the table) gives 0.889."""
+    from pathlib import Path
+
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.planner import _sizing_utilization
+
+    text = (Path(__file__).parents[2] / "docs" / "sizing.md").read_text()
+    header, _, shares = text[text.index("| errors in the pool (m) |"):].splitlines()[:3]
+    cells = [[c.strip() for c in row.strip("|").split("|")[1:]] for row in (header, shares)]
+    cfg = config_from_dict({})
+    for m_text, share in zip(*cells, strict=True):
+        m = int(m_text.split()[0].split("–")[-1])  # "0–1": 1, "9 and on": 9
+        coverage = 0.9 if m >= 9 else m / (m + 1)
+        assert f"{_sizing_utilization(cfg, coverage):.3f}".rstrip("0").rstrip(".") == share, m_text
+
+
 def test_headroom_by_coverage_never_asks_for_more_engines_than_the_full_headroom(make_fleet):
     """The same traffic and forecasts: the share only rises, so the counts only fall, and they do
     before the quantile is conformal: 2 prefill engines from the 3rd origin (a share of 0.86), where

@@ -664,6 +664,24 @@ def results_by(results, name):
     return next((r for r in results if r.policy == name), None)
 
 
+def _print_unsqueezed(console, table) -> None:
+    """Print ``table`` at its full width, wider than ``console`` if it must be.
+
+    Squeezed into a narrower console, rich cuts every column to fit, the
+    numbers too: ``make run`` on an 80-column terminal printed SLA met as
+    "10…" and GPU-hours as "…", and the compose demo fleet's policy name
+    cut its GPU-hours to "0.…" in the log. A terminal wraps a long line
+    instead, and every figure stays whole.
+    """
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    needed = Measurement.get(console, console.options.update_width(1_000_000), table).maximum
+    if needed > console.width:
+        console = Console(width=needed, markup=False, emoji=False)
+    console.print(table)
+
+
 def _print_table(results, setup, workload, run, out, coverage=None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -693,7 +711,7 @@ def _print_table(results, setup, workload, run, out, coverage=None) -> None:
     if not console.is_terminal:
         # a pipe or a log file: do not squeeze the table into 80 columns
         console = Console(width=132, markup=False, emoji=False)
-    console.print(table)
+    _print_unsqueezed(console, table)
     main = results[0]
     console.print(
         f"{main.policy}: {main.end_s / main.wall_s:,.0f}x real time "

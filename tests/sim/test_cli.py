@@ -290,3 +290,25 @@ def test_the_reports_last_window_is_its_arrivals_over_the_time_it_covers(tmp_pat
     start = min(a["time"] for a in arrivals)
     last = sum(1 for a in arrivals if a["time"] - start >= 120)
     assert len(rates) == 3 and rates[2] == pytest.approx(last / 30)  # [120, 150) s, not / 60
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "80-column terminal"])
+def test_the_tables_numbers_are_printed_whole(tmp_path, monkeypatch, terminal):
+    # squeezed to its console's width, rich cut every column to fit: `make run` on an 80-column
+    # terminal printed SLA met "10…" and GPU-h "…", and the compose demo fleet's policy name
+    # (fleetplan.sim.follow:FollowDecisions) cut GPU-h to "0.…" in its log
+    (tmp_path / "a_long_package_name_for_scalers.py").write_text(
+        "class KeepTheFleet:\n    def decide(self, view):\n        return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if terminal:
+        monkeypatch.setenv("FORCE_COLOR", "1")
+        monkeypatch.setenv("COLUMNS", "80")
+    result = simulate("--trace", CODE, "--duration", 120, "--no-baselines",
+                      "--policy", "a_long_package_name_for_scalers:KeepTheFleet")
+    assert result.exit_code == 0, result.output
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", result.stdout)  # colours, as a terminal gets them
+    (row,) = [line for line in text.splitlines() if line.startswith("│ a_long_package_name_for_scalers")]
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    assert "…" not in row, row
+    assert cells[0] == "a_long_package_name_for_scalers:KeepTheFleet"
+    assert re.fullmatch(r"\d+\.\d\d%", cells[1]) and float(cells[6]) > 0 and cells[8] == "P1 D1"

@@ -160,6 +160,9 @@ class QuantileForecaster:
         self._actuals: list[float] = []
         self._counts: list[float] = []
         self._seen = 0  # windows observed since the start: the origins' clock
+        # the first origin whose forecast came from traffic: the ones before it were made by a
+        # forecaster that had seen none, a 0 that is no forecast, so they calibrate nothing
+        self._informed_from = 0
         # per (q, h, series): the adaptive level, and the log1p quantiles issued at origins not yet resolved
         self._levels: dict[tuple[float, int, Series], float] = {}
         self._issued: dict[tuple[float, int, Series], dict[int, float]] = {}
@@ -205,6 +208,8 @@ class QuantileForecaster:
         and the peak quantiles learn how far above that forecast the peaks run.
         """
         forecast = self.forecast()[0]  # usually the one the planner sized with: cached
+        if self._forecaster.predictors[0].num_points == 0:
+            self._informed_from = self._seen + 1
         self._forecasts.append(forecast)
         # each cleaned first: max(nan, n) is nan and max(inf, n) inf, both recorded as 0
         count = _count(obs.num_req)
@@ -349,7 +354,8 @@ class QuantileForecaster:
         q, horizon = _check(q, horizon_windows)
         zero = self.forecast()[0] == 0.0
         # past origins spanning the horizon in the pool that matches the current forecast
-        m = sum(1 for s in range(len(self._forecasts) - horizon + 1) if (self._forecasts[s] == 0.0) == zero)
+        m = sum(1 for s in range(len(self._forecasts) - horizon + 1)
+                if (self._forecasts[s] == 0.0) == zero and self._informed(s))
         if m == 0:
             return 0.0
         return q if _rank(m, q) <= m else m / (m + 1)
@@ -430,7 +436,7 @@ class QuantileForecaster:
         counts: list[list[float]] = [[] for _ in range(horizon)]
         for s in range(m):
             anchor = math.log1p(forecasts[s])
-            same_regime = (forecasts[s] == 0.0) == zero
+            same_regime = (forecasts[s] == 0.0) == zero and self._informed(s)
             peak = -math.inf
             for h in range(1, min(horizon, m - s) + 1):
                 peak = max(peak, logs[s + h - 1])
@@ -438,6 +444,17 @@ class QuantileForecaster:
                 if same_regime:
                     matching[h - 1].append(peak - anchor)
         return matching, counts
+
+    def _informed(self, s: int) -> bool:
+        """Whether the kept origin ``s`` (0 the oldest kept) had a forecast from traffic.
+
+        A deployment's first busy window was forecast 0 by a forecaster that had
+        seen nothing; pooled with the forecasts of zero made after idle windows,
+        it read as a resumption as large as the launch, and after traffic stopped
+        it held the fleet at its busy size until 19 idle windows outvoted it
+        (21 minutes of the quickstart's fleet, 54 at 180-s windows).
+        """
+        return self._seen - len(self._forecasts) + s >= self._informed_from
 
     # --- state ---------------------------------------------------------------
 
@@ -450,6 +467,7 @@ class QuantileForecaster:
             "counts": list(self._counts),
             "adapt_rate": self.adapt_rate,
             "seen": self._seen,
+            "informed_from": self._informed_from,
             "levels": {_key_text(k): v for k, v in self._levels.items()},
             "issued": {_key_text(k): [[o, v] for o, v in issued.items()] for k, issued in self._issued.items()},
             "asked_at": {_key_text(k): sorted(origins) for k, origins in self._asked_at.items()},
@@ -474,6 +492,8 @@ class QuantileForecaster:
         # states written before the adaptive levels existed start them afresh
         qf.adapt_rate = _adapt_rate(state.get("adapt_rate", DEFAULT_ADAPT_RATE))
         qf._seen = int(state.get("seen", len(qf._actuals)))
+        # states written before 2026-12-05 pool every origin, as they did
+        qf._informed_from = int(state.get("informed_from", 0))
         qf._levels = {_key_of(k): float(v) for k, v in state.get("levels", {}).items()}
         qf._issued = {
             _key_of(k): {int(o): float(v) for o, v in pairs} for k, pairs in state.get("issued", {}).items()

@@ -488,3 +488,35 @@ def test_the_planner_default_is_the_forecasters():
     from fleetplan.models.config import config_from_dict
 
     assert config_from_dict({}).sizing_quantile_adapt_rate == DEFAULT_ADAPT_RATE
+
+
+@pytest.mark.parametrize("kind", ["constant", "kalman", "ensemble"])
+def test_the_launch_window_is_no_resumption_after_idle(kind):
+    """A deployment's first window is forecast 0 by a forecaster that has seen nothing: no
+    forecast, so no error. Pooled with the zero forecasts made after idle windows, it read
+    as traffic resuming at the launch's size, and once traffic stopped the P90 held the fleet
+    at its busy size until 19 idle windows outvoted it (54 minutes at 180-s windows)."""
+    qf = QuantileForecaster(kind, history=200)
+    for _ in range(6):
+        qf.observe(window(10_800.0))
+    idle_until_zero = None
+    for i in range(1, 40):
+        qf.observe(window(0.0))
+        if qf.forecast()[0] == 0.0 and qf.quantile(0.9, 1) == 0.0:
+            idle_until_zero = i
+            break
+    assert idle_until_zero is not None and idle_until_zero <= 3, idle_until_zero
+    # a resumption seen live is one: after it, an idle window's P90 is that resumption again
+    qf.observe(window(5_000.0))
+    for _ in range(3):
+        qf.observe(window(0.0))
+    assert qf.forecast()[0] == 0.0 and qf.quantile(0.9, 1) > 0.0
+
+
+def test_uninformed_origins_survive_a_restore():
+    qf = QuantileForecaster("constant", history=50)
+    for n in (0.0, 0.0, 900.0, 900.0, 0.0, 0.0):
+        qf.observe(window(n))
+    again = QuantileForecaster.from_state(json.loads(json.dumps(qf.to_state())))
+    assert again.to_state() == qf.to_state()
+    assert bits(again.quantile(0.9, 2)) == bits(qf.quantile(0.9, 2))

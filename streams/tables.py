@@ -190,10 +190,18 @@ class _EventTime:
 
 
 class TrafficMirror:
-    """Tumbling event-time windows of request aggregates per deployment."""
+    """Tumbling event-time windows of request aggregates per deployment.
+
+    A window is deleted when the throughput tick at its end has checked it
+    (:meth:`close`), by event time: nothing folds into it after that tick
+    (a later record is late). Faust's own expiry is off: it goes by the wall
+    clock, so a deployment whose events ran more than the expiry behind it
+    (a backlog after an outage, a replay) had a window deleted while it was
+    still filling, and its check reported a ``num_req`` mismatch.
+    """
 
     def __init__(self, app: faust.App, partition_of: Callable[[str], int], *,
-                 interval_s: int, partitions: int, expires_s: float) -> None:
+                 interval_s: int, partitions: int) -> None:
         self.interval_s = interval_s
         self._at = _EventTime()
         table = routed_table(
@@ -202,7 +210,7 @@ class TrafficMirror:
             help="request aggregates per deployment, tumbling event-time windows (a mirror)",
         )
         self.table = table
-        self.windows = table.tumbling(interval_s, expires=expires_s).relative_to(self._at)
+        self.windows = table.tumbling(interval_s).relative_to(self._at)
 
     def window_start(self, event_time: float) -> float:
         return math.floor(event_time / self.interval_s) * self.interval_s
@@ -216,3 +224,17 @@ class TrafficMirror:
         current.merge(delta)
         self._at.at = window_start
         self.windows[deployment] = current.to_bytes()
+
+    def close(self, deployment: str, until: float) -> int:
+        """Delete ``deployment``'s windows that end by ``until`` (event time); how many.
+
+        Read from the table's keys, not an index of its own, so windows a
+        recovered table holds (written before a restart) are found too; the
+        table holds only the few open windows of each deployment.
+        """
+        starts = sorted({float(rng[0]) for name, rng in list(self.table.keys())
+                         if name == deployment and rng[0] + self.interval_s <= until})
+        for start in starts:
+            self._at.at = start
+            del self.windows[deployment]
+        return len(starts)

@@ -99,8 +99,7 @@ class PlannerWorker:
             help="per-deployment planner state (DeploymentState.to_data without its buffer)",
         )
         interval = planner.config.throughput_adjustment_interval_seconds
-        self.traffic = TrafficMirror(app, self._partition_of, interval_s=interval,
-                                     partitions=settings.partitions, expires_s=4 * interval)
+        self.traffic = TrafficMirror(app, self._partition_of, interval_s=interval, partitions=settings.partitions)
         self.states.on_recover(self._on_recovered)
         app.on_partitions_revoked.connect(self._on_revoked)
         # Faust's ack-based commit would commit offsets of records waiting for a tick
@@ -184,17 +183,23 @@ class PlannerWorker:
                 continue
             interval = dep.state.config.throughput_adjustment_interval_seconds
             previous, dep.last_throughput_tick = dep.last_throughput_tick, report.time
-            if interval != self.traffic.interval_s or previous != report.time - interval:
-                continue  # a first or resized window: not comparable
-            sums = self.traffic.get(dep.name, report.time - interval)
-            wrong = sums.mismatch(report.observed.__dict__, by_arrival=dep.state.seen_arrivals)
-            tick.diagnostics.value["traffic_mirror"] = {"window_start": report.time - interval,
-                                                        "count": sums.count, "mismatch": wrong}
-            self.metrics.mirror_checks.labels(dep.name).inc()
-            if wrong:
-                self.metrics.mirror_mismatches.labels(dep.name, wrong).inc()
-                log.warning("traffic mirror of %s differs from the core's window at %s: %s",
-                            dep.name, report.time, wrong)
+            if interval == self.traffic.interval_s and previous == report.time - interval:
+                self._check_mirror(tick, report.time - interval)  # else a first or resized window
+            with self._writing_for(dep.partition):
+                self.traffic.close(dep.name, report.time)  # complete: later records are late
+
+    def _check_mirror(self, tick, window_start: float) -> None:
+        """Compare the mirror's window with the observation the core's tick used."""
+        report, dep = tick.report, tick.deployment
+        sums = self.traffic.get(dep.name, window_start)
+        wrong = sums.mismatch(report.observed.__dict__, by_arrival=dep.state.seen_arrivals)
+        tick.diagnostics.value["traffic_mirror"] = {"window_start": window_start,
+                                                    "count": sums.count, "mismatch": wrong}
+        self.metrics.mirror_checks.labels(dep.name).inc()
+        if wrong:
+            self.metrics.mirror_mismatches.labels(dep.name, wrong).inc()
+            log.warning("traffic mirror of %s differs from the core's window at %s: %s",
+                        dep.name, report.time, wrong)
 
     async def _persist(self, batch: RoutedBatch) -> None:
         saves = self.router.saved(batch)

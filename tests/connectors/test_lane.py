@@ -1,0 +1,76 @@
+"""One deployment's lane, in process, with the ledger on the real Redis and the ack topic in memory.
+
+The records are routed as the fetch loop routes them (``_route``), so what is
+queued behind a decision when its lane takes it up is what the test queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from fleetplan.connectors.ledger import Ledger
+from fleetplan.connectors.metrics import ConnectorMetrics
+from fleetplan.connectors.worker import (
+    ConnectorService,
+    ServiceSettings,
+    _PartitionOffsets,
+    _Ticket,
+)
+from fleetplan.schemas import topics
+from fleetplan.schemas.codec import decode_event, encode_event
+from tests.connectors.conftest import CountingApplier, make_decision
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def lane_service(aredis, redis_key_prefix):
+    """A connector service whose acks land in ``service.acks``."""
+
+    def make(applier) -> ConnectorService:
+        ledger = Ledger(aredis, prefix=f"{redis_key_prefix}ledger", claimant="A")
+        service = ConnectorService(applier, ledger, ServiceSettings(bootstrap="unused:1", retry_backoff_s=0.05,
+                                                                    crash_at=None),
+                                   metrics=ConnectorMetrics(applier.backend))
+        service.acks = []
+
+        async def produce(topic, key, value):
+            service.acks.append(decode_event(value))
+
+        service._produce = produce
+        return service
+
+    return make
+
+
+async def route_all(service: ConnectorService, decisions) -> None:
+    """Queue every decision in its lane before the lane runs, then wait until all are done."""
+    offsets = _PartitionOffsets()
+    for offset, decision in enumerate(decisions):
+        offsets.add(offset)
+        service._inflight += 1
+        record = SimpleNamespace(value=encode_event(decision), key=decision.deployment.encode(),
+                                 topic=topics.DECISIONS, partition=0, offset=offset)
+        await service._route(record, _Ticket(offsets, offset, service))
+    try:
+        async with asyncio.timeout(10):
+            while offsets.inflight:
+                await asyncio.sleep(0.01)
+    finally:
+        for lane in service._lanes.values():
+            lane.task.cancel()
+        await asyncio.gather(*(lane.task for lane in service._lanes.values()), return_exceptions=True)
+
+
+async def test_a_copy_of_the_same_decision_queued_behind_it_does_not_supersede_it(lane_service):
+    """A redelivered record (a rebalance, a retried fetch) is the same decision, not a newer one:
+    it is applied once and acked applied, not skipped as superseded by itself."""
+    applier = CountingApplier()
+    service = lane_service(applier)
+    d = make_decision("llama", 5, decode=4)
+    await route_all(service, [d, d])
+    assert applier.applied == [("llama", 5)]
+    assert [(a.decision_id, a.status) for a in service.acks] == [(5, "applied")]

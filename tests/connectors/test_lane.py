@@ -74,3 +74,13 @@ async def test_a_copy_of_the_same_decision_queued_behind_it_does_not_supersede_i
     await route_all(service, [d, d])
     assert applier.applied == [("llama", 5)]
     assert [(a.decision_id, a.status) for a in service.acks] == [(5, "applied")]
+
+
+async def test_an_advisory_decision_queued_behind_does_not_supersede_a_real_one(lane_service):
+    """An advisory decision is never applied, so skipping the real one for it would leave the
+    fleet where it was while the planner waits on the real one's ack."""
+    applier = CountingApplier()
+    service = lane_service(applier)
+    await route_all(service, [make_decision("llama", 5, decode=4), make_decision("llama", 6, advisory=True)])
+    assert applier.applied == [("llama", 5)]
+    assert [(a.decision_id, a.status) for a in service.acks] == [(5, "applied")]

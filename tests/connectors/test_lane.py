@@ -7,6 +7,7 @@ queued behind a decision when its lane takes it up is what the test queued.
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -84,3 +85,15 @@ async def test_an_advisory_decision_queued_behind_does_not_supersede_a_real_one(
     await route_all(service, [make_decision("llama", 5, decode=4), make_decision("llama", 6, advisory=True)])
     assert applier.applied == [("llama", 5)]
     assert [(a.decision_id, a.status) for a in service.acks] == [(5, "applied")]
+
+
+async def test_an_ack_is_never_dated_before_its_decision(lane_service):
+    """The planner folds an ack at its event time, and one dated before the tick that made the
+    decision is late and refused: the decision would stay pending until the ack timeout. The
+    decision's time is the sources' clock, which can run ahead of the connector's (a backfill,
+    a fast publisher clock)."""
+    service = lane_service(CountingApplier())
+    ahead = make_decision("llama", 5, decode=4).model_copy(update={"time": time.time() + 3600})
+    await route_all(service, [ahead])
+    (ack,) = service.acks
+    assert ack.status == "applied" and ack.time >= ahead.time

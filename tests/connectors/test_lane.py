@@ -97,3 +97,23 @@ async def test_an_ack_is_never_dated_before_its_decision(lane_service):
     await route_all(service, [ahead])
     (ack,) = service.acks
     assert ack.status == "applied" and ack.time >= ahead.time
+
+
+class _ReportingApplier(CountingApplier):
+    """Reports what it is told to: a backend (or an orchestrator behind one) is someone else's code."""
+
+    def __init__(self, observed) -> None:
+        super().__init__()
+        self.observed = observed
+
+    async def apply(self, decision):
+        await super().apply(decision)
+        return self.observed
+
+
+async def test_an_ack_carries_only_the_roles_counts_a_backend_observed(lane_service):
+    """Other keys are left out; the roles' counts stand (the planner times startups by them)."""
+    service = lane_service(_ReportingApplier({"decode": 4, "gpus": 8}))
+    await route_all(service, [make_decision("llama", 5, decode=4)])
+    (ack,) = service.acks
+    assert (ack.status, ack.observed, ack.error) == ("applied", {"decode": 4}, None)

@@ -117,3 +117,14 @@ async def test_an_ack_carries_only_the_roles_counts_a_backend_observed(lane_serv
     await route_all(service, [make_decision("llama", 5, decode=4)])
     (ack,) = service.acks
     assert (ack.status, ack.observed, ack.error) == ("applied", {"decode": 4}, None)
+
+
+async def test_counts_an_ack_cannot_carry_are_dropped_and_the_decision_still_acked(lane_service):
+    """A negative count fails the ack's schema: the ack goes out without them, saying so,
+    instead of the lane failing and the connector stopping on every redelivery."""
+    service = lane_service(_ReportingApplier({"decode": -1}))
+    await route_all(service, [make_decision("llama", 5, decode=4)])
+    (ack,) = service.acks
+    assert (ack.status, ack.observed) == ("applied", {})
+    assert "observed dropped" in ack.error
+    assert not service._stopping.is_set()

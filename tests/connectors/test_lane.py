@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fleetplan.connectors.base import Superseded
 from fleetplan.connectors.ledger import Ledger
 from fleetplan.connectors.metrics import ConnectorMetrics
 from fleetplan.connectors.worker import (
@@ -128,3 +129,16 @@ async def test_counts_an_ack_cannot_carry_are_dropped_and_the_decision_still_ack
     assert (ack.status, ack.observed) == ("applied", {})
     assert "observed dropped" in ack.error
     assert not service._stopping.is_set()
+
+
+class _OvertakenApplier(CountingApplier):
+    async def apply(self, decision):
+        await super().apply(decision)
+        raise Superseded("decision 6 is already the desired state")
+
+
+async def test_a_decision_the_backend_found_overtaken_is_acked_superseded(lane_service):
+    service = lane_service(_OvertakenApplier())
+    await route_all(service, [make_decision("llama", 5, decode=4)])
+    (ack,) = service.acks
+    assert (ack.status, ack.error) == ("superseded", "decision 6 is already the desired state")

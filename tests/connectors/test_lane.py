@@ -142,3 +142,17 @@ async def test_a_decision_the_backend_found_overtaken_is_acked_superseded(lane_s
     await route_all(service, [make_decision("llama", 5, decode=4)])
     (ack,) = service.acks
     assert (ack.status, ack.error) == ("superseded", "decision 6 is already the desired state")
+
+
+async def test_a_bad_record_with_a_key_too_long_for_a_deployment_is_dead_lettered_as_unknown(lane_service):
+    """The key is the producer's: one longer than a deployment name may be must not make the
+    dead letter itself invalid, which raised out of the fetch loop and stopped the connector."""
+    service = lane_service(CountingApplier())
+    offsets = _PartitionOffsets()
+    offsets.add(0)
+    service._inflight += 1
+    record = SimpleNamespace(value=b"not json", key=b"k" * 300, topic=topics.DECISIONS, partition=0, offset=0)
+    await service._route(record, _Ticket(offsets, 0, service))
+    (letter,) = service.acks  # the dead letter, produced where the acks are
+    assert (letter.type, letter.deployment, letter.reason) == ("deadletter", "unknown", "invalid")
+    assert offsets.inflight == set()

@@ -156,3 +156,24 @@ async def test_a_bad_record_with_a_key_too_long_for_a_deployment_is_dead_lettere
     (letter,) = service.acks  # the dead letter, produced where the acks are
     assert (letter.type, letter.deployment, letter.reason) == ("deadletter", "unknown", "invalid")
     assert offsets.inflight == set()
+
+
+async def test_a_stop_lets_the_decision_being_applied_finish_and_acks_it(lane_service):
+    """SIGTERM stops the connector cleanly: a rollout under way is waited for (up to
+    ``stop_grace_s``) and acked, not cut off and left to the next run's recover (which on
+    Kubernetes acks it failed "in doubt" if the spec has not caught up)."""
+    applier = CountingApplier()
+    applier.delay_s = 0.3
+    service = lane_service(applier)
+    offsets = _PartitionOffsets()
+    offsets.add(0)
+    service._inflight += 1
+    d = make_decision("llama", 5, decode=4)
+    record = SimpleNamespace(value=encode_event(d), key=b"llama", topic=topics.DECISIONS, partition=0, offset=0)
+    await service._route(record, _Ticket(offsets, 0, service))
+    await asyncio.sleep(0.05)  # the lane is applying it
+    service.stop()
+    await asyncio.wait_for(service._shutdown(), 5)
+    assert applier.applied == [("llama", 5)]
+    assert [(a.decision_id, a.status) for a in service.acks] == [(5, "applied")]
+    assert offsets.inflight == set()

@@ -373,3 +373,16 @@ async def test_the_lease_renewal_ends_when_cancelled_as_a_renewal_completes():
         task.cancel()  # the second cancel lands in the sleep and ends it; the test fails below
         await asyncio.wait({task}, timeout=1.0)
     assert done and task.cancelled()
+
+
+def test_a_partition_whose_records_are_all_done_commits_past_the_last():
+    """Kafka's committed offset is the next record to read: committing the last done record's
+    own offset would hand it to every restart and rebalance again, and keep the lag gauge at 1."""
+    offsets = _PartitionOffsets()
+    for offset in (4, 5, 6):
+        offsets.add(offset)
+    offsets.done(4)
+    offsets.done(6)
+    assert offsets.committable() == 5  # 5 is still being handled
+    offsets.done(5)
+    assert offsets.committable() == 7

@@ -386,3 +386,19 @@ def test_a_partition_whose_records_are_all_done_commits_past_the_last():
     assert offsets.committable() == 5  # 5 is still being handled
     offsets.done(5)
     assert offsets.committable() == 7
+
+
+async def test_an_apply_whose_lease_cannot_be_renewed_stops_before_the_lease_runs_out():
+    """Once the lease has run out another connector may take the decision over (the ledger
+    counts it on Redis's clock), so the apply must have stopped by then, not only at some point."""
+    lease = 1.5
+    ledger = _SilentLedger()
+    ledger.lease_s = lease
+    applier = _SlowApplier()
+    service = ConnectorService(applier, ledger=ledger, metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(_ClaimBusy, match="no renewal"):
+        await asyncio.wait_for(service._apply_leased(make_decision("llama", 3), recover=False), 10)
+    assert applier.cancelled and loop.time() - started < lease

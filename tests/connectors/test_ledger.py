@@ -114,3 +114,16 @@ async def test_a_lapsed_claim_does_not_hold_the_next_decision(aredis, redis_key_
     skipped = await b.supersede(make_decision(decision_id=5), newer_id=6)
     assert (skipped.verdict, skipped.outcome.status) == ("superseded", "superseded")
     assert (await b.begin(make_decision(decision_id=6))).verdict == "apply"
+
+
+async def test_a_renewal_holds_only_the_claim_on_its_own_decision(ledger):
+    """A straggling renewal for decision 5 (a run replaced under the same --instance-id) must not
+    be told it still holds a claim that has moved on to 6: its apply would go on beside 6's."""
+    five, six = make_decision(decision_id=5), make_decision(decision_id=6)
+    await ledger.begin(five)
+    assert await ledger.renew(five)
+    await ledger.record(five, Outcome("applied", {"decode": 2}))
+    assert not await ledger.renew(five)  # the outcome released the claim
+    assert (await ledger.begin(six)).verdict == "apply"
+    assert not await ledger.renew(five)
+    assert await ledger.renew(six)

@@ -265,3 +265,13 @@ async def test_an_api_error_reading_the_dgd_after_one_role_was_patched_names_it(
             await applier.apply(make_decision(prefill=2, decode=4))
     finally:
         await applier.stop()
+
+
+async def test_a_fleet_that_does_not_settle_in_time_is_acked_with_what_serves(started):
+    """Not the targets: the planner times a scale-up's startup by an ack whose counts reach
+    every target, and the engines are not serving yet."""
+    server, applier = started
+    server.settle_polls = 10_000
+    applier.settings.ready_timeout_s = 0.1
+    assert await applier.apply(make_decision(prefill=2, decode=4)) == {"prefill": 1, "decode": 1}
+    assert server.replicas("llama-dgd") == {"Frontend": 1, "VllmPrefillWorker": 2, "VllmDecodeWorker": 4}

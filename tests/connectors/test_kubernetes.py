@@ -275,3 +275,11 @@ async def test_a_fleet_that_does_not_settle_in_time_is_acked_with_what_serves(st
     applier.settings.ready_timeout_s = 0.1
     assert await applier.apply(make_decision(prefill=2, decode=4)) == {"prefill": 1, "decode": 1}
     assert server.replicas("llama-dgd") == {"Frontend": 1, "VllmPrefillWorker": 2, "VllmDecodeWorker": 4}
+
+
+async def test_a_429_is_retried(started):
+    """The API server's priority and fairness answers 429 under load: back off, do not fail."""
+    server, applier = started
+    server.fail_next("scale", 429)
+    assert await applier.apply(make_decision(prefill=2, decode=1)) == {"prefill": 2, "decode": 1}
+    assert len(server.writes) == 2 and server.replicas("llama-dgd")["VllmPrefillWorker"] == 2

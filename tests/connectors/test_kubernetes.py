@@ -283,3 +283,19 @@ async def test_a_429_is_retried(started):
     server.fail_next("scale", 429)
     assert await applier.apply(make_decision(prefill=2, decode=1)) == {"prefill": 2, "decode": 1}
     assert len(server.writes) == 2 and server.replicas("llama-dgd")["VllmPrefillWorker"] == 2
+
+
+def test_serving_counts_are_the_available_replicas_and_stable_only_when_all_agree():
+    """Ready pods are not yet available (minReadySeconds): what serves is ``availableReplicas``,
+    and a component is stable only once desired, updated and serving agree. A component with no
+    ``replicas`` has Dynamo's default of 1."""
+    from fleetplan.connectors.kubernetes import serving_replicas, spec_replicas
+
+    def dgd(**status):
+        return {"spec": {"components": [{"name": "S", "replicas": 3}, {"name": "T"}]},
+                "status": {"components": {"S": status}}}
+
+    assert serving_replicas(dgd(readyReplicas=3, availableReplicas=2, updatedReplicas=3), "S") == (2, False)
+    assert serving_replicas(dgd(readyReplicas=3, updatedReplicas=3), "S") == (3, True)
+    assert serving_replicas(dgd(availableReplicas=3, updatedReplicas=2), "S") == (3, False)
+    assert spec_replicas(dgd(), "T") == 1

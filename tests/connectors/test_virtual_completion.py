@@ -42,3 +42,11 @@ async def test_no_completion_yet_and_observed_that_is_not_json(aredis, keys):
     await aredis.hset(keys.state, mapping={"scaled_decision_id": 4, "observed": "{not json"})
     done = await read_completion(aredis, keys)
     assert (done.decision_id, done.status, done.observed) == (4, "applied", {})
+
+
+async def test_a_count_of_zero_stands_and_a_boolean_is_not_a_count(aredis, keys):
+    """A role scaled to zero reports 0, which is a count; JSON ``true`` is not one."""
+    await aredis.hset(keys.state, mapping={"scaled_decision_id": 5, "status": "applied",
+                                           "observed": '{"prefill": 0, "decode": true}'})
+    done = await read_completion(aredis, keys)
+    assert done.observed == {"prefill": 0}

@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from fleetplan.connectors.base import ApplyFailed
-from fleetplan.connectors.virtual import VirtualKeys, read_completion
+from fleetplan.connectors.base import ApplyFailed, Superseded
+from fleetplan.connectors.virtual import Completion, VirtualApplier, VirtualKeys, read_completion
+from tests.connectors.conftest import make_decision
 
 pytestmark = pytest.mark.redis
 
@@ -50,3 +51,10 @@ async def test_a_count_of_zero_stands_and_a_boolean_is_not_a_count(aredis, keys)
                                            "observed": '{"prefill": 0, "decode": true}'})
     done = await read_completion(aredis, keys)
     assert done.observed == {"prefill": 0}
+
+
+def test_an_orchestrators_superseded_is_acked_superseded():
+    """Its answer is the ack: ``superseded`` is not ``applied``."""
+    decision = make_decision("llama", 5, prefill=2, decode=4)
+    with pytest.raises(Superseded, match="a newer plan"):
+        VirtualApplier._settle(decision, Completion(5, "superseded", {}, "a newer plan"))

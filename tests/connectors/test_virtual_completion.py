@@ -58,3 +58,11 @@ def test_an_orchestrators_superseded_is_acked_superseded():
     decision = make_decision("llama", 5, prefill=2, decode=4)
     with pytest.raises(Superseded, match="a newer plan"):
         VirtualApplier._settle(decision, Completion(5, "superseded", {}, "a newer plan"))
+
+
+def test_an_orchestrators_applied_without_counts_reports_the_targets():
+    """As docs/connectors.md says: the planner times a scale-up's startup by the counts of
+    its ``applied`` ack, and an orchestrator that reports none reports the targets reached."""
+    decision = make_decision("llama", 5, prefill=2, decode=4)
+    assert VirtualApplier._settle(decision, Completion(5, "applied", {}, None)) == {"prefill": 2, "decode": 4}
+    assert VirtualApplier._settle(decision, Completion(5, "applied", {"decode": 3}, None)) == {"decode": 3}

@@ -166,3 +166,18 @@ async def test_a_desired_state_deleted_while_waiting_fails_at_the_timeout(aredis
     await aredis.delete(keys.state, keys.desired, keys.completed)
     with pytest.raises(ApplyFailed, match="did not complete decision 4.*no longer in Redis"):
         await asyncio.wait_for(apply, 5)
+
+
+async def test_the_redis_client_cannot_complete_a_decision_that_is_no_longer_desired(aredis, redis_key_prefix):
+    """``complete`` of a decision a newer one replaced writes nothing and returns False, as it
+    says: the connector waits on the newer one, and the fleet answer is for that one."""
+    prefix = f"{redis_key_prefix}virtual"
+    applier = VirtualApplier(aredis, prefix=prefix)
+    keys = VirtualKeys.of("llama", prefix)
+    three, four = make_decision("llama", 3, decode=2), make_decision("llama", 4, decode=5)
+    await applier._write(keys, three)
+    await applier._write(keys, four)
+    async with RedisOrchestratorClient(client=aredis, prefix=prefix) as client:
+        assert not await client.complete(three, "applied")
+    assert await aredis.hget(keys.state, "scaled_decision_id") is None
+    assert await aredis.xlen(keys.completed) == 0

@@ -181,3 +181,17 @@ async def test_the_redis_client_cannot_complete_a_decision_that_is_no_longer_des
         assert not await client.complete(three, "applied")
     assert await aredis.hget(keys.state, "scaled_decision_id") is None
     assert await aredis.xlen(keys.completed) == 0
+
+
+async def test_the_redis_client_yields_a_desired_decision_once(aredis, redis_key_prefix):
+    """Not again on every turn of the loop until it is completed: an orchestrator that hands
+    the scaling to a task of its own would be given the same decision over and over."""
+    prefix = f"{redis_key_prefix}virtual"
+    keys = VirtualKeys.of("llama", prefix)
+    three = make_decision("llama", 3, decode=2)
+    await VirtualApplier(aredis, prefix=prefix)._write(keys, three)
+    async with RedisOrchestratorClient(client=aredis, prefix=prefix, poll_s=0.05) as client:
+        seen, decisions = await next_decision(client, "llama")
+        assert seen == three
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(anext(decisions), 0.3)

@@ -293,3 +293,16 @@ def test_what_kafka_would_refuse_later_is_refused_at_construction(kwargs, messag
     # name failed the first ack, after the orchestrator had applied the decision
     with pytest.raises(ValueError, match=message):
         KafkaOrchestratorClient("unused:1", ["llama"], **kwargs)
+
+
+async def test_the_commit_never_passes_a_decision_not_yet_completed(client, consumer, producer):
+    """An orchestrator that dies before completing a decision must see it again: the commit
+    stops at the oldest one still open, whatever is completed after it."""
+    consumer.deliver(P0, 3, make_decision("llama", 1))
+    consumer.deliver(P0, 4, make_decision("mistral", 1))
+    consumer.deliver(P0, 5, make_decision("mistral", 2))
+    await settle()
+    decision = await next_of(client.decisions("mistral"))  # 1 is superseded by 2 on the way
+    assert await client.complete(decision, "applied")
+    assert acks(producer) == [("mistral", 1, "superseded"), ("mistral", 2, "applied")]
+    assert consumer.commits and all(c[P0] == 3 for c in consumer.commits if P0 in c)

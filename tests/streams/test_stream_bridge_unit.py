@@ -536,3 +536,11 @@ async def test_deployments_gone_quiet_are_forgotten_without_heartbeats_too(monke
         await settle(producer, lambda: not bridge._sources)
     finally:
         await bridge.stop()
+
+
+def test_a_single_event_with_more_than_15_fields_in_msgpack_is_a_map16():
+    """A request_end row with all its fields is a msgpack map16 (first byte 0xde), not a fixmap."""
+    one = request("alpha", T0, 7)
+    packed = msgpack.packb(as_dict(one))
+    assert packed[0] == 0xDE
+    assert decode_message([packed]) == ([one], [])

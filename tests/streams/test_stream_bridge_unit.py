@@ -544,3 +544,8 @@ def test_a_single_event_with_more_than_15_fields_in_msgpack_is_a_map16():
     packed = msgpack.packb(as_dict(one))
     assert packed[0] == 0xDE
     assert decode_message([packed]) == ([one], [])
+
+
+def test_json_after_leading_whitespace_is_json():
+    one = request("alpha", T0, 7)
+    assert decode_message([b"\n  " + encode_event(one)]) == ([one], [])

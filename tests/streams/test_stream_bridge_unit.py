@@ -549,3 +549,16 @@ def test_a_single_event_with_more_than_15_fields_in_msgpack_is_a_map16():
 def test_json_after_leading_whitespace_is_json():
     one = request("alpha", T0, 7)
     assert decode_message([b"\n  " + encode_event(one)]) == ([one], [])
+
+
+@pytest.mark.parametrize("kind", ["decision", "ack"])
+def test_decisions_and_acks_are_refused_at_the_bridge(kind):
+    """They have their own producers: one sent through the bridge would land on the requests topic."""
+    from fleetplan.schemas.events import Ack, Decision
+
+    event = {"decision": Decision(deployment="alpha", time=T0, decision_id=1, targets={"decode": 2},
+                                  previous={"decode": 1}, throughput_reason="scale", load_reason="scale_up"),
+             "ack": Ack(deployment="alpha", time=T0, decision_id=1, status="applied")}[kind]
+    events, rejected = decode_message([encode_event(event)])
+    assert events == [] and len(rejected) == 1
+    assert "at the bridge" in rejected[0].detail and kind in rejected[0].detail

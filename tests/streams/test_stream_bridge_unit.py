@@ -562,3 +562,21 @@ def test_decisions_and_acks_are_refused_at_the_bridge(kind):
     events, rejected = decode_message([encode_event(event)])
     assert events == [] and len(rejected) == 1
     assert "at the bridge" in rejected[0].detail and kind in rejected[0].detail
+
+
+async def test_fpms_of_one_second_out_of_order_are_packed_at_the_latest_time():
+    """Engines' FPMs of one second arrive in any order; the pack is dated by its latest FPM
+    (a batch dated before one of its FPMs is invalid), so none is lost."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(pack_max=10, pack_within_s=0.01), producer=producer)
+    await bridge.start()
+    try:
+        for i, t in enumerate([T0 + 0.5, T0 + 0.2, T0 + 0.4]):
+            await bridge.accept([encode_event(fpm("alpha", t, i, worker=f"w{i}"))])
+        await settle(producer, lambda: bridge.buffered == 0)
+    finally:
+        await bridge.stop()
+    (batch,) = [decode_event(v) for t, v in producer.delivered if t.endswith("fpm.v1")]
+    assert batch.time == T0 + 0.5 and [f.time for f in batch.fpms] == [T0 + 0.5, T0 + 0.2, T0 + 0.4]
+    assert bridge.metrics.tick_errors._value.get() == 0

@@ -580,3 +580,18 @@ async def test_fpms_of_one_second_out_of_order_are_packed_at_the_latest_time():
     (batch,) = [decode_event(v) for t, v in producer.delivered if t.endswith("fpm.v1")]
     assert batch.time == T0 + 0.5 and [f.time for f in batch.fpms] == [T0 + 0.5, T0 + 0.2, T0 + 0.4]
     assert bridge.metrics.tick_errors._value.get() == 0
+
+
+async def test_a_publishers_batch_larger_than_the_whole_buffer_is_let_through():
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(buffer=5), producer=producer)
+    await bridge.start()
+    body = {"type": "fpm_batch", "deployment": "alpha", "time": T0 + 0.9,
+            "fpms": [as_dict(fpm("alpha", T0 + i / 10, i)) for i in range(10)]}
+    try:
+        assert await asyncio.wait_for(bridge.accept([orjson.dumps(body)]), 2) == 1
+        await settle(producer, lambda: bridge.buffered == 0)
+    finally:
+        await bridge.stop()
+    assert [len(decode_event(v).fpms) for t, v in producer.delivered if t.endswith("fpm.v1")] == [10]

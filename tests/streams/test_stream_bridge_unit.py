@@ -595,3 +595,20 @@ async def test_a_publishers_batch_larger_than_the_whole_buffer_is_let_through():
     finally:
         await bridge.stop()
     assert [len(decode_event(v).fpms) for t, v in producer.delivered if t.endswith("fpm.v1")] == [10]
+
+
+async def test_a_buffer_full_of_an_open_pack_does_not_wait_on_a_heartbeat():
+    """A heartbeat due while the buffer is full waits for the next round: taking room for it
+    would hold the round, and with it the flush of the pack that fills the buffer, for good."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(buffer=3, pack_max=10, pack_within_s=0.2, heartbeat_s=0.02), producer=producer)
+    await bridge.start()
+    try:
+        for i in range(3):
+            await bridge.accept([encode_event(fpm("alpha", T0 + i / 10, i))])
+        await settle(producer, lambda: any(t.endswith("fpm.v1") and b'"fpm_batch"' in v
+                                           for t, v in producer.delivered))
+    finally:
+        await bridge.stop(drain_timeout_s=1)
+    assert bridge.buffered == 0

@@ -612,3 +612,34 @@ async def test_a_buffer_full_of_an_open_pack_does_not_wait_on_a_heartbeat():
     finally:
         await bridge.stop(drain_timeout_s=1)
     assert bridge.buffered == 0
+
+
+async def test_records_refused_at_send_and_failed_in_flight_are_retried_in_the_order_accepted():
+    """Three records in flight, the fourth refused by ``send`` (so the fifth is not handed over),
+    then the three fail: the retry sends all five in the order they were accepted."""
+
+    class RefusesTheFourth(FakeProducer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sends = 0
+
+        async def send(self, topic, value, key=None):
+            self.sends += 1
+            if self.sends == 4:
+                raise ConnectionError("broker down")
+            return await super().send(topic, value, key)
+
+    producer = RefusesTheFourth()
+    bridge = Bridge(settings(retry_backoff_s=0.05), producer=producer)
+    await bridge.start()
+    try:
+        for i in range(5):  # one window: nothing yields between the accepts
+            await bridge.accept([encode_event(request("alpha", T0 + i, i))])
+        await settle(producer, lambda: len(producer.pending) == 3)
+        producer.deliver(error=ConnectionError("lost"))
+        producer.auto = True
+        await settle(producer, lambda: bridge.buffered == 0)
+    finally:
+        await bridge.stop()
+    ids = [decode_event(v).request_id for _, v in producer.delivered]
+    assert ids == [request("alpha", T0, i).request_id for i in range(5)]

@@ -643,3 +643,22 @@ async def test_records_refused_at_send_and_failed_in_flight_are_retried_in_the_o
         await bridge.stop()
     ids = [decode_event(v).request_id for _, v in producer.delivered]
     assert ids == [request("alpha", T0, i).request_id for i in range(5)]
+
+
+async def test_a_heartbeat_is_never_dated_before_the_one_sent_before_it():
+    """An event older than the clock the bridge extrapolated (a publisher a little behind
+    another) must not take the heartbeats back: one dated before a fired tick is late."""
+    import time
+
+    from fleetplan.connectors.bridge import _Source
+
+    bridge = Bridge(settings(heartbeat_s=0.01))  # not started: heartbeats stay queued in their lanes
+    now = time.monotonic()
+    bridge._sources["alpha"] = _Source(latest=T0, seen_at=now - 5.0)  # its clock is at T0 + 5 now
+    await bridge._heartbeats()
+    bridge._observe(request("alpha", T0 + 1.0, 1))  # one second past T0, received just now
+    for src in bridge._sources.values():
+        src.last_sent = dict.fromkeys(src.last_sent, -math.inf)  # both topics are due again
+    await bridge._heartbeats()
+    per_topic = [[decode_event(out.value).time for out in lane.waiting] for lane in bridge._lanes.values()]
+    assert len(per_topic) == 2 and all(len(beats) == 2 and beats[1] >= beats[0] for beats in per_topic)

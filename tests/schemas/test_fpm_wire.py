@@ -257,6 +257,7 @@ REFUSED = {
     "too many fpms": batch(fpms=[FPM] * 10_001),
     "too many small fpms": batch(fpms=[{"deployment": "d", "time": 1, "role": "agg", "worker_id": "e"}] * 10_001),
     "negative variance": batch(scheduled_with(var_decode_kv_tokens=-1.0)),
+    "time past the last": batch(fpm_with(time=MAX_EVENT_TIME + 1), time=MAX_EVENT_TIME + 1),
     "fpms not a list": batch(fpms=FPM),
     "schema_version 2": batch(schema_version=2),
     "nested schema_version 2": batch(fpm_with(schema_version=2)),

@@ -373,6 +373,9 @@ class PlannerWorker:
         try:
             done = await self.app.consumer._commit(offsets)
         except Exception as err:  # noqa: BLE001 - a failed commit only means more replay
+            # (what reaches here: Faust's _commit itself stops the worker on a commit error
+            # aiokafka does not retry, and aiokafka retries a retriable one, such as a
+            # coordinator lost to a broker restart, until it succeeds)
             log.warning("committing resume offsets failed: %s", err)
             return False
         if done:

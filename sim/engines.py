@@ -375,10 +375,16 @@ class Engine:
             self._join_decode(req)
 
     def _remember_prefix(self, req: SimRequest) -> None:
+        """Mark the prompt's blocks most recently used, its leading block last.
+
+        So a full cache evicts a prompt's tail blocks before its leading ones, as
+        vLLM (and Dynamo's mocker) free them: a hit needs the leading blocks, and
+        evicting those first left the rest cached but unreachable.
+        """
         if not req.hash_ids:
             return
         cache = self._prefix
-        for h in req.hash_ids:
+        for h in reversed(req.hash_ids):
             if h in cache:
                 cache.move_to_end(h)
             else:

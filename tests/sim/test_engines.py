@@ -164,3 +164,16 @@ def test_prefill_first_agg_pauses_decodes_for_a_prompt_pass(make_engine, timing)
     steps = done[0].end - done[0].first_token
     assert steps > 99 * timing.decode_s(1, 1050) + timing.prefill_s(4000) * 0.95
     assert engine.counter == 99  # request 1 took its one decode step with request 0's
+
+
+def test_a_full_prefix_cache_evicts_the_tail_blocks_of_a_prompt_first(make_engine):
+    # Room for four 512-token blocks. Evicting a prompt's leading block first (as an LRU
+    # filled in prompt order did) left its other blocks cached but unreachable: a prefix hit
+    # needs the leading blocks. vLLM (and Dynamo's mocker) free a prompt's blocks tail first.
+    engine, clock, _ = make_engine("prefill", limits_=EngineLimits(max_kv_tokens=2048), prefix_block_tokens=512)
+    engine.enqueue(SimRequest(0, 0.0, 1536, 10, hash_ids=(1, 2, 3)))
+    run_all(clock)
+    engine.enqueue(SimRequest(1, clock.now, 1024, 10, hash_ids=(4, 5)))
+    run_all(clock)
+    again = SimRequest(2, clock.now, 2048, 10, hash_ids=(1, 2, 3, 6))
+    assert engine.cached_prefix_tokens(again) == 1024  # blocks 1 and 2; block 3 made room

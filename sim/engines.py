@@ -27,7 +27,9 @@ KV admission reserves a request's full context (``isl + osl``), so the
 cache never overflows and nothing is preempted: the simulator knows the
 output length, a real engine would preempt instead. Prefix caching (prefill
 and agg engines) keeps the hash blocks of recent prompts in an LRU sized to
-the KV cache; a request routed here skips its leading cached blocks.
+the KV cache; a prompt skips the leading blocks cached when its first chunk
+is scheduled (a prompt queued behind another with the same prefix hits it),
+and a full cache evicts a prompt's tail blocks first.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ class Engine:
         """A request routed here: a prompt (prefill, agg) or a transferred KV (decode)."""
         now = self.clock.now
         if self.does_prefill:
-            req.cached = self.cached_prefix_tokens(req)
+            req.cached = self.cached_prefix_tokens(req)  # an estimate until scheduled
             req.prefill_engine = self
             self.unstarted += 1
             self.unstarted_tokens += req.isl
@@ -267,6 +269,8 @@ class Engine:
             for req in self.prefilling:
                 if budget <= 0 or len(chunk) >= max_seqs:
                     break
+                if req.prefill_start < 0:
+                    self._start_prompt(req, now)
                 take = req.prefill_tokens - req.prefilled
                 if take > budget:
                     take = budget
@@ -275,10 +279,6 @@ class Engine:
                 chunk.append((req, take))
                 budget -= take
                 tokens += take
-                if req.prefill_start < 0:
-                    req.prefill_start = now
-                    self.unstarted -= 1
-                    self.unstarted_tokens -= req.isl
             self.prefill_backlog -= tokens
             if piggyback:
                 d = self.timing.mixed_s(tokens, self.running, self.kv)
@@ -302,6 +302,21 @@ class Engine:
         self.busy = False
         if self.state == "draining" and self.idle:
             self.fleet.engine_drained(self)
+
+    def _start_prompt(self, req: SimRequest, now: float) -> None:
+        """A prompt's first chunk is scheduled: look its prefix up in the cache now.
+
+        A scheduler looks a waiting prompt's prefix up when it schedules it, so a
+        prompt queued behind another with the same leading blocks hits them once
+        that one is done; the count taken when it was routed here only estimated
+        its work (``prefill_backlog``), which now takes the difference.
+        """
+        before = req.prefill_tokens
+        req.cached = self.cached_prefix_tokens(req)
+        self.prefill_backlog += req.prefill_tokens - before
+        req.prefill_start = now
+        self.unstarted -= 1
+        self.unstarted_tokens -= req.isl
 
     def _start(self, now: float, d: float, k: int, decodes: bool) -> None:
         self.busy = True

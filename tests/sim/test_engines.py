@@ -177,3 +177,17 @@ def test_a_full_prefix_cache_evicts_the_tail_blocks_of_a_prompt_first(make_engin
     run_all(clock)
     again = SimRequest(2, clock.now, 2048, 10, hash_ids=(1, 2, 3, 6))
     assert engine.cached_prefix_tokens(again) == 1024  # blocks 1 and 2; block 3 made room
+
+
+def test_a_queued_prompt_hits_the_blocks_cached_while_it_waited(make_engine, timing):
+    # B arrives while A, which shares B's first 8 blocks, is in its pass. When B's turn comes
+    # A's blocks are cached, and a real scheduler looks its prefix up then, not on arrival.
+    engine, clock, rec = make_engine("prefill", prefix_block_tokens=512)
+    first = SimRequest(0, 0.0, 4096, 10, hash_ids=tuple(range(8)))
+    second = SimRequest(1, 0.01, 4608, 10, hash_ids=tuple(range(9)))
+    engine.enqueue(first)
+    clock.at(0.01, engine.enqueue, second)
+    run_all(clock)
+    assert second.cached == 4096
+    assert second.prefill_end == pytest.approx(timing.prefill_s(4096) + timing.prefill_s(512))
+    assert engine.prefill_backlog == 0 and engine.prefill_load() == 0

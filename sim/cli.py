@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -69,7 +70,7 @@ def simulate(
     servegen: Annotated[Path | None, typer.Option("--servegen", help="generate the workload from ServeGen clients_rate_10min CSV(.gz) instead of --trace")] = None,
     servegen_model: Annotated[str, typer.Option("--servegen-model", help="ServeGen model column (m-large, m-mid, ...)")] = "m-large",
     router: Annotated[str, typer.Option("--router", help="round-robin | least-loaded | prefix")] = "least-loaded",
-    prefix_block_tokens: Annotated[int, typer.Option("--prefix-block-tokens", help="tokens per prompt hash block (Mooncake: 512)")] = 512,
+    prefix_block_tokens: Annotated[int | None, typer.Option("--prefix-block-tokens", help="tokens per prompt hash block (default: the trace's own, a Dynamo trace's replay.trace_block_size, else 512 as in Mooncake)")] = None,
     startup: Annotated[str, typer.Option("--startup", help="worker startup seconds, or uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA")] = "120",
     initial: Annotated[str, typer.Option("--initial", help="initial fleet: warm (sized for the traffic until the first decision takes effect), min, or e.g. prefill=2,decode=3")] = "warm",
     fpm_interval: Annotated[float, typer.Option("--fpm-interval", help="seconds between sampled FPMs per engine")] = 1.0,
@@ -166,7 +167,7 @@ def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, 
 def _prepare(
     trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
     servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-    prefix_block_tokens=512, deployment="sim", spread="auto", inventory=True,
+    prefix_block_tokens=None, deployment="sim", spread="auto", inventory=True,
 ) -> dict:
     from fleetplan.bootstrap import build_planner
     from fleetplan.models.config import (
@@ -219,8 +220,7 @@ def _prepare(
         raise _UserError("--deployment: must not be empty")
     options = SimOptions(
         router=router, startup=startup, fpm_interval_s=fpm_interval, seed=seed, timing=engine_timing,
-        window_s=window, prefix_block_tokens=prefix_block_tokens, deployment=deployment,
-        inventory=inventory,
+        window_s=window, deployment=deployment, inventory=inventory,
     )
     try:
         setup = make_setup(cfg, prof, options)
@@ -234,6 +234,7 @@ def _prepare(
     except OSError as err:
         option = "--trace" if trace else "--servegen"
         raise _UserError(f"{option}: cannot read {err.filename or trace or servegen} ({err.strerror or err})") from None
+    setup.options = replace(setup.options, prefix_block_tokens=_block_tokens(prefix_block_tokens, workload, trace))
     if policy in ("planner",):
         try:
             if converted:
@@ -265,6 +266,24 @@ def _prepare(
         "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed, "spread_s": spread_s,
         "converted_profile": prof if converted else None,
     }
+
+
+def _block_tokens(flag: int | None, workload, trace) -> int:
+    """Tokens per prompt hash block: the trace's own where it says (a Dynamo trace's
+    ``replay.trace_block_size``), else the flag, else Mooncake's 512.
+
+    A hit counts its blocks at this size and the prefix cache holds the KV's worth of
+    them: Dynamo's 16-token hashes read as 512-token blocks made a prompt sharing its
+    first 32 tokens with an earlier one a hit on all of them.
+    """
+    declared = sorted({r.block_tokens for r in workload.requests() if r.block_tokens is not None})
+    if len(declared) > 1:
+        raise _UserError(f"{trace}: hash blocks of {', '.join(map(str, declared))} tokens (replay.trace_block_size): "
+                         "one size a trace")
+    if declared and flag is not None and flag != declared[0]:
+        raise _UserError(f"--prefix-block-tokens: {flag}, but {trace} hashes blocks of {declared[0]} tokens "
+                         "(replay.trace_block_size)")
+    return declared[0] if declared else flag or 512
 
 
 def _status(message: str, on: bool):

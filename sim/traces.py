@@ -70,6 +70,9 @@ class TraceRequest:
     hash_ids: tuple[int, ...] = ()
     cached_tokens: int = 0
     request_id: str | None = None
+    # Tokens per hash block where the trace says (Dynamo's replay.trace_block_size); None: it
+    # does not (Mooncake's are 512), and the simulator's --prefix-block-tokens applies.
+    block_tokens: int | None = None
 
 
 class TraceFormatError(ValueError):
@@ -103,6 +106,7 @@ class _Row:
     hash_ids: tuple[int, ...]
     cached_tokens: int
     request_id: str | None
+    block_tokens: int | None = None
     # where the arrival came from, for errors found only once all rows are read
     line: int = 0
     arrival_field: str = ""
@@ -247,6 +251,7 @@ def _to_requests(
             hash_ids=row.hash_ids,
             cached_tokens=row.cached_tokens,
             request_id=row.request_id,
+            block_tokens=row.block_tokens,
         )
         for row in ordered
     ]
@@ -473,6 +478,16 @@ def _mooncake_row(path: Path, lineno: int, record: dict[str, Any]) -> _Row:
     )
 
 
+def _block_tokens(replay: _Fields | None) -> int | None:
+    """``replay.trace_block_size``: the tokens each of the row's hashes covers (None: not given)."""
+    if replay is None or not replay.has("trace_block_size"):
+        return None
+    size = replay.count("trace_block_size")
+    if size == 0:
+        raise replay.fail("trace_block_size", "a positive integer, got 0")
+    return size
+
+
 def _dynamo_row(path: Path, lineno: int, record: dict[str, Any]) -> _Row | None:
     """A request_end record as a row; None for other event types."""
     event = _Fields(path, lineno, record).obj_field("event")
@@ -510,6 +525,7 @@ def _dynamo_row(path: Path, lineno: int, record: dict[str, Any]) -> _Row | None:
         hash_ids=() if replay is None else replay.hashes("input_sequence_hashes"),
         cached_tokens=request.tokens("cached_tokens", default=0),
         request_id=request.text("request_id"),
+        block_tokens=_block_tokens(replay),
         line=lineno,
         arrival_field=arrival_field,
         arrival_text=f"{arrival} ms",

@@ -210,4 +210,5 @@ def _moved(r: TraceRequest, arrival_s: float, hash_ids: tuple[int, ...] | None =
         r.hash_ids if hash_ids is None else hash_ids,
         r.cached_tokens,
         r.request_id,
+        r.block_tokens,
     )

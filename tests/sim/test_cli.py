@@ -312,3 +312,28 @@ def test_the_tables_numbers_are_printed_whole(tmp_path, monkeypatch, terminal):
     assert "…" not in row, row
     assert cells[0] == "a_long_package_name_for_scalers:KeepTheFleet"
     assert re.fullmatch(r"\d+\.\d\d%", cells[1]) and float(cells[6]) > 0 and cells[8] == "P1 D1"
+
+
+def _dynamo_trace(path):
+    """Two 1,024-token prompts hashed in Dynamo's 16-token blocks that share their first two."""
+    def row(rid, ms, hashes):
+        request = {"request_id": rid, "input_tokens": 1024, "output_tokens": 10, "request_received_ms": ms,
+                   "replay": {"trace_block_size": 16, "input_length": 1024, "input_sequence_hashes": hashes}}
+        return orjson.dumps({"event": {"schema": "dynamo.request.trace.v1", "event_type": "request_end",
+                                       "request": request}})
+    path.write_bytes(row("a", 0, list(range(64))) + b"\n" + row("b", 1000, [0, 1, *range(1000, 1062)]) + b"\n")
+    return path
+
+
+def test_a_dynamo_traces_hashes_are_blocks_of_its_own_size(tmp_path):
+    # read as 512-token blocks (the default for Mooncake), the 32 shared tokens were a hit on 1,023
+    trace = _dynamo_trace(tmp_path / "dynamo.jsonl")
+    out = tmp_path / "run"
+    result = simulate("--trace", trace, "--no-baselines", "--initial", "prefill=1,decode=1", "--out", out)
+    assert result.exit_code == 0, result.output
+    records = [orjson.loads(line) for line in (out / "events.jsonl").read_bytes().splitlines()
+               if b'"type":"request"' in line]
+    assert {r["request_id"]: r["cached_tokens"] for r in records} == {"r0": 0, "r1": 32}
+    result = simulate("--trace", trace, "--no-baselines", "--prefix-block-tokens", 512)
+    assert result.exit_code == 2
+    assert "--prefix-block-tokens: 512, but" in result.output and "blocks of 16 tokens" in result.output

@@ -192,8 +192,8 @@ def test_dynamo_input_length_prefers_the_replay_block(tmp_path):
         dynamo_line("a", input_tokens=60, replay=replay) + dynamo_line("b", input_tokens=33),
     )
     a, b = read_trace(path)
-    assert (a.input_tokens, a.hash_ids) == (64, (7, 8, 9, 10))
-    assert (b.input_tokens, b.hash_ids) == (33, ())
+    assert (a.input_tokens, a.hash_ids, a.block_tokens) == (64, (7, 8, 9, 10), 16)
+    assert (b.input_tokens, b.hash_ids, b.block_tokens) == (33, (), None)
 
 
 def test_dynamo_other_event_types_are_skipped(tmp_path):

@@ -25,6 +25,11 @@ to be stale (bench/remeasure.py runs such a file again).
   (the quickstart's log is the same byte for byte). A ``--duration`` past
   a trace's end no longer spreads the rate-scaled copies into the empty
   tail after it.
+- 5: from 2026-12-05 (docs/simulate.md, "Revision 5"): a full prefix cache
+  evicts a prompt's tail blocks first (as vLLM frees them), and a prompt's
+  cache hit is looked up when its first chunk is scheduled, not when it is
+  routed, so a prompt queued behind one with its prefix hits it. Only
+  traces with prefix hashes (``hash_ids``: Mooncake's) move.
 """
 
-REVISION = 4
+REVISION = 5

@@ -11,7 +11,7 @@ Three policies, as a frontend would run them:
   have to compute there after its cached leading blocks (``hash_ids``
   overlap), lowest cost wins. Decode placement is least-loaded.
 
-Ties go to the engine that started first, so routing is deterministic.
+Ties go to the engine that became ready first, so routing is deterministic.
 """
 
 from __future__ import annotations

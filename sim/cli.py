@@ -584,6 +584,22 @@ def _run_one(name, run, setup, workload, sizing, initial, log_fh, progress, roun
                                  progress=progress, live=live)
 
 
+def stranded_note(result) -> str | None:
+    """Say so when the run stalled: its summary counts requests its log has no record of.
+
+    A fleet left unable to serve (a policy that stopped a role's last engine) ends the
+    run an hour after the trace; the requests still waiting count as missed in the
+    table and the report, but no engine finished them, so ``events.jsonl`` holds no
+    ``request`` record of them and an audit of that log cannot see them.
+    """
+    from fleetplan.sim.runner import STALL_S
+
+    if not result.stranded:
+        return None
+    return (f"{result.policy}: the run stalled: nothing finished for {STALL_S / 3600:g} h, and the "
+            f"{result.stranded:,} requests still waiting count as missed (the log has no record of them)")
+
+
 def _summary_json(run, sizing, results, out) -> dict:
     from fleetplan.sim import REVISION
     from fleetplan.sim.forecast_check import run_coverage
@@ -619,6 +635,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         },
         "wall_s_total": wall,
         "late_events": main.late_events,
+        "stranded_requests": main.stranded,
         "gpu_budget_held_ticks": budget_held_ticks(main),
         "retune": main.retune,
         "forecast": run_coverage(main, run["workload"], cfg),
@@ -746,8 +763,8 @@ def _print_table(results, setup, workload, run, out, coverage=None) -> None:
         console.print(line)
     for line in retune_lines(main.retune or []):
         console.print(line)
-    note = _budget_note(main, cfg)
-    if note:
-        console.print(note, style="yellow")
+    for note in (_budget_note(main, cfg), stranded_note(main)):
+        if note:
+            console.print(note, style="yellow")
     if out is not None:
         console.print(f"wrote {out / 'events.jsonl'}, {out / 'summary.json'}, {out / 'report.html'}")

@@ -154,6 +154,7 @@ class RunResult:
     iterations: int = 0
     fpms: int = 0
     retune: list[dict] | None = None  # the retune loop's decisions (sim/retune.py), when it ran
+    stranded: int = 0  # requests a stalled run ended with, unserved: counted missed, never logged
 
 
 # --- controllers ------------------------------------------------------------------
@@ -457,6 +458,7 @@ class ClosedLoop(FleetListener):
             decisions=self.controller.decisions, events=self.fed, logged=self.log.count,
             late_events=self.controller.late, wall_s=wallclock.perf_counter() - started,
             iterations=sum(e.iterations for e in self.fleet.engines), fpms=self.fpms,
+            stranded=self.stranded,
         )
 
     def active(self) -> bool:

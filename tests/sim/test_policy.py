@@ -182,4 +182,11 @@ def test_a_run_whose_fleet_cannot_serve_what_is_left_ends_and_counts_it_missed(p
     log = result.requests.arrays()
     never = log["ttft"] >= result.end_s - log["arrival"] - 1e-9
     assert never.any() and np.isnan(log["itl"][never]).all()
+    # the summary counts requests the log has no record of: said when the run is printed
+    from fleetplan.sim.cli import stranded_note
+
+    assert result.stranded == int((log["end"] >= result.end_s - 1e-9).sum()) > 0
+    assert stranded_note(result) == (f"to-zero: the run stalled: nothing finished for 1 h, and the "
+                                     f"{result.stranded:,} requests still waiting count as missed "
+                                     "(the log has no record of them)")
 

@@ -268,17 +268,19 @@ class Planner:
         start = state.window_start
         if start is None:
             start = now - interval
-            # traffic that began well into the first window (a deployment started between
-            # ticks) makes it partial: its count is then scaled up to a rate, not taken as one
             first = state.first_traffic
             if first is not None and first - start > PARTIAL_WINDOW_SHARE * interval:
-                start = first
-                if now - start < PARTIAL_WINDOW_SHARE * interval:
-                    # too little to be a rate (one request a millisecond before the tick would
-                    # read as 1,000 a second): the first full window is the first one fed
-                    _start_window(state, now)
-                    scratch.throughput_reason = "no_traffic_data"
-                    return
+                # traffic that began well into the first window (a deployment started between
+                # ticks) makes it partial, and it is not sized: what finished in it are the
+                # short answers (30 s of the compose demo read a mean OSL 5 % short, decode's
+                # capacity as many high, and its slot count cut 3 engines to 2), and one
+                # request a millisecond before the tick would read as 1,000 a second. It is
+                # carried into the next window, which then runs from the first request: the
+                # first window sized holds an interval of traffic at least, as Dynamo's first
+                # adjustment, one interval after the planner starts
+                state.window_start = first
+                scratch.throughput_reason = "no_traffic_data"
+                return
         # the window's own length: after a set_config shortened the interval, the window
         # began on the old grid and is longer than the new interval (capping it there read
         # 180 s of requests as 20 s of them, a 9x rate)
@@ -297,10 +299,11 @@ class Planner:
         if not state.seen_traffic:
             scratch.throughput_reason = "no_traffic_data"
             return
-        # A partial first window is scaled up to a full one so the count is a rate, and dated as
-        # the whole window ending now that it stands for: dated from its first request, it ran
-        # past the next window's start (a seed of the kept windows left it out) and could take
-        # the next window's place in the daily cycle
+        # A window of another length than the interval (the first, carried from the tick before
+        # it, or one a set_config resized) is scaled to a full one so the count is a rate. One
+        # shorter is dated as the whole window ending now that it stands for: dated from its
+        # first request, it ran past the next window's start (a seed of the kept windows left
+        # it out) and could take the next window's place in the daily cycle
         full = TrafficObservation(
             duration_s=interval, num_req=obs.num_req * interval / duration, isl=obs.isl,
             osl=obs.osl, kv_hit_rate=obs.kv_hit_rate, accept_length=obs.accept_length,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetplan.models.canonical import canonical_key
-from fleetplan.schemas import RequestArrival
+from fleetplan.schemas import RequestArrival, RequestRecord
 from fleetplan.streams.tables import TrafficSums
 from tests.models.factories import T0, decisions, ready, requests
 
@@ -70,14 +70,15 @@ def test_the_traffic_mirror_counts_what_the_core_counts():
 
 
 def test_traffic_that_starts_mid_window_is_counted_as_a_rate(make_fleet):
-    # a deployment whose traffic begins 120 s into its first 180 s window: 60 s at 10 rps
-    # is 600 requests, a rate of 10 rps, not 600 / 180 = 3.3 rps
+    # a deployment whose traffic begins 120 s into its first 180 s window: that window is carried
+    # into the next, and its 240 s at 10 rps are 2,400 requests, a rate of 10 rps, not 2,400 / 180
     from fleetplan.schemas import ClockEvent
 
-    evs = [ready("p0", "prefill"), ready("d0", "decode"), *arrivals(10, T0 + 120, T0 + 180),
-           ClockEvent(deployment="d", time=T0 + 181)]
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *arrivals(10, T0 + 120, T0 + 360),
+           ClockEvent(deployment="d", time=T0 + 361)]
     (tick,) = [o for o in make_fleet(sizing="fleetplan").run(evs) if o.observed is not None]
-    assert tick.observed.num_req == pytest.approx(1800.0, rel=0.02)  # 600 over 60 s, per 180 s
+    assert tick.time == T0 + 360
+    assert tick.observed.num_req == pytest.approx(1800.0, rel=0.02)  # 2,400 over 240 s, per 180 s
     # traffic from the window's start is a whole window, as before
     evs = [ready("p0", "prefill"), ready("d0", "decode"), *arrivals(10, T0 + 1, T0 + 180),
            ClockEvent(deployment="d", time=T0 + 181)]
@@ -103,3 +104,43 @@ def test_a_first_window_too_short_to_be_a_rate_is_not_fed(make_fleet):
     # the first full window is the first one the forecast sees: 2 requests a second, one engine each
     assert second.observed.num_req == pytest.approx(358, abs=2)
     assert second.targets == {"prefill": 1, "decode": 1}
+
+
+def _answered(rate: float, start: float, end: float, osls=(60, 150, 250, 400, 700)):
+    """Arrivals at ``rate`` in [start, end), each finished once its answer is decoded (20 ms a
+    token): a long answer finishes seconds after a short one that arrived with it."""
+    out = []
+    for i in range(int((end - start) * rate)):
+        t, osl = start + i / rate, osls[i % len(osls)]
+        out.append(RequestArrival(deployment="d", time=t, request_id=f"q{i}", input_tokens=1000))
+        out.append(RequestRecord(deployment="d", time=t + 0.05 + osl * 0.02, request_id=f"q{i}",
+                                 input_tokens=1000, output_tokens=osl, request_received_ms=t * 1000))
+    return sorted(out, key=lambda e: e.time)
+
+
+def test_a_partial_first_window_does_not_size_decode_from_its_short_answers(make_fleet):
+    """Traffic that began 30 s before the first 60-s tick: the answers that finished by then are
+    the short ones (mean OSL 269 of the 312 that arrived), so decode's capacity read 16 % high
+    and its slot count cut 3 engines to 2 on traffic that needs 3 (the compose demo's first
+    tick, 33 s after its fleet started: ITL p90 121 ms on 2 engines). As Dynamo's first
+    adjustment, one interval after the planner starts, the first window sized holds at least
+    an interval of traffic: the partial one is carried into the next."""
+    fleets = [ready(f"p{i}", "prefill", T0 + 0.1) for i in range(3)]
+    fleets += [ready(f"d{i}", "decode", T0 + 0.1) for i in range(3)]
+
+    def first_sizings(begin: float):
+        fleet = make_fleet(sizing="fleetplan", throughput_adjustment_interval_seconds=60,
+                           enable_load_scaling=False)
+        out = fleet.run([*fleets, *_answered(90, T0 + begin, T0 + 200)])
+        return [o for o in out if getattr(o, "throughput_reason", "not_due") != "not_due"][:2]
+
+    # traffic from the window's start: a whole first window, decode kept at 3
+    assert [t.targets["decode"] for t in first_sizings(0.5)] == [3, 3]
+    ticks = first_sizings(30.0)
+    assert [t.targets["decode"] for t in ticks] == [3, 3]
+    held, first = ticks
+    assert held.time == T0 + 60 and held.throughput_reason == "no_traffic_data" and held.decision is None
+    assert held.targets == {"prefill": 3, "decode": 3}
+    # the next tick sizes the 90 s from the first request, its count scaled to a 60-s window
+    assert first.time == T0 + 120 and first.observed.num_req == pytest.approx(90 * 60, rel=0.01)
+    assert first.targets["decode"] == 3

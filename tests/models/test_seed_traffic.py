@@ -210,10 +210,11 @@ def test_a_seed_at_the_schemas_limits_is_sized_not_crashed_on(predictor):
 
 
 def test_a_deployment_whose_traffic_began_mid_window_seeds_every_window(make_fleet):
-    """Traffic from half way into the first window makes it partial, its count scaled to a whole
-    window's; kept with the start of its traffic and the interval's length, it ran past the next
-    window's start, so the seed left it out and a planner started from the seed forecast 3,634
-    where the one that saw the traffic forecast 3,539."""
+    """Traffic from half way into the first window makes it partial, carried into the next (since
+    2026-12-05; before, its count was scaled to a whole window's, and kept with the start of its
+    traffic and the interval's length, it ran past the next window's start, so the seed left it
+    out and a planner started from the seed forecast 3,634 where the one that saw the traffic
+    forecast 3,539). The longer first window is kept too."""
     from fleetplan.models.predictor_swap import seed_windows
     from fleetplan.schemas import ClockEvent
 
@@ -224,7 +225,7 @@ def test_a_deployment_whose_traffic_began_mid_window_seeds_every_window(make_fle
     live.run(events)
     state = live.state("d")
     history = state.traffic_history
-    assert len(history) == 3 and seed_windows(history) == history
+    assert len(history) == 2 and seed_windows(history) == history
     seeded = make_fleet(load_predictor="ensemble")
     seeded.run([_seed(state.max_time, seed_windows(history)), ClockEvent(deployment="d", time=state.max_time + 62.0)])
     assert seeded.state("d").forecaster.forecast() == state.forecaster.forecast()

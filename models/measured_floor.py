@@ -100,13 +100,14 @@ def engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> dic
     if obs.accept_length is not None:
         accept = obs.accept_length
     budgets, osl_classes = size_mix(state, state.window.length_mix, kv_hit, accept)
-    measured = state.window.arrival_dispersion(duration)
+    began = window_began(state) or 0.0
+    measured = state.window.arrival_dispersion(began, duration)
     if measured is None:
         dispersion = queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve)
     else:
         curve = []
         if cfg.queueing_arrivals == "timescales":  # the only mode that reads it; it rebins the window
-            curve = state.window.dispersion_curve(window_began(state) or 0.0, duration) or []
+            curve = state.window.dispersion_curve(began, duration) or []
         dispersion = queueing_dispersion(cfg, measured, curve)
     interval = cfg.throughput_adjustment_interval_seconds
     count = obs.num_req * interval / duration

@@ -290,7 +290,7 @@ class Planner:
         )
         peak = state.window.peak_count(interval, cfg.burst_seconds, by_arrival=state.seen_arrivals)
         mix = state.window.length_mix
-        dispersion = state.window.arrival_dispersion(duration)
+        dispersion = state.window.arrival_dispersion(start, duration)
         if dispersion is not None:
             state.arrival_dispersion = dispersion
             if cfg.queueing_arrivals == "timescales":

@@ -133,19 +133,39 @@ class TrafficWindow:
             return None
         return max(counts.values()) * interval_s / burst_s
 
-    def arrival_dispersion(self, duration_s: float) -> float | None:
+    def whole_seconds(self, start_s: float, duration_s: float) -> list[int]:
+        """Arrivals in each whole second of the window ``[start_s, start_s + duration_s)``, empty ones too.
+
+        The first window runs from the first request, inside a second: that
+        second lies mostly before the window, and counted as one of its bins
+        its few arrivals read as a burst (the compose demo's first window, 30 s
+        from 149.81, had a 1-s dispersion of 3.57 where its whole seconds give
+        1.52). A tick ends every window, on a whole second.
+        """
+        first = math.ceil(start_s)
+        # float noise in start + duration must not drop the last second
+        seconds = max(math.floor(start_s + duration_s + 1e-9) - first, 0)
+        per_second = [0] * seconds
+        for key, n in self.second_arrivals.items():
+            j = int(key) - first
+            if 0 <= j < seconds:
+                per_second[j] += n
+        return per_second
+
+    def arrival_dispersion(self, start_s: float, duration_s: float) -> float | None:
         """Index of dispersion of arrivals per second (variance / mean of the counts).
 
         1 for Poisson arrivals; bursty traffic (requests that come in
         clusters, as Azure's code trace does) runs far above it, and queues
         longer than a Poisson queueing model says. None with too few
-        arrivals (under 30) or under two seconds to tell.
+        arrivals (under 30) or under two seconds to tell. Over the window's
+        whole seconds (:meth:`whole_seconds`).
         """
-        seconds = math.floor(duration_s)
-        total = sum(self.second_arrivals.values())
-        if seconds < 2 or total < 30:
+        per_second = self.whole_seconds(start_s, duration_s)
+        total = sum(per_second)
+        if len(per_second) < 2 or total < 30:
             return None
-        return _index_of_dispersion(total, sum(c * c for c in self.second_arrivals.values()), seconds)
+        return _index_of_dispersion(total, sum(c * c for c in per_second), len(per_second))
 
     def dispersion_curve(self, start_s: float, duration_s: float) -> list[list[float]] | None:
         """The index of dispersion of arrivals at several time scales: ``[[tau, I(tau)], ...]``.
@@ -157,18 +177,13 @@ class TrafficWindow:
         bursts last longer, as Azure's code trace's do (10 at 1 s, 26-62 at
         5 s), and those are the bursts a queue cannot absorb. Scales from 1 s
         to 16 s, each with at least ``CURVE_MIN_BINS`` whole bins in the
-        window; None when the 1-s point cannot be told (under 30 arrivals or
-        two seconds).
+        window (its whole seconds: :meth:`whole_seconds`); None when the 1-s
+        point cannot be told (under 30 arrivals or two seconds).
         """
-        first = math.floor(start_s)
-        total_seconds = math.floor(duration_s)
-        if total_seconds < 2 or sum(self.second_arrivals.values()) < 30:
+        per_second = self.whole_seconds(start_s, duration_s)
+        total_seconds = len(per_second)
+        if total_seconds < 2 or sum(per_second) < 30:
             return None
-        per_second = [0] * total_seconds  # the window's seconds from its start, empty ones too
-        for key, n in self.second_arrivals.items():
-            j = int(key) - first
-            if 0 <= j < total_seconds:
-                per_second[j] += n
         curve = []
         for tau in CURVE_SCALES:
             bins = total_seconds // tau

@@ -112,10 +112,10 @@ def test_window_dispersion_is_one_for_spread_arrivals_and_large_for_clusters():
     from fleetplan.models.state import TrafficWindow
 
     steady = TrafficWindow(second_arrivals={str(s): 5 for s in range(180)})
-    assert steady.arrival_dispersion(180) == 0.0
+    assert steady.arrival_dispersion(0.0, 180) == 0.0
     clustered = TrafficWindow(second_arrivals={str(s): 50 for s in range(0, 180, 10)})
-    assert clustered.arrival_dispersion(180) == pytest.approx(45.0)  # (2500/10 - 25) / 5
-    assert TrafficWindow(second_arrivals={"0": 29}).arrival_dispersion(180) is None  # too few
+    assert clustered.arrival_dispersion(0.0, 180) == pytest.approx(45.0)  # (2500/10 - 25) / 5
+    assert TrafficWindow(second_arrivals={"0": 29}).arrival_dispersion(0.0, 180) is None  # too few
 
 
 def test_the_planner_adds_prefill_for_clustered_arrivals(make_fleet):
@@ -190,6 +190,21 @@ def test_window_dispersion_curve_per_time_scale():
     assert TrafficWindow(second_arrivals={"0": 29}).dispersion_curve(0.0, 180.0) is None
 
 
+def test_a_window_from_its_first_request_counts_whole_seconds_only():
+    """The first window runs from the first request, inside a second: that second, mostly before
+    the window, held 5 arrivals where each whole one held 50, and counted as a bin it read as a
+    burst. The compose demo's first window (30 s from 149.81) read a 1-s dispersion of 3.57 where
+    its whole seconds give 1.52, and the one-number dispersion 0.43 (31 seconds over 30 bins)."""
+    from fleetplan.models.state import TrafficWindow
+
+    steady = TrafficWindow(second_arrivals={"100": 5, **{str(s): 50 for s in range(101, 160)}})
+    # the window [100.9, 160): a tick ends it, so its last second is whole
+    assert steady.dispersion_curve(100.9, 160 - 100.9) == [[1.0, 0.0], [2.0, 0.0], [4.0, 0.0]]
+    assert steady.arrival_dispersion(100.9, 160 - 100.9) == 0.0
+    # a window from a whole second counts it, as before
+    assert steady.dispersion_curve(101.0, 59.0)[0] == [1.0, 0.0]
+
+
 @pytest.mark.parametrize(("rate", "engine_rps", "budget"), [(2.0, 8.0, 0.3), (20.0, 8.0, 0.3), (170.0, 24.0, 0.4)])
 def test_poisson_windows_get_the_same_floor_from_the_curve(rate, engine_rps, budget):
     """Measured on Poisson arrivals, the curve's noise at the long scales does not move the floor."""
@@ -201,7 +216,7 @@ def test_poisson_windows_get_the_same_floor_from_the_curve(rate, engine_rps, bud
     for _ in range(40):
         counts = rng.poisson(rate, 180)
         window = TrafficWindow(second_arrivals={str(s): int(c) for s, c in enumerate(counts) if c})
-        one_second = window.arrival_dispersion(180)
+        one_second = window.arrival_dispersion(0.0, 180)
         curve = window.dispersion_curve(0.0, 180.0)
         assert queueing_replicas(rate, engine_rps, budget, 0.99, 1, arrival_dispersion=curve) == \
             queueing_replicas(rate, engine_rps, budget, 0.99, 1, arrival_dispersion=one_second)

@@ -3,6 +3,7 @@ divergence named (decision_id, field, recorded, recomputed) with a non-zero exit
 
 from __future__ import annotations
 
+import math
 import subprocess
 from pathlib import Path
 
@@ -94,6 +95,26 @@ def test_first_difference_walks_nested_values():
     assert first_difference({"a": {"b": [1, 2]}}, {"a": {"b": [1, 3]}}) == ("a.b[1]", 2, 3)
     assert first_difference({"a": 1.0}, {"a": 1.0}) is None
     assert first_difference({"a": 1}, {"b": 1}) == ("a", 1, None)
+    # floats are compared bit for bit: a sum taken in another order is a difference
+    assert first_difference({"a": [0.1 + 0.2]}, {"a": [0.3]}) == ("a[0]", 0.1 + 0.2, 0.3)
+    assert first_difference({"a": float("nan")}, {"a": float("nan")}) is None
+
+
+def test_a_decision_one_ulp_off_is_the_first_divergence(tmp_path):
+    """The audit's claim is that the core reproduces every decision bit for bit. A recorded
+    float one ulp away from the recomputed one (a fold that applied the same events in another
+    order can leave no more) diverges: a tolerant float compare would call that replay
+    reproduced, and the tampered-decision tests above change only counts, which it still catches."""
+    log = tmp_path / "run.jsonl"
+    decisions = write_log(log)
+    tampered = decisions[3]["time"]
+    off = math.nextafter(tampered, math.inf)
+    rewrite(log, lambda o: {**o, "time": off} if o.get("decision_id") == 3 else o)
+    result = audit_log(log, "alpha", planner=deciding_planner())
+    assert not result.ok
+    d = result.divergence
+    assert (d.decision_id, d.field, d.recorded, d.recomputed) == (3, "time", off, tampered)
+    assert result.reproduced == [0, 1, 2]
 
 
 def test_late_events_in_a_log_are_counted_as_refused(tmp_path):

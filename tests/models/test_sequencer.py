@@ -8,6 +8,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleetplan.models.fleet import LateEvent
 from fleetplan.models.sequencer import first_tick_after
 from fleetplan.schemas import encode_event
 from tests.models.factories import T0, ack, fpm, ready, requests
@@ -53,12 +54,21 @@ def test_shuffle_within_grace_never_changes_decisions(make_fleet, seed):
     assert baseline[1], "the scenario must produce decisions"
 
 
+def _request_at(t: float, tag: str):
+    return requests(1, T0, T0 + 1, tag=tag)[0].model_copy(update={"time": t, "request_received_ms": (t - 0.2) * 1000})
+
+
 def test_late_event_is_refused_and_counted(make_fleet):
     fleet = make_fleet()
     fleet.run(SCENARIO[:50] + requests(1, T0 + 190, T0 + 200, tag="z"))
     late = fleet.feed(requests(1, T0 + 10, T0 + 11, tag="late")[0])
     assert len(late) == 1 and late[0].last_tick == T0 + 180
     assert fleet.states["d"].late_events == 1
+    # the edge: the tick at T0 + 180 saw the events before it, so one a millisecond before it is
+    # late; one at it is the next tick's (a refusal a second off either way went unnoticed)
+    (edge,) = fleet.feed(_request_at(T0 + 179.999, "edge"))
+    assert isinstance(edge, LateEvent) and fleet.states["d"].late_events == 2
+    assert fleet.feed(_request_at(T0 + 180, "on")) == [] and fleet.states["d"].late_events == 2
 
 
 def test_ticks_fall_on_the_grid():

@@ -145,11 +145,17 @@ def test_python_side_rejects_non_finite():
 
 
 def test_oversize_message_is_flagged():
-    raw = _fpm_json(worker_id="x" * 10) + b" " * MAX_EVENT_BYTES
+    """At most ``MAX_EVENT_BYTES``: a record of exactly that size is read, one byte more is
+    refused. The bridge packs records up to the limit and the worker's FPM fast path reads
+    them up to it, so every other record must be read up to it too (a refusal one byte early
+    or late passed when only a record a whole MiB over was tried)."""
+    fpm = _fpm_json(worker_id="x" * 10)
+    at_limit = fpm + b" " * (MAX_EVENT_BYTES - len(fpm))
+    assert decode_event(at_limit).worker_id == "x" * 10
     with pytest.raises(SchemaError) as info:
-        decode_event(raw)
+        decode_event(at_limit + b" ")
     assert info.value.oversize
-    assert f"at most {MAX_EVENT_BYTES} bytes" in str(info.value)
+    assert f"at most {MAX_EVENT_BYTES} bytes, got {MAX_EVENT_BYTES + 1}" in str(info.value)
 
 
 def test_request_ending_as_it_arrived_is_accepted():

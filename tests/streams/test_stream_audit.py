@@ -221,3 +221,37 @@ def test_an_unreadable_tick_record_tells_the_kafka_audit_nothing(tmp_path, monke
     _on_topics(monkeypatch, records)
     result = audit_kafka("fake:9092", "alpha", partitions=1, planner=deciding_planner())
     assert result.ok, result.lines()
+
+
+@pytest.mark.parametrize(("ticks", "diverged"), [
+    # the worker fired the last decision's tick (its own ticks: the latest counts) and recorded
+    # no decision for it: a decision lost
+    (lambda t: [(b"alpha", t[5]), (b"alpha", t[8]), (b"alpha", t[7])], True),
+    # the worker's last tick was before it: not yet written; another deployment's later tick
+    # on the same partition says nothing of how far this one got
+    (lambda t: [(b"alpha", t[7]), (b"beta", t[8] + 100.0)], False),
+], ids=["lost", "not-yet-written"])
+def test_the_kafka_audit_tells_a_lost_decision_from_one_not_yet_written(tmp_path, monkeypatch, ticks, diverged):
+    """The tick records bound what the worker has decided: a recomputed decision up to its
+    latest tick that is not on the decisions topic is a divergence, one after it is not yet
+    recorded. Only junk tick records were tried: taking the earliest tick, or another
+    deployment's, as the bound passed every test here."""
+    from fleetplan.schemas import topics
+    from fleetplan.streams.audit import audit_kafka
+    from fleetplan.streams.topics import TICKS
+
+    log = tmp_path / "run.jsonl"
+    decisions = write_log(log)
+    assert len(decisions) == 9
+    records = _topics_of(log)
+    records[topics.DECISIONS] = records[topics.DECISIONS][:-1]  # decision 8 never reached the topic
+    times = [d["time"] for d in decisions]
+    records[TICKS] = [(key, orjson.dumps({"deployment": key.decode(), "time": t})) for key, t in ticks(times)]
+    _on_topics(monkeypatch, records)
+    result = audit_kafka("fake:9092", "alpha", partitions=1, planner=deciding_planner())
+    assert result.reproduced == list(range(8))
+    if diverged:
+        assert not result.ok and (result.divergence.decision_id, result.divergence.recorded) == (8, None)
+    else:
+        assert result.ok and result.beyond_horizon == 1, result.lines()
+        assert result.lines()[-1].endswith(f"1 not yet recorded (after tick {times[7]})")

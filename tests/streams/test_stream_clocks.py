@@ -76,6 +76,23 @@ def test_a_partition_stuck_past_its_expected_offset_is_sought_again_then_jumps()
     assert p.jumps == 1 and p.resume(TP) == 7
 
 
+def test_a_stall_that_healed_does_not_count_against_the_next():
+    """The reseeks count one stall: once the expected offset comes (the seek worked), the next
+    stall is sought ``max_reseeks`` times again before the jump that skips records. Counted
+    over the worker's life instead, stalls that each healed made a later leftover jump at once,
+    past records that were only waiting to be read again; the test above never healed."""
+    p = InputPositions(reseek_after_s=1.0, max_reseeks=2)
+    p.reset(TP, 0)
+    assert not p.accept(TP, 5, now=0.0)
+    assert p.due_for_reseek(now=1.0) == {TP: 0}
+    assert p.accept(TP, 0, now=1.5)  # the seek worked: offset 0 came, in order
+    assert not p.accept(TP, 9, now=2.0)  # a later stall: a leftover again
+    assert p.due_for_reseek(now=3.0) == {TP: 1}
+    assert not p.accept(TP, 9, now=3.5)  # sought once for this stall: not yet a gap
+    assert p.jumps == 0
+    assert p.accept(TP, 1, now=3.6) and p.resume(TP) == 0
+
+
 def test_deployments_hash_like_kafkas_default_partitioner():
     # Known values of murmur2 as used by the Java client and aiokafka.
     assert [partition_for(d, 2) for d in ("alpha", "epsilon")] == [0, 1]

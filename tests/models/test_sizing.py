@@ -90,6 +90,24 @@ def test_median_of_recent_startups_resists_one_slow_pull(make_fleet):
     assert measured_startup_seconds(_state(fleet)) == 110
 
 
+def test_only_the_recent_startups_count(make_fleet):
+    """The median is of the last ``STARTUP_SAMPLES`` startups: after eight slow ones (a cold image
+    cache) eight fast ones are the startup, and the state keeps no more than that. The test above
+    has four samples, so keeping every startup ever measured (a horizon stretched by pulls long
+    past, and a state that grows for good) passed it."""
+    from fleetplan.models.startup import STARTUP_SAMPLES, measured_startup_seconds
+
+    fleet = make_fleet(startup_seconds=120)
+    evs = []
+    for i in range(2 * STARTUP_SAMPLES):
+        start, seconds = (T0 + 10 * i, 600) if i < STARTUP_SAMPLES else (T0 + 700 + 10 * i, 100)
+        evs += [_inventory(f"p{i}", "starting", start), _inventory(f"p{i}", "ready", start + seconds)]
+    fleet.run(sorted(evs, key=lambda e: e.time) + [_clock(T0 + 12 * INTERVAL)])
+    state = _state(fleet)
+    assert state.startup_samples == [100.0] * STARTUP_SAMPLES
+    assert measured_startup_seconds(state) == 100
+
+
 # --- startups timed by acks, where no inventory is written -------------------------
 
 

@@ -60,6 +60,16 @@ def test_an_orchestrators_superseded_is_acked_superseded():
         VirtualApplier._settle(decision, Completion(5, "superseded", {}, "a newer plan"))
 
 
+def test_a_completion_of_a_newer_decision_supersedes_the_one_waited_on():
+    """The hash names the decision the orchestrator scaled to: a newer one's completion is not this
+    decision's, so it is acked superseded, not applied with the newer decision's counts and status
+    (no test completed another decision than the one waited on, and dropping the check passed)."""
+    decision = make_decision("llama", 5, prefill=2, decode=4)
+    for status in ("applied", "failed"):
+        with pytest.raises(Superseded, match="the orchestrator completed decision 6 instead"):
+            VirtualApplier._settle(decision, Completion(6, status, {"prefill": 9, "decode": 9}, "its own"))
+
+
 def test_an_orchestrators_applied_without_counts_reports_the_targets():
     """As docs/connectors.md says: the planner times a scale-up's startup by the counts of
     its ``applied`` ack, and an orchestrator that reports none reports the targets reached."""

@@ -391,12 +391,14 @@ async def test_with_max_ahead_an_event_dated_past_the_clock_is_dead_lettered_and
 async def test_with_max_ahead_a_publishers_batch_loses_only_its_fast_fpms():
     """A sidecar's batch carries several engines' FPMs: the one engine whose clock is fast has its
     FPMs refused, the others' go through, dated by their latest when the batch's own time is fast
-    too (a batch is folded at its time)."""
+    too (a batch is folded at its time), and no heartbeat follows the batch's fast time (a kept
+    batch that carried it moved the deployment's heartbeats two hours on, which only heartbeats
+    show: the batch itself is packed again by its FPMs' seconds)."""
     import time
 
     producer = FakeProducer()
     producer.auto = True
-    bridge = Bridge(settings(max_ahead_s=60.0), producer=producer)
+    bridge = Bridge(settings(max_ahead_s=60.0, heartbeat_s=0.05), producer=producer)
     await bridge.start()
     now = math.floor(time.time())
     fpms = [fpm("alpha", now + 0.2, 1, worker="ok-1"), fpm("alpha", now + 7200.0, 2, worker="fast"),
@@ -404,15 +406,17 @@ async def test_with_max_ahead_a_publishers_batch_loses_only_its_fast_fpms():
     body = {"type": "fpm_batch", "deployment": "alpha", "time": now + 7200.0, "fpms": [as_dict(f) for f in fpms]}
     try:
         assert await bridge.accept([orjson.dumps(body)]) == 1
-        await settle(producer, lambda: any("fpm" in t for t, _ in producer.delivered))
+        await settle(producer, lambda: sum(b'"clock"' in v for _, v in producer.delivered) >= 2)
     finally:
         await bridge.stop()
     letters = [decode_event(v) for t, v in producer.delivered if "deadletter" in t]
     assert len(letters) == 1 and '"worker_id":"fast"' in letters[0].payload
     assert 7195 < int(re.search(r", (\d+) s ahead", letters[0].detail)[1]) <= 7200  # the clock moved on
-    sent = [decode_input(v) for t, v in producer.delivered if "fpm" in t]
-    assert [[f.worker_id for f in b.fpms] for b in sent] == [["ok-1", "ok-2"]]
-    assert sent[0].time == now + 0.4
+    sent = [decode_input(v) for t, v in producer.delivered if "deadletter" not in t]
+    batches = [e for e in sent if e.type == "fpm_batch"]
+    assert [[f.worker_id for f in b.fpms] for b in batches] == [["ok-1", "ok-2"]]
+    assert batches[0].time == now + 0.4
+    assert max(e.time for e in sent) < now + 60.0  # the heartbeats too
     assert bridge.metrics.ahead._value.get() == 1
 
 

@@ -27,7 +27,7 @@ rebalance cannot both claim a decision, and neither can take the other's
 live claim for a dead one. Layout, one hash per deployment
 (``{prefix}:{deployment}``): ``newest`` (highest decision_id claimed),
 ``claimed`` / ``claimed_by`` / ``claimed_at``, ``outcome:{id}`` (JSON) and
-``acked:{id}``. Outcomes older than ``keep`` ids are trimmed as new ones land.
+``acked:{id}``. Outcomes more than ``keep`` ids below the newest are trimmed as new ones land.
 """
 
 from __future__ import annotations
@@ -92,23 +92,38 @@ local function foreign_live_claim(claimant, lease)
 end
 """
 
+# Outcomes more than ``keep`` ids below the newest are trimmed, every id up to there from the
+# last one trimmed (``trimmed``), a thousand at most a call: trimming only the id ``keep`` below
+# each outcome stored left for good the ids above an advisory decision (never in the ledger)
+# and those stored superseded by _BEGIN. An id at or below ``trimmed`` gets no outcome stored:
+# it is older than the newest, so it is superseded whenever it is asked about again.
+_TRIM = """
+local function trim(keep)
+  local floor = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1') - tonumber(keep)
+  local done = tonumber(redis.call('HGET', KEYS[1], 'trimmed') or '-1')
+  local upto = math.min(floor, done + 1000)
+  for k = done + 1, upto do redis.call('HDEL', KEYS[1], 'outcome:' .. k, 'acked:' .. k) end
+  if upto > done then redis.call('HSET', KEYS[1], 'trimmed', upto) end
+end
+local function trimmed(id)
+  return id <= tonumber(redis.call('HGET', KEYS[1], 'trimmed') or '-1')
+end
+"""
+
 # Stores the outcome ``outcome`` of decision ``id_s`` (locals set by the caller): the claim on
-# it is released, ``newest`` kept, and outcomes ``keep`` ids older trimmed.
+# it is released, ``newest`` kept, and old outcomes trimmed.
 _STORE_OUTCOME = """
-redis.call('HSET', KEYS[1], 'outcome:' .. id_s, outcome)
+if not trimmed(tonumber(id_s)) then redis.call('HSET', KEYS[1], 'outcome:' .. id_s, outcome) end
 if redis.call('HGET', KEYS[1], 'claimed') == id_s then
   redis.call('HDEL', KEYS[1], 'claimed', 'claimed_by', 'claimed_run', 'claimed_at')
 end
 local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
 if tonumber(id_s) > newest then redis.call('HSET', KEYS[1], 'newest', id_s) end
-local old = tonumber(id_s) - tonumber(keep)
-if old >= 0 then
-  redis.call('HDEL', KEYS[1], 'outcome:' .. old, 'acked:' .. old)
-end
+trim(keep)
 """
 
 # KEYS[1] ledger hash. ARGV: id, claimant, superseded-outcome JSON, lease seconds, run.
-_BEGIN = _NOW + _FOREIGN_LIVE_CLAIM + """
+_BEGIN = _NOW + _FOREIGN_LIVE_CLAIM + _TRIM + """
 local id = tonumber(ARGV[1])
 local out = redis.call('HGET', KEYS[1], 'outcome:' .. ARGV[1])
 if out then
@@ -117,7 +132,7 @@ if out then
 end
 local newest = tonumber(redis.call('HGET', KEYS[1], 'newest') or '-1')
 if newest > id then
-  redis.call('HSET', KEYS[1], 'outcome:' .. ARGV[1], ARGV[3])
+  if not trimmed(id) then redis.call('HSET', KEYS[1], 'outcome:' .. ARGV[1], ARGV[3]) end
   return {'superseded', ARGV[3], 0}
 end
 local claimed = redis.call('HGET', KEYS[1], 'claimed')
@@ -138,7 +153,7 @@ return {verdict, '', 0}
 # KEYS[1] ledger hash. ARGV: id, claimant, superseded-outcome JSON, lease seconds, keep.
 # An outcome recorded earlier wins; a live claim of another connector (on this decision or
 # an older one it is still applying) makes the caller wait.
-_SUPERSEDE = _NOW + _FOREIGN_LIVE_CLAIM + """
+_SUPERSEDE = _NOW + _FOREIGN_LIVE_CLAIM + _TRIM + """
 local id_s, outcome, keep = ARGV[1], ARGV[3], ARGV[5]
 local out = redis.call('HGET', KEYS[1], 'outcome:' .. id_s)
 if out then
@@ -161,7 +176,7 @@ return 0
 """
 
 # KEYS[1] ledger hash. ARGV: id, outcome JSON, keep. The first outcome wins.
-_RECORD = """
+_RECORD = _TRIM + """
 local id_s, outcome, keep = ARGV[1], ARGV[2], ARGV[3]
 local existing = redis.call('HGET', KEYS[1], 'outcome:' .. id_s)
 if existing then return existing end

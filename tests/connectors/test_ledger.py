@@ -90,6 +90,31 @@ async def test_old_outcomes_are_trimmed(ledger):
     assert fields["newest"] == "5" and "claimed" not in fields
 
 
+async def test_outcomes_are_trimmed_past_ids_that_never_got_one_and_those_stored_as_superseded(ledger):
+    """keep=3. An advisory decision (3) never reaches the ledger, and an older one redelivered
+    after a newer began (7 after 8) is stored superseded by ``begin``: trimming only the id
+    ``keep`` below each stored outcome left outcome:0 and outcome:4 in the hash for good."""
+    async def applied(i):
+        d = make_decision(decision_id=i)
+        await ledger.begin(d)
+        await ledger.record(d, Outcome("applied"))
+        await ledger.mark_acked(d)
+
+    for i in (0, 1, 2, 4, 5, 6):
+        await applied(i)
+    eight, seven = make_decision(decision_id=8), make_decision(decision_id=7)
+    await ledger.begin(eight)
+    assert (await ledger.begin(seven)).verdict == "superseded"
+    await ledger.record(eight, Outcome("applied"))
+    for i in range(9, 14):
+        await applied(i)
+    fields = await ledger.snapshot("llama")
+    assert sorted(k for k in fields if k.startswith(("outcome:", "acked:"))) == [
+        "acked:11", "acked:12", "acked:13", "outcome:11", "outcome:12", "outcome:13"]
+    # an old decision read again after its outcome was trimmed is still told it was superseded
+    assert (await ledger.begin(make_decision(decision_id=1))).verdict == "superseded"
+
+
 async def test_no_decision_is_claimed_or_skipped_past_another_connectors_live_claim(aredis, redis_key_prefix):
     """A connector still applying 5 keeps a second one from skipping it and applying 6 beside it."""
     prefix = f"{redis_key_prefix}ledger"

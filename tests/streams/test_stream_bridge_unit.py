@@ -221,22 +221,27 @@ async def test_failed_produces_are_retried_until_delivered():
 async def test_retried_records_go_out_in_the_order_accepted_before_newer_ones():
     """Three records fail in flight, two more are accepted during the backoff: all five
     reach Kafka in the order accepted (a retry used to jump the queue, last failed first)."""
-    producer = FakeProducer()
+    assert await _delivered_after_three_fail(FakeProducer(), first=3) == [
+        request("alpha", T0, i).request_id for i in range(5)]
+
+
+async def _delivered_after_three_fail(producer, first: int) -> list[str]:
+    """Accept ``first`` of five requests, fail the three in flight, accept the rest, let every
+    send through: the request ids in the order they reached Kafka."""
     bridge = Bridge(settings(retry_backoff_s=0.05), producer=producer)
     await bridge.start()
     try:
-        for i in range(3):
+        for i in range(first):  # one window: nothing yields between the accepts
             await bridge.accept([encode_event(request("alpha", T0 + i, i))])
         await settle(producer, lambda: len(producer.pending) == 3)
         producer.deliver(error=ConnectionError("lost"))
-        for i in range(3, 5):
+        for i in range(first, 5):
             await bridge.accept([encode_event(request("alpha", T0 + i, i))])
         producer.auto = True
         await settle(producer, lambda: bridge.buffered == 0)
     finally:
         await bridge.stop()
-    ids = [decode_event(v).request_id for _, v in producer.delivered]
-    assert ids == [request("alpha", T0, i).request_id for i in range(5)]
+    return [decode_event(v).request_id for _, v in producer.delivered]
 
 
 async def test_a_heartbeat_never_overtakes_a_record_being_retried():
@@ -633,20 +638,8 @@ async def test_records_refused_at_send_and_failed_in_flight_are_retried_in_the_o
                 raise ConnectionError("broker down")
             return await super().send(topic, value, key)
 
-    producer = RefusesTheFourth()
-    bridge = Bridge(settings(retry_backoff_s=0.05), producer=producer)
-    await bridge.start()
-    try:
-        for i in range(5):  # one window: nothing yields between the accepts
-            await bridge.accept([encode_event(request("alpha", T0 + i, i))])
-        await settle(producer, lambda: len(producer.pending) == 3)
-        producer.deliver(error=ConnectionError("lost"))
-        producer.auto = True
-        await settle(producer, lambda: bridge.buffered == 0)
-    finally:
-        await bridge.stop()
-    ids = [decode_event(v).request_id for _, v in producer.delivered]
-    assert ids == [request("alpha", T0, i).request_id for i in range(5)]
+    assert await _delivered_after_three_fail(RefusesTheFourth(), first=5) == [
+        request("alpha", T0, i).request_id for i in range(5)]
 
 
 async def test_a_heartbeat_is_never_dated_before_the_one_sent_before_it():

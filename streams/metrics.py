@@ -8,6 +8,7 @@ and several workers in one process apart.
 
 from __future__ import annotations
 
+import contextlib
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, start_http_server
@@ -100,10 +101,36 @@ class WorkerMetrics:
             "their tick (it folds them again in order; many mean a source later than its grace)",
             registry=r)
         self._engines: dict[str, set[tuple[str, str]]] = {}
+        # the gauges that describe one deployment as its owner last saw it, by their label names
+        self._per_deployment = (
+            (self.replica_target, ("deployment", "role")), (self.replicas_ready, ("deployment", "role")),
+            (self.lower_bound, ("deployment", "role")), (self.predicted, ("deployment", "quantity")),
+            (self.sizing, ("deployment", "role", "by")), (self.utilization, ("deployment", "role")),
+            (self.horizon, ("deployment",)), (self.calibrated, ("deployment",)),
+            (self.exceeded, ("deployment", "count")), (self.startup, ("deployment",)),
+            (self.ttft, ("deployment", "role")), (self.itl, ("deployment", "role")),
+            (self.throughput_reason, ("deployment",)), (self.load_reason, ("deployment",)),
+            (self.queue_depth, ("deployment", "role", "engine", "kind")), (self.event_clock, ("deployment",)),
+        )
 
     def serve(self, port: int, host: str = "0.0.0.0"):
         """Expose /metrics on ``port`` (a daemon thread); returns the server."""
         return start_http_server(port, addr=host, registry=self.registry)
+
+    def forget(self, deployments, partitions) -> None:
+        """Stop exporting the gauges of deployments and input partitions this worker no longer owns.
+
+        Their new owner exports them; the last values seen here, frozen, would be scraped
+        beside its own for good (a backlog counted twice in a sum of the lag, a second line
+        of old targets). Counters stay: they stop growing, and go on if the partition comes back.
+        """
+        names = set(deployments)
+        for gauge, labels in self._per_deployment:
+            _remove_series(gauge, labels, lambda s: s["deployment"] in names)
+        for name in names:
+            self._engines.pop(name, None)
+        gone = {str(p) for p in partitions}
+        _remove_series(self.lag, ("topic", "partition"), lambda s: s["partition"] in gone)
 
     def observe_tick(self, report, state) -> None:
         """Record one tick report and the engines' queues it saw."""
@@ -169,3 +196,12 @@ class WorkerMetrics:
                 except KeyError:
                     pass
         self._engines[dep] = seen
+
+
+def _remove_series(metric, labelnames: tuple[str, ...], where) -> None:
+    """Remove the series of ``metric`` whose labels (a dict) ``where`` accepts."""
+    for family in metric.collect():
+        for labels in {tuple(s.labels.get(n) for n in labelnames) for s in family.samples
+                       if where(s.labels)}:
+            with contextlib.suppress(KeyError):  # removed meanwhile (older prometheus-clients raise)
+                metric.remove(*labels)

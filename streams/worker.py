@@ -292,6 +292,7 @@ class PlannerWorker:
         async with self._lock:
             gone = {tp.partition for tp in revoked if tp.topic in self._input_names}
             self.owned -= gone
+            self.metrics.forget([n for p in gone for n in self.router.by_partition.get(p, ())], gone)
             self.router.drop_partitions(gone)
             self.positions.forget(gone)
             for p in gone:

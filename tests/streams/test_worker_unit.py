@@ -135,3 +135,46 @@ def test_state_writes_never_acknowledged_stop_the_worker_instead_of_hanging_it()
             await _durable(Producer(), never, timeout_s=0.05)
 
     asyncio.run(main())
+
+
+def test_a_revoked_partition_leaves_none_of_its_gauges_behind(worker, monkeypatch):
+    """After a rebalance the new owner exports the deployment's gauges and its partitions' lag.
+    The old owner's last values, frozen, were exported beside them for good: the dashboard's
+    consumer lag (a sum by topic) counted the revoked partitions' backlog as never read, and the
+    replicas panel drew the deployment's old targets as a second line."""
+    from fleetplan.schemas.codec import encode_event
+    from fleetplan.streams.router import InputRecord
+    from tests.streams.traffic import traffic
+
+    fpms, requests = traffic("alpha", 12.0)
+    events = sorted([(canonical.FPM, e) for e in fpms] + [(canonical.REQUESTS, e) for e in requests],
+                    key=lambda te: te[1].time)
+    offsets: dict[str, int] = {}
+    records = []
+    for topic, event in events:
+        offsets[topic] = offsets.get(topic, -1) + 1
+        records.append(InputRecord(topic, 0, offsets[topic], b"alpha", encode_event(event), 0.0, offsets[topic]))
+    consumer = SimpleNamespace(assignment=lambda: worker.inputs, highwater=lambda tp: 1000)
+    monkeypatch.setattr(type(worker.app), "consumer", property(lambda self: consumer))
+    registry = worker.metrics.registry
+
+    def series(name: str) -> list:
+        return [s for m in registry.collect() for s in m.samples if s.name == name]
+
+    async def main():
+        await worker._on_recovered()
+        batch = worker.router.route(records, 1.0)
+        assert batch.ticks
+        worker._observe(batch, {(worker.topics.name(t), 0): o for t, o in offsets.items()}, 0.0)
+        for name in ("fleetplan_replica_target", "fleetplan_consumer_lag", "fleetplan_engine_queue_depth",
+                     "fleetplan_load_reason", "fleetplan_event_clock_seconds"):
+            assert series(name), name
+        await worker._on_revoked(None, worker.inputs)
+        for name in ("fleetplan_replica_target", "fleetplan_replicas_ready", "fleetplan_throughput_lower_bound",
+                     "fleetplan_startup_seconds", "fleetplan_consumer_lag", "fleetplan_engine_queue_depth",
+                     "fleetplan_load_reason", "fleetplan_throughput_reason", "fleetplan_event_clock_seconds"):
+            assert series(name) == [], name
+        # counters stay: their rate falls to nothing, and they go on if the partition comes back
+        assert series("fleetplan_ticks_total")
+
+    asyncio.run(main())

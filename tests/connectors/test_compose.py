@@ -171,3 +171,43 @@ def test_grafana_dashboard_is_provisioned():
                    "fleetplan_sizing_quantile_calibrated", "fleetplan_sizing_utilization",
                    "fleetplan_sizing_quantile_exceeded"):
         assert metric in exprs
+
+
+def _exported_names() -> set[str]:
+    """Every series name the worker, the bridge and the connector export (the ``_total`` of counters)."""
+    from fleetplan.connectors.bridge import BridgeMetrics
+    from fleetplan.connectors.metrics import ConnectorMetrics
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    names = set()
+    for metrics in (WorkerMetrics(), BridgeMetrics(), ConnectorMetrics("virtual")):
+        for family in metrics.registry.collect():
+            names.add(family.name)
+            if family.type == "counter":
+                names.add(family.name + "_total")
+            if family.type == "histogram":
+                names.update(family.name + s for s in ("_bucket", "_sum", "_count"))
+    return names
+
+
+def _dashboard_panels() -> list[dict]:
+    return json.loads((COMPOSE / "grafana" / "dashboards" / "fleetplan.json").read_text())["panels"]
+
+
+def test_the_dashboard_queries_only_metrics_the_services_export():
+    exported = _exported_names()
+    for panel in _dashboard_panels():
+        for target in panel["targets"]:
+            for name in re.findall(r"\bfleetplan_\w+", target["expr"]):
+                assert name in exported, (panel["title"], name)
+
+
+def test_the_dead_letter_panel_counts_every_services_dead_letters():
+    """The bridge dead-letters bad input at the edge, before Kafka; the panel's legend said
+    worker/bridge, but its query read the worker's counter alone."""
+    counters = {n for n in _exported_names() if "deadletter" in n and n.endswith("_total")}
+    assert counters == {"fleetplan_deadletters_total", "fleetplan_bridge_deadletters_total",
+                        "fleetplan_connector_deadlettered_total"}
+    panel = next(p for p in _dashboard_panels() if "dead-lettered" in p["title"].lower())
+    queried = {n for t in panel["targets"] for n in re.findall(r"\bfleetplan_\w+", t["expr"])}
+    assert counters <= queried

@@ -149,12 +149,13 @@ class WorkerMetrics:
                 self.ttft.labels(dep, role).set(est.ttft_ms)
             if est.itl_ms is not None:
                 self.itl.labels(dep, role).set(est.itl_ms)
-            if est.rate_replicas is not None:
-                self.sizing.labels(dep, role, "rate").set(est.rate_replicas)
-            if est.queueing_replicas is not None:
-                self.sizing.labels(dep, role, "queueing").set(est.queueing_replicas)
-            if est.utilization is not None:
-                self.utilization.labels(dep, role).set(est.utilization)
+            if report.predicted is None:
+                continue  # not a throughput tick: the last one's sizing stays
+            # a count this tick's sizing did not have (no queueing floor) is not exported: the
+            # last tick's would read as what sized the fleet now
+            _set_or_remove(self.sizing, (dep, role, "rate"), est.rate_replicas)
+            _set_or_remove(self.sizing, (dep, role, "queueing"), est.queueing_replicas)
+            _set_or_remove(self.utilization, (dep, role), est.utilization)
         if report.predicted is not None:
             self._observe_predicted(dep, report.predicted)
         # every tick: the load loop's scale-down waits one startup too (load_scale_down_stabilization_seconds
@@ -168,17 +169,15 @@ class WorkerMetrics:
         for name in PREDICTED_FIELDS:
             self.predicted.labels(dep, name).set(getattr(predicted, name))
         # the upper quantiles beside the point's rps: the busiest burst's, and the window's
+        # each only where this tick sized that way (null otherwise: point sizing, no queueing floor)
         for name in ("sized_rps", "window_sized_rps"):
-            if getattr(predicted, name) is not None:
-                self.predicted.labels(dep, name).set(getattr(predicted, name))
-        if predicted.horizon_windows is not None:
-            self.horizon.labels(dep).set(predicted.horizon_windows)
-        if predicted.quantile_calibrated is not None:
-            self.calibrated.labels(dep).set(1.0 if predicted.quantile_calibrated else 0.0)
-        if predicted.quantile_exceeded is not None:
-            exceeded, scored = predicted.quantile_exceeded
-            self.exceeded.labels(dep, "exceeded").set(exceeded)
-            self.exceeded.labels(dep, "scored").set(scored)
+            _set_or_remove(self.predicted, (dep, name), getattr(predicted, name))
+        _set_or_remove(self.horizon, (dep,), predicted.horizon_windows)
+        calibrated = predicted.quantile_calibrated
+        _set_or_remove(self.calibrated, (dep,), None if calibrated is None else float(calibrated))
+        exceeded, scored = predicted.quantile_exceeded or (None, None)
+        _set_or_remove(self.exceeded, (dep, "exceeded"), exceeded)
+        _set_or_remove(self.exceeded, (dep, "scored"), scored)
 
     def _observe_queues(self, dep: str, state) -> None:
         seen: set[tuple[str, str]] = set()
@@ -196,6 +195,15 @@ class WorkerMetrics:
                 except KeyError:
                     pass
         self._engines[dep] = seen
+
+
+def _set_or_remove(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+    """Set the series, or stop exporting it where the tick has no such value."""
+    if value is not None:
+        gauge.labels(*labels).set(value)
+    else:
+        with contextlib.suppress(KeyError):  # never exported (older prometheus-clients raise)
+            gauge.remove(*labels)
 
 
 def _remove_series(metric, labelnames: tuple[str, ...], where) -> None:

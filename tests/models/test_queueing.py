@@ -332,6 +332,33 @@ def test_the_worker_exports_what_set_the_count(make_fleet):
     assert value("decode", "queueing") is None and value("decode", "rate") >= 1
 
 
+def test_a_throughput_tick_without_a_queueing_count_exports_none(make_fleet):
+    """The series is what the last throughput tick's sizing asked for: where that tick had no
+    queueing floor (no prompt of the mix can meet the TTFT by waiting less), the count an
+    earlier tick had is not what sized the fleet. It stayed exported, above the target."""
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    long = requests(2.1, T0 + 1, T0 + 182, isl=16_000, osl=100, tag="l")
+    short = requests(0.9, T0 + 1.3, T0 + 182, isl=500, osl=100, tag="s")
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *long, *short]
+    kw = {"sizing": "fleetplan", "ttft_ms": 200, "itl_ms": 20, "max_throughput_scaling_replicas": 20}
+    with_floor = make_fleet(**kw)
+    floored = [o for o in with_floor.run(list(evs)) if o.time == T0 + 180][0]
+    without = [o for o in make_fleet(capacity_mix="mean", **kw).run(list(evs)) if o.time == T0 + 180][0]
+    assert floored.estimates["prefill"].queueing_replicas is not None
+    assert without.predicted is not None and without.estimates["prefill"].queueing_replicas is None
+    metrics = WorkerMetrics()
+    state = next(iter(with_floor.states.values()))
+    metrics.observe_tick(floored, state)
+    metrics.observe_tick(without, state)
+
+    def value(role, by):
+        return metrics.registry.get_sample_value("fleetplan_sizing_replicas", {"deployment": "d", "role": role, "by": by})
+
+    assert value("prefill", "queueing") is None
+    assert value("prefill", "rate") == without.estimates["prefill"].rate_replicas
+
+
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.floats(0.01, 0.99))
 def test_a_snapshot_mid_stream_decides_the_same_with_the_dispersion_curve(make_fleet, where):

@@ -400,6 +400,32 @@ def test_the_worker_exports_the_sized_quantile_and_whether_it_was_conformal(make
     assert value("fleetplan_startup_seconds") == _state(fleet).config.startup_seconds
 
 
+def test_a_deployment_moved_to_point_sizing_exports_no_quantile(make_fleet):
+    """After a set_config to point sizing the ticks size for the point: the P90, its horizon and
+    its calibration of the last quantile tick stayed exported, as if the fleet were still sized so."""
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    fleet = make_fleet(throughput_sizing="startup_quantile", max_throughput_scaling_replicas=20)
+    metrics = WorkerMetrics()
+    for tick in _steady_ticks(fleet, 26, 3):
+        metrics.observe_tick(tick, _state(fleet))
+    assert metrics.registry.get_sample_value("fleetplan_predicted_load", {"deployment": "d", "quantity": "sized_rps"})
+    state = _state(fleet)
+    state.config = state.config.with_changes({"throughput_sizing": "point"})
+    t0 = T0 + INTERVAL * 4
+    ticks = [o for o in fleet.run(requests(26, t0 + 1, t0 + INTERVAL + 1, tag="p_"))
+             if getattr(o, "predicted", None) is not None]
+    assert ticks and ticks[-1].predicted.sized_rps is None
+    metrics.observe_tick(ticks[-1], state)
+    exported = {s.name for m in metrics.registry.collect() for s in m.samples
+                if s.labels.get("quantity") in ("sized_rps", "window_sized_rps") or s.name in (
+                    "fleetplan_sizing_horizon_windows", "fleetplan_sizing_quantile_calibrated",
+                    "fleetplan_sizing_quantile_exceeded")}
+    assert exported == set()
+    assert metrics.registry.get_sample_value(
+        "fleetplan_predicted_load", {"deployment": "d", "quantity": "rps"}) == ticks[-1].predicted.rps
+
+
 def test_a_load_only_deployment_exports_the_startup_it_waits_for(make_fleet):
     """Its scale-downs wait one startup, so Prometheus sees it there too (only throughput
     ticks set it until 2026-12-05): here one timed by the ack of a scale-up."""

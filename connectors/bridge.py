@@ -325,7 +325,7 @@ class _Window:
     unresolved: int = 0  # handed over, delivery not known yet
     handing: bool = True  # still being handed over
     failed: list[Outgoing] = field(default_factory=list)  # to re-send: refused, failed, or never handed over
-    attempts_failed: int = 0  # records the producer refused or failed
+    attempts_failed: int = 0  # records to send again: refused or failed, or held back behind a refusal
     error: object = None
 
 
@@ -785,7 +785,8 @@ class Bridge:
                 raise
             except Exception as err:  # noqa: BLE001 - broker down, buffer full: retry, never drop
                 out.attempts += 1
-                window.attempts_failed += 1
+                # the records after it are held back with it, and sent again with it
+                window.attempts_failed += len(window.records) - i
                 window.failed.extend(window.records[i:])
                 window.error = err
                 break

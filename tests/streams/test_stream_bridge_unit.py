@@ -218,6 +218,24 @@ async def test_failed_produces_are_retried_until_delivered():
     assert bridge.metrics.retries._value.get() >= 6
 
 
+async def test_every_record_a_refused_send_held_back_counts_as_re_sent():
+    """A send refused at once (the broker unreachable) keeps the records after it in the window
+    back too, and all of them are sent again: fleetplan_bridge_produce_retries_total counted
+    the refused one alone."""
+    producer = FakeProducer()
+    producer.fail_next_send, producer.auto = 1, True
+    bridge = Bridge(settings(retry_backoff_s=0.01), producer=producer)
+    await bridge.start()
+    try:
+        for i in range(3):  # accepted before the send loop runs: one window of three
+            await bridge.accept([encode_event(request("alpha", T0 + i, i))])
+        await settle(producer, lambda: bridge.buffered == 0)
+    finally:
+        await bridge.stop()
+    assert len(producer.delivered) == 3
+    assert bridge.metrics.retries._value.get() == 3
+
+
 async def test_retried_records_go_out_in_the_order_accepted_before_newer_ones():
     """Three records fail in flight, two more are accepted during the backoff: all five
     reach Kafka in the order accepted (a retry used to jump the queue, last failed first)."""

@@ -210,7 +210,7 @@ def _apply_request(state: DeploymentState, req: RequestRecord) -> None:
         w.sum_itl_ms += req.avg_itl_ms
         w.n_itl += 1
     LengthMix(w.mix).add(req.input_tokens, req.output_tokens)
-    count_subwindow(w.burst_finished, req.time, state.config.burst_seconds)
+    count_subwindow(w.burst_finished, req.time, w.burst_width(state.config.burst_seconds))
 
 
 def _apply_arrival(state: DeploymentState, ev: RequestArrival) -> None:

@@ -113,12 +113,26 @@ class TrafficWindow:
     # arrivals per whole second (key: floor(time)), for the arrival process's burstiness
     second_arrivals: dict[str, int] = field(default_factory=dict)
     mix: dict[str, list[float]] = field(default_factory=dict)  # LengthMix buckets
+    # the burst sub-window the counts above are of: the one in force at the window's first count
+    burst_s: int | None = None
+
+    def burst_width(self, configured: int) -> int:
+        """The burst sub-window this window counts in: ``configured`` when it first counts, then that.
+
+        A ``set_config`` can change the width (``burst_window_seconds``, or a throughput
+        interval shorter than it) while the window is open. Its counts so far are of the old
+        width, and read as counts of the new one a steady 10 req/s counted by the minute
+        peaked at 30 req/s on 20-s sub-windows; the new width counts from the next window on.
+        """
+        if self.burst_s is None:
+            self.burst_s = configured
+        return self.burst_s
 
     def add_arrival(self, time: float, input_tokens: float, burst_s: int) -> None:
         """One request's arrival: the demand count, its prompt, and its burst and one-second sub-windows."""
         self.arrivals += 1
         self.sum_arrival_isl += input_tokens
-        count_subwindow(self.burst_arrivals, time, burst_s)
+        count_subwindow(self.burst_arrivals, time, self.burst_width(burst_s))
         count_subwindow(self.second_arrivals, time, 1)
 
     def peak_count(self, interval_s: float, burst_s: int, *, by_arrival: bool) -> float | None:
@@ -127,11 +141,12 @@ class TrafficWindow:
         The throughput loop's quantile sizes for this peak rate rather than
         the window's mean: a minute of twice the traffic inside a 3-minute
         window queues prompts for the rest of it. None without sub-windows.
+        ``burst_s`` is the width in force; the counts are of their own (:meth:`burst_width`).
         """
         counts = self.burst_arrivals if by_arrival else self.burst_finished
         if not burst_s or not counts:
             return None
-        return max(counts.values()) * interval_s / burst_s
+        return max(counts.values()) * interval_s / self.burst_width(burst_s)
 
     def whole_seconds(self, start_s: float, duration_s: float) -> list[int]:
         """Arrivals in each whole second of the window ``[start_s, start_s + duration_s)``, empty ones too.

@@ -120,3 +120,21 @@ def test_a_switch_to_a_threshold_target_with_no_kv_capacity_is_refused():
     profiled.run(events)
     assert profiled.states["d"].rejected_controls == 0
     assert profiled.states["d"].config.optimization_target == "latency"
+
+
+def test_a_new_burst_window_takes_the_window_open_at_the_width_it_was_counted_at():
+    """A steady 10 req/s, its burst window changed from 60 s to 20 s before the first tick: the
+    window's 60-s counts were read as 20-s ones, its peak three times the rate (5,400 for 1,800),
+    which sized prefill for 30 req/s and stayed in the sizing quantile's calibration."""
+    def first_windows(burst: int, change: bool) -> list:
+        events = [ready("p0", "prefill"), ready("d0", "decode"), *requests(10, T0 + 1, T0 + 600)]
+        if change:
+            events.append(_set(T0 + 170, burst_window_seconds=20))
+        fleet = _fleet(throughput_sizing="startup_quantile", burst_window_seconds=burst)
+        reports = [r for r in fleet.run(sorted(events, key=lambda e: e.time)) if r.predicted is not None]
+        return [round(r.predicted.sized_rps, 1) for r in reports[:3]], fleet.states["d"]
+
+    sized, state = first_windows(60, change=True)
+    assert sized == first_windows(20, change=False)[0] == [10.0, 10.1, 10.1]
+    assert [row[7] for row in state.traffic_history[:3]] == [1800.0] * 3  # each window's peak
+    assert state.config.burst_window_seconds == 20

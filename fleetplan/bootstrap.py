@@ -12,8 +12,8 @@ from pathlib import Path
 from fleetplan.models.config import (
     ConfigError,
     PlannerConfig,
-    check_gpu_budget,
     check_kv_capacity,
+    check_profile_budget,
     check_profile_engines,
     engine_gpus_wanted,
     load_config,
@@ -55,8 +55,8 @@ def load_profile_for(config: PlannerConfig, profile: str | Path | None = None):
     # the budget must hold one engine of each role as the planner prices them (the profile's,
     # where the config does not say): else the budget, which wins over the floors, keeps a role at 0
     try:
-        check_gpu_budget(config, {r: config.gpus_per_engine(r) or loaded.engine_gpus or 1 for r in config.roles})
-    except ValueError as err:
+        check_profile_budget(config, loaded.engine_gpus)
+    except ConfigError as err:
         raise ConfigError(f"{err} (engines of the profile {loaded.name or source})") from None
     return loaded
 

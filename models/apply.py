@@ -10,7 +10,7 @@ letters) map to ``None``.
 
 from __future__ import annotations
 
-from fleetplan.models.config import ConfigError, check_kv_capacity
+from fleetplan.models.config import ConfigError, check_kv_capacity, check_profile_budget
 from fleetplan.models.measured_floor import measures_floor
 from fleetplan.models.mix import LengthMix
 from fleetplan.models.perf import FpmColumns
@@ -279,6 +279,8 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         # a switch to a threshold target (or a reset_perf dropping max_kv_tokens) is held to the
         # KV-capacity rule a config file meets when the planner is built: without it decode never scaled
         check_kv_capacity(config, None if profile is None else profile.max_kv_tokens)
+        # and the budget to one of the profile's engines of each role, as at start too
+        check_profile_budget(config, None if profile is None else profile.engine_gpus)
         forecaster = (rebuild_forecaster(config, state.traffic_history, asked=state.forecaster.asked)
                       if predictor_changed(state.config, config) else state.forecaster)
     except (ConfigError, PredictorUnavailable):

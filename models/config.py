@@ -462,6 +462,21 @@ def check_gpu_budget(cfg: PlannerConfig, gpus: Mapping[Role, int]) -> None:
         raise ValueError(f"max_gpu_budget: {_gpus(budget)} cannot hold one engine of each role ({parts})")
 
 
+def check_profile_budget(cfg: PlannerConfig, profile_engine_gpus: int | None) -> None:
+    """``check_gpu_budget`` with engines priced as the planner prices them before any inventory:
+    ``*_engine_num_gpu``, else the profile's engine (``engine_gpus``), else 1.
+
+    Checked when the planner is built (fleetplan/bootstrap.py) and at the tick of a
+    ``set_config`` or ``reset_perf`` (models/apply.py): a budget of 3 GPUs for the 70B
+    profile's 2-GPU engines was refused at start and taken at run time, after which it
+    kept prefill at 0 engines.
+    """
+    try:
+        check_gpu_budget(cfg, {r: cfg.gpus_per_engine(r) or profile_engine_gpus or 1 for r in cfg.roles})
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def _check_predictor_params(cfg: PlannerConfig) -> None:
     """Run the predictors' own parameter checks at load, naming the config field.
 

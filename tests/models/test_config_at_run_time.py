@@ -138,3 +138,18 @@ def test_a_new_burst_window_takes_the_window_open_at_the_width_it_was_counted_at
     assert sized == first_windows(20, change=False)[0] == [10.0, 10.1, 10.1]
     assert [row[7] for row in state.traffic_history[:3]] == [1800.0] * 3  # each window's peak
     assert state.config.burst_window_seconds == 20
+
+
+def test_a_budget_that_cannot_hold_one_of_the_profiles_engines_a_role_is_refused():
+    """The 70B profile's engines take 2 GPUs: a budget of 3 is refused at start, and a set_config
+    to it was taken, after which the budget, which wins over the floors, kept prefill at 0."""
+    cfg = config_from_dict({"load_predictor": "constant", "max_gpu_budget": 16})
+    fleet = Fleet(Planner(cfg, profile=load_profile("h100-llama3.3-70b")))
+    events = [*requests(2, T0 + 1, T0 + 400), _set(T0 + 10, max_gpu_budget=3)]
+    for t in range(1, 400, 5):
+        events += [fpm("p0", "prefill", T0 + t, counter=t),
+                   fpm("d0", "decode", T0 + t, counter=t, decode_reqs=2, decode_kv=1000)]
+    reports = fleet.run(sorted(events, key=lambda e: e.time))
+    state = fleet.states["d"]
+    assert state.rejected_controls == 1 and state.config.max_gpu_budget == 16
+    assert all(r.decision.targets["prefill"] >= 1 for r in reports if r.decision)

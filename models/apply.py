@@ -281,7 +281,10 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         check_kv_capacity(config, None if profile is None else profile.max_kv_tokens)
         # and the budget to one of the profile's engines of each role, as at start too
         check_profile_budget(config, None if profile is None else profile.engine_gpus)
-        forecaster = (rebuild_forecaster(config, state.traffic_history, asked=state.forecaster.asked)
+        # a swap warms the new predictor on the windows the new bound keeps (0: none), also when
+        # the bound changes with it: trimmed only as the next window closed, it had replayed them all
+        history = state.traffic_history[max(0, len(state.traffic_history) - config.predictor_history_windows):]
+        forecaster = (rebuild_forecaster(config, history, asked=state.forecaster.asked)
                       if predictor_changed(state.config, config) else state.forecaster)
     except (ConfigError, PredictorUnavailable):
         # intake refuses what is wrong on its own (models/config_changes.py); what is wrong
@@ -290,6 +293,7 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         state.rejected_controls += 1
         return False
     state.forecaster = forecaster
+    state.traffic_history = history
     state.config = config
     if not config.throughput_enabled:
         state.lower_bound = {}  # a floor from a loop that no longer runs must not hold the fleet

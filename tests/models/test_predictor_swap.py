@@ -221,3 +221,20 @@ def test_a_new_throughput_interval_replays_the_kept_windows_as_counts_of_the_new
         out = fleet.run(_timed(*events, _set(T0 + 180 * 10 + 30, throughput_adjustment_interval_seconds=60)))
         after = [o.predicted for o in out if getattr(o, "predicted", None) is not None and o.time > T0 + 1830]
         assert after and all(abs(p.rps - 20.0) < 1.0 for p in after), (kind, [round(p.rps, 1) for p in after])
+
+
+def test_a_history_shortened_with_the_swap_warms_the_new_predictor_on_what_it_keeps(make_fleet):
+    """``predictor_history_windows: 0`` starts a swapped-in predictor empty; given with the swap (or
+    before it, in the same window) the history was trimmed only when the next window closed, after
+    the new predictor had been warmed on every window kept under the old bound."""
+    tick = ClockEvent(deployment="d", time=T0 + 1085)  # the swap lands at 1080, which closes a window
+    fleet = make_fleet(load_predictor="ensemble")
+    fleet.run(_timed(*[e for e in _traffic() if e.time < T0 + 1080],
+                     _set(T0 + 1000, load_predictor="kalman", predictor_history_windows=0), tick))
+    state = fleet.state("d")
+    assert state.config.predictor_history_windows == 0 and state.traffic_history == []
+    assert state.forecaster.windows_seen == 1  # the window closed at 1080 alone, not the five before
+    shorter = make_fleet(load_predictor="ensemble")
+    shorter.run(_timed(*[e for e in _traffic() if e.time < T0 + 1080], _set(T0 + 990, predictor_history_windows=2),
+                       _set(T0 + 1000, load_predictor="kalman"), tick))
+    assert shorter.state("d").forecaster.windows_seen == 3  # the two kept, then 1080's

@@ -301,6 +301,9 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         # the windows closed while nothing is measured add no floor, so the ones before would
         # hold the fleet when measuring comes back, however long ago they closed
         state.measured_floors = []
+    # a shorter memory forgets the older windows' floors from its tick on: trimmed only as the
+    # next window closed, a busy window 900 s back held the idle fleet for another window
+    del state.measured_floors[:-config.floor_memory_windows]
     if not config.load_enabled:
         state.down_since.clear()  # a scale-down run starts over when the loop comes back
     if isinstance(body, ResetPerf):

@@ -153,3 +153,19 @@ def test_a_budget_that_cannot_hold_one_of_the_profiles_engines_a_role_is_refused
     state = fleet.states["d"]
     assert state.rejected_controls == 1 and state.config.max_gpu_budget == 16
     assert all(r.decision.targets["prefill"] >= 1 for r in reports if r.decision)
+
+
+def test_a_shorter_floor_memory_forgets_the_older_windows_floors_at_its_tick():
+    """A busy first window, then idle ones, its floor remembered 900 s: a set_config to 0 s (the last
+    closed window alone) at 370 s kept the busy window's three prefill engines until the next window
+    closed, at 540 s, as the floors kept were trimmed only when one was added."""
+    events = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
+    events += requests(40, T0 + 1, T0 + 180) + requests(0.5, T0 + 180, T0 + 800, tag="q")
+    events.append(_set(T0 + 370, load_floor_memory_seconds=0))
+    for t in range(1, 800, 5):
+        events += [fpm(f"p{i}", "prefill", T0 + t, counter=t) for i in range(3)]
+        events += [fpm("d0", "decode", T0 + t, counter=t, decode_reqs=1, decode_kv=100)]
+    fleet = _fleet(enable_load_scaling=True, enable_throughput_scaling=False, load_floor="measured",
+                   load_floor_memory_seconds=900)
+    reports = fleet.run(sorted(events, key=lambda e: e.time))
+    assert [r.time - T0 for r in reports if r.decision][0] == 375

@@ -101,6 +101,7 @@ class WorkerMetrics:
             "their tick (it folds them again in order; many mean a source later than its grace)",
             registry=r)
         self._engines: dict[str, set[tuple[str, str]]] = {}
+        self._reasoned: set[str] = set()  # deployments whose loop reasons were set: a first not_due is too
         # the gauges that describe one deployment as its owner last saw it, by their label names
         self._per_deployment = (
             (self.replica_target, ("deployment", "role")), (self.replicas_ready, ("deployment", "role")),
@@ -129,6 +130,7 @@ class WorkerMetrics:
             _remove_series(gauge, labels, lambda s: s["deployment"] in names)
         for name in names:
             self._engines.pop(name, None)
+        self._reasoned -= names
         gone = {str(p) for p in partitions}
         _remove_series(self.lag, ("topic", "partition"), lambda s: s["partition"] in gone)
 
@@ -136,8 +138,14 @@ class WorkerMetrics:
         """Record one tick report and the engines' queues it saw."""
         dep = report.deployment
         self.ticks.labels(dep).inc()
-        self.throughput_reason.labels(dep).state(report.throughput_reason)
-        self.load_reason.labels(dep).state(report.load_reason)
+        # each loop's outcome at its last run: at a tick where a loop is not due its reason is
+        # not_due, and the throughput loop runs one tick in 36 at the defaults
+        first = dep not in self._reasoned
+        for gauge, reason in ((self.throughput_reason, report.throughput_reason),
+                              (self.load_reason, report.load_reason)):
+            if reason != "not_due" or first:
+                gauge.labels(dep).state(reason)
+        self._reasoned.add(dep)
         for role, n in report.targets.items():
             self.replica_target.labels(dep, role).set(n)
         for role, n in report.ready.items():

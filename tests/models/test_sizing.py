@@ -682,3 +682,24 @@ def test_state_written_before_the_newer_fields_still_restores(make_fleet):
     old = DeploymentState.from_data(data)
     assert (old.arrival_dispersion, old.dispersion_curve, old.first_traffic, old.window.second_arrivals) == (
         1.0, [], None, {})
+
+
+def test_each_loops_reason_gauge_holds_what_its_last_run_said(make_fleet):
+    """The throughput loop runs one tick in 36 (180 s against the load loop's 5 s): set at every
+    tick, its reason read ``not_due`` on all the others, and the dashboard's timeline of it
+    showed the loop's real outcome for one scrape in twelve."""
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    fleet = make_fleet(sizing="fleetplan", enable_load_scaling=True)
+    reports = [o for o in fleet.run([ready("p0", "prefill"), ready("d0", "decode"),
+                                     *requests(20, T0 + 1, T0 + 200)]) if hasattr(o, "throughput_reason")]
+    sized = next(r for r in reports if r.throughput_reason != "not_due")
+    later = [r for r in reports if r.time > sized.time]
+    assert later and all(r.throughput_reason == "not_due" for r in later)
+    metrics = WorkerMetrics()
+    for report in [sized, *later]:
+        metrics.observe_tick(report, _state(fleet))
+    state = {labels["fleetplan_throughput_reason"]: value
+             for labels, value in ((s.labels, s.value) for m in metrics.registry.collect()
+                                   for s in m.samples if s.name == "fleetplan_throughput_reason")}
+    assert state[sized.throughput_reason] == 1.0 and state["not_due"] == 0.0

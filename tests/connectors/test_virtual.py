@@ -14,8 +14,6 @@ from fleetplan.connectors.client import KafkaOrchestratorClient, RedisOrchestrat
 from fleetplan.connectors.virtual import VirtualApplier, VirtualKeys
 from tests.connectors.conftest import make_decision, produce, read_events
 
-pytestmark = [pytest.mark.kafka, pytest.mark.redis]
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,6 +22,8 @@ async def next_decision(client, deployment: str, timeout: float = 20.0):
     return await asyncio.wait_for(anext(iterator), timeout), iterator
 
 
+@pytest.mark.kafka
+@pytest.mark.redis
 async def test_virtual_backend_with_the_redis_client(kafka_bootstrap, connector_topics,
                                                      service_factory, aredis, redis_key_prefix):
     prefix = f"{redis_key_prefix}virtual"
@@ -50,6 +50,7 @@ async def test_virtual_backend_with_the_redis_client(kafka_bootstrap, connector_
         assert (acks[1].decision_id, acks[1].status, acks[1].error) == (1, "failed", "no GPUs left")
 
 
+@pytest.mark.redis
 async def test_redis_client_sees_an_uncompleted_decision_again_after_a_restart(
         aredis, redis_key_prefix):
     prefix = f"{redis_key_prefix}virtual"
@@ -64,6 +65,7 @@ async def test_redis_client_sees_an_uncompleted_decision_again_after_a_restart(
     assert await asyncio.wait_for(apply, 10) == {"decode": 4}
 
 
+@pytest.mark.redis
 async def test_virtual_apply_times_out_when_nobody_completes(aredis, redis_key_prefix):
     """Acked failed, the decision is withdrawn in Redis too: an orchestrator that comes to it
     later no longer sees it due, so it cannot move the fleet the planner was told stayed."""
@@ -83,6 +85,7 @@ async def test_virtual_apply_times_out_when_nobody_completes(aredis, redis_key_p
         await applier.apply(decision)
 
 
+@pytest.mark.redis
 async def test_a_completion_at_the_deadline_wins_over_the_withdrawal(aredis, redis_key_prefix):
     prefix = f"{redis_key_prefix}virtual"
     applier = VirtualApplier(aredis, prefix=prefix, poll_s=0.05, completion_timeout_s=0.3)
@@ -97,6 +100,7 @@ async def test_a_completion_at_the_deadline_wins_over_the_withdrawal(aredis, red
     assert await applier.apply(make_decision("llama", 0, decode=2)) == {"decode": 2}
 
 
+@pytest.mark.kafka
 async def test_kafka_client_reads_decisions_and_writes_acks(kafka_bootstrap, connector_topics,
                                                             redis_key_prefix):
     topic, acks_topic = connector_topics["decisions_topic"], connector_topics["acks_topic"]
@@ -132,6 +136,8 @@ async def test_kafka_client_reads_decisions_and_writes_acks(kafka_bootstrap, con
         assert decision.decision_id == 3
 
 
+@pytest.mark.kafka
+@pytest.mark.redis
 async def test_example_orchestrator_runs(kafka_bootstrap, connector_topics, service_factory,
                                          aredis, redis_url, redis_key_prefix):
     prefix = f"{redis_key_prefix}virtual"
@@ -150,6 +156,7 @@ async def test_example_orchestrator_runs(kafka_bootstrap, connector_topics, serv
     assert (ack.decision_id, ack.status, ack.observed) == (0, "applied", {"prefill": 3, "decode": 1})
 
 
+@pytest.mark.redis
 async def test_a_desired_state_deleted_while_waiting_fails_at_the_timeout(aredis, redis_key_prefix):
     """Its hash gone (an operator's DEL, a Redis that lost its data), nothing can complete or
     withdraw the decision: the wait must still end at --completion-timeout, not spin on Redis
@@ -168,6 +175,7 @@ async def test_a_desired_state_deleted_while_waiting_fails_at_the_timeout(aredis
         await asyncio.wait_for(apply, 5)
 
 
+@pytest.mark.redis
 async def test_the_redis_client_cannot_complete_a_decision_that_is_no_longer_desired(aredis, redis_key_prefix):
     """``complete`` of a decision a newer one replaced writes nothing and returns False, as it
     says: the connector waits on the newer one, and the fleet answer is for that one."""
@@ -183,6 +191,7 @@ async def test_the_redis_client_cannot_complete_a_decision_that_is_no_longer_des
     assert await aredis.xlen(keys.completed) == 0
 
 
+@pytest.mark.redis
 async def test_the_redis_client_yields_a_desired_decision_once(aredis, redis_key_prefix):
     """Not again on every turn of the loop until it is completed: an orchestrator that hands
     the scaling to a task of its own would be given the same decision over and over."""

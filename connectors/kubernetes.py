@@ -9,9 +9,10 @@ It does what Dynamo's KubernetesConnector does, with the official client:
   of the DGD, ``test`` the component name at its index and ``add`` its
   replicas, so a reordered component list is never scaled by mistake;
 - check at start that every DGD exists and has the services the roles map to;
-- wait until the DGD is Ready before changing it and until the changed
-  services are stable after (desired == updated == available), like
-  Dynamo's blocking mode;
+- wait until the DGD is Ready before a change that raises a role (one that
+  only lowers roles goes at once: it may be what clears a Pending replica)
+  and until the changed services are stable after (desired == updated ==
+  available), like Dynamo's blocking mode;
 - retry 409, 429 and 5xx answers and connection errors with exponential
   backoff; anything else fails the decision with the API's message.
 
@@ -209,12 +210,18 @@ class KubernetesApplier(Applier):
 
     async def apply(self, decision: Decision) -> Observed:
         dgd, roles = self._target(decision)
-        obj = await self._wait(dgd, lambda o: is_ready(o), "Ready")
+        desired = await self._desired(dgd, await self._get_dgd(dgd), roles, decision)
+        if any(n is None or decision.targets[r] > n for r, n in desired.items()):
+            # Only a raise waits for Ready. A replica that never starts (a pod Pending with
+            # no GPU) keeps the DGD not Ready until it is gone, and the decision that lowers
+            # its role is the one that removes it (Dynamo #14251, #14671).
+            obj = await self._wait(dgd, lambda o: is_ready(o), "Ready")
+            desired = await self._desired(dgd, obj, roles, decision)
         patched: list[str] = []
         for role, count in sorted(decision.targets.items()):
             service = roles[role]
             try:
-                if await self._desired_replicas(dgd, obj, service) == count:
+                if desired[role] == count:
                     continue
                 await self._scale(dgd, service, count)
             except (ApplyFailed, k8s.ApiException) as err:
@@ -232,8 +239,7 @@ class KubernetesApplier(Applier):
     async def recover(self, decision: Decision) -> Observed:
         """Settled if the fleet is already headed for every target; in doubt otherwise."""
         dgd, roles = self._target(decision)
-        obj = await self._get_dgd(dgd)
-        spec = {role: await self._desired_replicas(dgd, obj, roles[role]) for role in decision.targets}
+        spec = await self._desired(dgd, await self._get_dgd(dgd), roles, decision)
         if spec != dict(decision.targets):
             raise InDoubt(
                 f"a run that died may have applied decision {decision.decision_id} in part; "
@@ -280,6 +286,11 @@ class KubernetesApplier(Applier):
                             else unreadable, decision.decision_id)
                 return {}
         return {role: serving_replicas(obj, roles[role])[0] for role in decision.targets}
+
+    async def _desired(self, dgd: str, obj: Mapping[str, Any], roles: dict[Role, str],
+                       decision: Decision) -> dict[Role, int | None]:
+        """The replicas each role of the decision is headed for (see ``_desired_replicas``)."""
+        return {role: await self._desired_replicas(dgd, obj, roles[role]) for role in decision.targets}
 
     async def _desired_replicas(self, dgd: str, obj: Mapping[str, Any], service: str) -> int | None:
         """The replicas a component is headed for: its scaling adapter's, else the DGD spec's.

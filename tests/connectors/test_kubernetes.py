@@ -299,3 +299,20 @@ def test_serving_counts_are_the_available_replicas_and_stable_only_when_all_agre
     assert serving_replicas(dgd(readyReplicas=3, updatedReplicas=3), "S") == (3, True)
     assert serving_replicas(dgd(availableReplicas=3, updatedReplicas=2), "S") == (3, False)
     assert spec_replicas(dgd(), "T") == 1
+
+
+async def test_a_decision_that_only_lowers_roles_does_not_wait_for_ready(fake_k8s):
+    """A scale-up whose pod stays Pending (no GPU) keeps the DGD's Ready condition False until
+    that replica goes away. The planner releases a stuck startup by deciding the role down
+    (planner.md, Dynamo #14251/#14671): that decision must reach the DGD, not wait for a Ready
+    only it can bring and then fail unapplied."""
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 3})
+    fake_k8s.unready_polls["llama-dgd"] = 10_000
+    applier = applier_for(fake_k8s, ready_timeout_s=0.2)
+    await applier.start()
+    try:
+        observed = await applier.apply(make_decision(prefill=1, decode=2))
+    finally:
+        await applier.stop()
+    assert fake_k8s.replicas("llama-dgd")["VllmDecodeWorker"] == 2
+    assert observed == {"prefill": 1, "decode": 2}

@@ -337,12 +337,20 @@ class KubernetesApplier(Applier):
             await self._patch_dgd(dgd, service, replicas)
 
     async def _patch_dgd(self, dgd: str, service: str, replicas: int) -> None:
-        """JSON Patch with a ``test`` guard; a 422 (the list moved) re-reads and retries."""
+        """JSON Patch with a ``test`` guard; a 422 (the list moved) re-reads and retries.
+
+        A 422 is also how the API server refuses a value (schema, validation rules): if the
+        re-read finds the component where the refused patch looked for it, the ``test`` op
+        passed, and the refusal is reported as it is rather than patched again.
+        """
+        refused: tuple[int, k8s.ApiException] | None = None
         for _ in range(self.settings.max_attempts):
             obj = await self._get_dgd(dgd)
             index = next((i for i, c in enumerate(components(obj)) if c.get("name") == service), None)
             if index is None:
                 raise ApplyFailed(f"DGD {dgd} has no component {service}")
+            if refused is not None and refused[0] == index:
+                raise ApplyFailed(f"patching {dgd}: {_api_error(refused[1])}")
             patch = [
                 {"op": "test", "path": f"/spec/components/{index}/name", "value": service},
                 {"op": "add", "path": f"/spec/components/{index}/replicas", "value": replicas},
@@ -357,7 +365,9 @@ class KubernetesApplier(Applier):
             except k8s.ApiException as err:
                 if err.status != 422:
                     raise ApplyFailed(f"patching {dgd}: {_api_error(err)}") from None
-                log.info("JSON patch test of %s failed (components moved); re-reading", dgd)
+                refused = (index, err)
+                log.info("JSON patch of %s refused (422); re-reading to see whether %s moved",
+                         dgd, service)
         raise ApplyFailed(f"patching {dgd}: component {service} kept moving")
 
     # --- API calls -----------------------------------------------------------------

@@ -124,7 +124,8 @@ class FakeKubernetes:
         codes = self._failures.get(kind)
         if codes:
             code = codes.pop(0)
-            return _status(code, "Conflict" if code == 409 else "InternalError", f"scripted {code}")
+            reason = {409: "Conflict", 422: "Invalid"}.get(code, "InternalError")
+            return _status(code, reason, f"scripted {code}")
         return None
 
     def _check_ns(self, request: web.Request) -> web.Response | None:

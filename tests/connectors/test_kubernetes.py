@@ -316,3 +316,19 @@ async def test_a_decision_that_only_lowers_roles_does_not_wait_for_ready(fake_k8
         await applier.stop()
     assert fake_k8s.replicas("llama-dgd")["VllmDecodeWorker"] == 2
     assert observed == {"prefill": 1, "decode": 2}
+
+
+async def test_a_json_patch_refused_as_invalid_fails_with_the_apis_message(fake_k8s):
+    """A 422 is also the API server's answer to a value it refuses (schema, CEL rules), not only
+    to a failed ``test`` op: when the component has not moved, patching again cannot help, and
+    the decision fails at once with the API's reason, not "kept moving"."""
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1}, adapters=False)
+    fake_k8s.fail_next("patch", *[422] * 10)
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    try:
+        with pytest.raises(ApplyFailed, match="HTTP 422.*scripted 422"):
+            await applier.apply(make_decision(prefill=3, decode=1))
+    finally:
+        await applier.stop()
+    assert len([w for w in fake_k8s.writes if w.content_type == "application/json-patch+json"]) == 1

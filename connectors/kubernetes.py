@@ -218,7 +218,10 @@ class KubernetesApplier(Applier):
             obj = await self._wait(dgd, lambda o: is_ready(o), "Ready")
             desired = await self._desired(dgd, obj, roles, decision)
         patched: list[str] = []
-        for role, count in sorted(decision.targets.items()):
+        # cuts first: a decision moving GPUs between roles fits the budget only as a whole,
+        # so if a later patch is refused, what landed leaves the fleet under it (Dynamo #12428)
+        for role, count in sorted(decision.targets.items(),
+                                  key=lambda rc: (desired[rc[0]] is None or rc[1] > desired[rc[0]], rc[0])):
             service = roles[role]
             try:
                 if desired[role] == count:

@@ -332,3 +332,25 @@ async def test_a_json_patch_refused_as_invalid_fails_with_the_apis_message(fake_
     finally:
         await applier.stop()
     assert len([w for w in fake_k8s.writes if w.content_type == "application/json-patch+json"]) == 1
+
+
+async def test_a_rebalance_lowers_before_it_raises(fake_k8s):
+    """A decision that moves GPUs from one role to the other fits the budget only as a whole.
+    If the second patch is refused, what landed must be the cut, not the raise: raised first,
+    the fleet would head for 4 + 6 engines where the planner allowed 2 + 6 (Dynamo #12428)."""
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 4, "VllmDecodeWorker": 4})
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    scale = applier._scale
+
+    async def refuse_the_second(*args):
+        await scale(*args)
+        fake_k8s.fail_next("scale", 403)
+
+    applier._scale = refuse_the_second
+    try:
+        with pytest.raises(ApplyFailed, match=r"already patched: prefill=2"):
+            await applier.apply(make_decision(prefill=2, decode=6))
+    finally:
+        await applier.stop()
+    assert fake_k8s.replicas("llama-dgd") == {"VllmPrefillWorker": 2, "VllmDecodeWorker": 4}

@@ -130,6 +130,23 @@ def spec_replicas(dgd_obj: Mapping[str, Any], service: str) -> int | None:
     return None
 
 
+def typed_roles(dgd_obj: Mapping[str, Any], skip: Mapping[Role, str]) -> dict[Role, str]:
+    """prefill/decode -> the one component whose v1beta1 ``type`` is that role.
+
+    Dynamo finds these roles by type, names being the fallback; here the name a role maps
+    to comes first (an explicit ``--service`` stays the one scaled), and the type serves a
+    DGD that names its workers otherwise. Roles in ``skip`` and ambiguous types are left out.
+    """
+    found: dict[Role, str] = {}
+    for role in ("prefill", "decode"):
+        if role in skip:
+            continue
+        named = [c.get("name") for c in components(dgd_obj) if c.get("type") == role]
+        if len(named) == 1 and isinstance(named[0], str):
+            found[role] = named[0]
+    return found
+
+
 def is_ready(dgd_obj: Mapping[str, Any]) -> bool:
     conditions = (dgd_obj.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -192,6 +209,7 @@ class KubernetesApplier(Applier):
                     "--dgd", f"{dgd} has no v1beta1 spec.components list"
                 )
             roles = {r: s for r, s in self.settings.services.items() if s in names}
+            roles.update(typed_roles(obj, skip=roles))
             if not roles:
                 mapped = ", ".join(f"{r}={s}" for r, s in self.settings.services.items())
                 raise ConnectorConfigError(

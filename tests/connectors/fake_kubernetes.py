@@ -57,11 +57,17 @@ class FakeKubernetes:
 
     # --- setup -------------------------------------------------------------------
 
-    def add_dgd(self, name: str, replicas: dict[str, int], *, adapters: bool = True) -> None:
+    def add_dgd(self, name: str, replicas: dict[str, int], *, adapters: bool = True,
+                types: dict[str, str] | None = None) -> None:
+        """types: component -> its v1beta1 ``type`` (prefill, decode, worker, ...), if any."""
+        comps = [{"name": c, "replicas": n} for c, n in replicas.items()]
+        for comp in comps:
+            if types and comp["name"] in types:
+                comp["type"] = types[comp["name"]]
         self.dgds[name] = {
             "apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
             "metadata": {"name": name, "namespace": self.namespace, "generation": 1},
-            "spec": {"components": [{"name": c, "replicas": n} for c, n in replicas.items()]},
+            "spec": {"components": comps},
             "status": {},
         }
         self._sync_status(name)

@@ -354,3 +354,20 @@ async def test_a_rebalance_lowers_before_it_raises(fake_k8s):
     finally:
         await applier.stop()
     assert fake_k8s.replicas("llama-dgd") == {"VllmPrefillWorker": 2, "VllmDecodeWorker": 4}
+
+
+async def test_a_role_is_found_by_its_component_type_when_no_component_has_its_name(fake_k8s):
+    """Dynamo resolves prefill and decode by the v1beta1 component ``type`` first and by name
+    after. A DGD whose prefill worker has another name (a generated DGD, a team's own naming)
+    is scaled through that component, not failed on every decision for a missing role."""
+    fake_k8s.add_dgd("llama-dgd", {"Frontend": 1, "prefill-worker": 1, "VllmDecodeWorker": 1},
+                     types={"Frontend": "frontend", "prefill-worker": "prefill",
+                            "VllmDecodeWorker": "decode"})
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    try:
+        observed = await applier.apply(make_decision(prefill=2, decode=1))
+    finally:
+        await applier.stop()
+    assert observed == {"prefill": 2, "decode": 1}
+    assert fake_k8s.replicas("llama-dgd")["prefill-worker"] == 2

@@ -228,7 +228,12 @@ class KubernetesApplier(Applier):
 
     async def apply(self, decision: Decision) -> Observed:
         dgd, roles = self._target(decision)
-        desired = await self._desired(dgd, await self._get_dgd(dgd), roles, decision)
+        try:
+            desired = await self._desired(dgd, await self._get_dgd(dgd), roles, decision)
+        except k8s.ApiException as err:
+            # a token expired, RBAC changed, the DGD deleted: the decision fails in the API's
+            # words (the exception's own text carries the HTTP headers, and read as a bug)
+            raise ApplyFailed(_api_error(err)) from None
         if any(n is None or decision.targets[r] > n for r, n in desired.items()):
             # Only a raise waits for Ready. A replica that never starts (a pod Pending with
             # no GPU) keeps the DGD not Ready until it is gone, and the decision that lowers
@@ -246,11 +251,11 @@ class KubernetesApplier(Applier):
                     continue
                 await self._scale(dgd, service, count)
             except (ApplyFailed, k8s.ApiException) as err:
-                if not patched:
-                    raise
                 # the fleet is already moving for the roles patched before: say which (a DGD
                 # read for the JSON patch raises the API's refusal as it is)
                 problem = _api_error(err) if isinstance(err, k8s.ApiException) else str(err)
+                if not patched:
+                    raise ApplyFailed(problem) from None
                 raise ApplyFailed(f"{problem}; already patched: {', '.join(patched)}") from None
             patched.append(f"{role}={count}")
             log.info("%s: %s %s -> %d (decision %d)", decision.deployment, dgd, service,

@@ -106,6 +106,18 @@ async def test_other_api_errors_fail_at_once(started):
     assert len(server.writes) == 1
 
 
+async def test_a_refused_read_of_the_dgd_fails_the_decision_in_one_line(started):
+    """A token expired, RBAC changed or the DGD deleted: the first read's refusal left apply as the
+    client's ApiException, logged as a backend bug with a traceback and acked with its whole text,
+    the HTTP response headers included."""
+    server, applier = started
+    server.fail_next("get", 403)
+    with pytest.raises(ApplyFailed, match=r"^HTTP 403 ") as info:
+        await applier.apply(make_decision(prefill=2, decode=1))
+    assert "HTTP response headers" not in str(info.value)
+    assert server.writes == []
+
+
 async def test_waits_for_ready_before_and_stable_after(started):
     server, applier = started
     server.unready_polls["llama-dgd"] = 3

@@ -252,7 +252,7 @@ def _apply_control(state: DeploymentState, ev: ControlEvent, profile=None) -> No
             return
     elif isinstance(body, SeedTraffic):
         history = seed_history(body.windows)
-        if seed_problem(state.config, state.forecaster, history) is not None:
+        if seed_problem(state.config, state.forecaster, history, state.first_traffic) is not None:
             state.rejected_controls += 1  # judged against the state as folded, like set_config's
             return
         state.forecaster = rebuild_forecaster(state.config, history)

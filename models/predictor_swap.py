@@ -131,16 +131,23 @@ def seed_windows(history: list[list]) -> list[list]:
     return [list(row[:len(SEED_KEYS)]) for row in history[start:]]
 
 
-def seed_problem(cfg: PlannerConfig, forecaster: QuantileForecaster, history: list[list]) -> str | None:
+def seed_problem(
+    cfg: PlannerConfig, forecaster: QuantileForecaster, history: list[list], first_traffic: float | None = None,
+) -> str | None:
     """Why a seed cannot start ``forecaster``; None when it can.
 
     A forecaster that has been fed (live windows, a warm-up trace, an
     earlier seed) would see the seed's past after its own present, and a
     window of another length than the throughput loop's would be read as
-    a count per window of the wrong size.
+    a count per window of the wrong size. A seed running past the
+    deployment's first request (``first_traffic``) holds traffic its first
+    live window counts too, before that window has closed and fed it.
     """
     if forecaster.windows_seen:
         return f"the forecaster has been fed {forecaster.windows_seen} windows already"
+    end = history[-1][0] + history[-1][1] if history else None
+    if first_traffic is not None and end is not None and end > first_traffic:
+        return f"the seed ends at {end:g}, after the deployment's traffic began ({first_traffic:g})"
     interval = cfg.throughput_adjustment_interval_seconds
     for i, row in enumerate(history):
         if row[1] != interval:

@@ -229,3 +229,23 @@ def test_a_deployment_whose_traffic_began_mid_window_seeds_every_window(make_fle
     seeded = make_fleet(load_predictor="ensemble")
     seeded.run([_seed(state.max_time, seed_windows(history)), ClockEvent(deployment="d", time=state.max_time + 62.0)])
     assert seeded.state("d").forecaster.forecast() == state.forecaster.forecast()
+
+
+def test_a_seed_overlapping_the_traffic_already_seen_is_refused(make_fleet, live):
+    """A seed that comes after the traffic began, before its first window closed, and whose
+    windows run past the first request: that traffic is in the live window too, and was fed
+    twice (until 2026-12-05 it was taken, and the history held the window [T0 + 899, T0 + 1079)
+    and the live one [T0 + 900, T0 + 1080))."""
+    _, history = live
+    overlapping = [[row[0] - 1, *row[1:8]] for row in history[:6]]  # the last ends at T0 + 1079
+    late = sorted([_seed(T0 + 1079, overlapping), *_traffic(first=5, t_ready=T0 + 900.1)], key=lambda e: e.time)
+    fleet = make_fleet(load_predictor="ensemble")
+    fleet.run(late)
+    state = fleet.state("d")
+    assert state.first_traffic < T0 + 1079
+    assert state.rejected_controls == 1 and state.config_version == 0
+    # one that ends before the first request is the deployment's past, also when it comes later
+    fleet = make_fleet(load_predictor="ensemble")
+    fleet.run(sorted([_seed(T0 + 950, history[:5]), *_traffic(first=5, t_ready=T0 + 900.1)], key=lambda e: e.time))
+    assert fleet.state("d").rejected_controls == 0 and fleet.state("d").traffic_history[:5] == history[:5]
+

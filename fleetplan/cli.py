@@ -193,7 +193,7 @@ def write_seed(state, out) -> bool:
     from fleetplan.models.predictor_swap import seed_control, seed_windows
     from fleetplan.schemas.codec import encode_event
 
-    windows = seed_windows(state.traffic_history)
+    windows = seed_windows(state.traffic_history, state.config.throughput_adjustment_interval_seconds)
     if not windows:
         typer.echo(f"fleetplan: {state.deployment}: no throughput window fed yet, no seed written", err=True)
         return False

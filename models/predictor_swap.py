@@ -110,9 +110,9 @@ def seed_control(deployment: str, time: float, history: list[list], issued_by: s
     })
 
 
-def seed_windows(history: list[list]) -> list[list]:
+def seed_windows(history: list[list], interval: float | None = None) -> list[list]:
     """The rows of ``history`` a seed can carry: the longest run at its end in time
-    order with a start time, no more than a seed holds.
+    order with a start time, no more than a seed holds, at ``interval`` when given.
 
     A deployment's kept windows are its live ones, oldest first, after the
     ones it started from. A ``load_predictor_warmup_trace``'s windows have
@@ -122,13 +122,27 @@ def seed_windows(history: list[list]) -> list[list]:
     clock (a simulator's run and its history, both from 0) go along where
     they come before the live ones in time and are left out where they
     overlap them.
+
+    A deployment whose throughput interval changed keeps windows of the old
+    length, and a planner refuses a seed window of another length than its
+    interval: with ``interval`` (the one in force) each is given as the
+    forecaster was rebuilt from it (:func:`_at_interval`), so a planner at
+    that interval takes the seed and forecasts the same. Windows stretched
+    to a longer interval overlap the next one and end the run there.
     """
-    start = len(history)
-    while start > 0 and len(history) - start < MAX_SEED_WINDOWS and history[start - 1][0] is not None and (
-        start == len(history) or history[start - 1][0] + history[start - 1][1] <= history[start][0]
+    rows = [row if interval is None or row[0] is None else _row_at(row, interval) for row in history]
+    start = len(rows)
+    while start > 0 and len(rows) - start < MAX_SEED_WINDOWS and rows[start - 1][0] is not None and (
+        start == len(rows) or rows[start - 1][0] + rows[start - 1][1] <= rows[start][0]
     ):
         start -= 1
-    return [list(row[:len(SEED_KEYS)]) for row in history[start:]]
+    return [list(row[:len(SEED_KEYS)]) for row in rows[start:]]
+
+
+def _row_at(row: list, interval: float) -> list:
+    """A kept window's seed fields at ``interval`` (unchanged when it is of that length)."""
+    obs, peak = _at_interval(*window_of(row), interval)
+    return [obs.start_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length, peak]
 
 
 def seed_problem(

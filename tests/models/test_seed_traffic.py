@@ -249,3 +249,29 @@ def test_a_seed_overlapping_the_traffic_already_seen_is_refused(make_fleet, live
     fleet.run(sorted([_seed(T0 + 950, history[:5]), *_traffic(first=5, t_ready=T0 + 900.1)], key=lambda e: e.time))
     assert fleet.state("d").rejected_controls == 0 and fleet.state("d").traffic_history[:5] == history[:5]
 
+
+def test_the_seed_of_a_deployment_whose_interval_changed_starts_a_planner_at_the_new_one(make_fleet):
+    """The kept windows of a deployment whose throughput interval went from 180 s to 60 s are of
+    both lengths; its seed is given at the interval in force, as its forecaster was rebuilt from
+    them (until 2026-12-05 the seed held the 180-s windows, and a planner at 60 s refused it)."""
+    import io
+
+    from fleetplan.cli import write_seed
+    from fleetplan.schemas import ClockEvent
+    from fleetplan.schemas.events import SetConfig
+
+    change = ControlEvent(deployment="d", time=T0 + 1000,
+                          body=SetConfig(changes={"throughput_adjustment_interval_seconds": 60}))
+    live = make_fleet(load_predictor="ensemble")
+    live.run(sorted([*_traffic(), change], key=lambda e: e.time))
+    state = live.state("d")
+    assert {row[1] for row in state.traffic_history} == {180, 60}
+    out = io.BytesIO()
+    assert write_seed(state, out)  # what --seed-out writes
+    seed = decode_event(out.getvalue().strip())
+    assert len(seed.body.windows) == len(state.traffic_history)
+    assert {w.duration_s for w in seed.body.windows} == {60}
+    seeded = make_fleet(load_predictor="ensemble", throughput_adjustment_interval_seconds=60)
+    seeded.run([seed, ClockEvent(deployment="d", time=state.max_time + 62.0)])
+    assert seeded.state("d").rejected_controls == 0
+    assert seeded.state("d").forecaster.forecast() == state.forecaster.forecast()

@@ -21,6 +21,7 @@ from fleetplan.models.predictor_swap import (
     rebuild_forecaster,
     seed_history,
     seed_problem,
+    window_of,
 )
 from fleetplan.models.predictors import PredictorUnavailable
 from fleetplan.models.startup import ack_startup_sample, startup_sample
@@ -256,10 +257,23 @@ def _apply_control(state: DeploymentState, ev: ControlEvent, profile=None) -> No
             state.rejected_controls += 1  # judged against the state as folded, like set_config's
             return
         state.forecaster = rebuild_forecaster(state.config, history)
+        _keep_seeded_cache_and_speculation(state, history)
         # kept for a predictor swapped in later, as live windows are
         keep_last(history, state.config.predictor_history_windows)
         state.traffic_history = history
     state.config_version += 1
+
+
+def _keep_seeded_cache_and_speculation(state: DeploymentState, history: list[list]) -> None:
+    """The last KV hit rate and accept length the seed's windows measured, as the throughput
+    loop keeps a window's for both loops' sizing (without them the seeded planner sized with
+    no cache hits and no speculation until a live window measured)."""
+    for row in history:
+        obs, _ = window_of(row)
+        if obs.kv_hit_rate is not None:
+            state.last_kv_hit_rate = obs.kv_hit_rate
+        if obs.accept_length is not None:
+            state.last_accept_length = obs.accept_length
 
 
 def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile) -> bool:

@@ -275,3 +275,22 @@ def test_the_seed_of_a_deployment_whose_interval_changed_starts_a_planner_at_the
     seeded.run([seed, ClockEvent(deployment="d", time=state.max_time + 62.0)])
     assert seeded.state("d").rejected_controls == 0
     assert seeded.state("d").forecaster.forecast() == state.forecaster.forecast()
+
+
+def test_a_seed_gives_the_planner_the_kv_hit_rate_and_accept_length_it_measured(make_fleet):
+    """The throughput loop keeps each window's KV hit rate and accept length for both loops'
+    sizing, the last that measured one; a seed's windows carry them too, and until 2026-12-05
+    the seeded planner sized with no cache hits and no speculation until a live window measured."""
+    from fleetplan.schemas import ClockEvent
+
+    traffic = [e if e.type != "request" else e.model_copy(update={"cached_tokens": 1000, "accept_length": 2.5})
+               for e in _traffic()[:2] + requests(20, T0 + 1, T0 + 539, isl=2000)]
+    live = make_fleet(load_predictor="ensemble")
+    live.run(traffic)
+    state = live.state("d")
+    assert state.last_kv_hit_rate == 0.5 and state.last_accept_length == 2.5
+    seeded = make_fleet(load_predictor="ensemble")
+    seeded.run([_seed(state.max_time, state.traffic_history), ClockEvent(deployment="d", time=state.max_time + 6.0)])
+    moved = seeded.state("d")
+    assert moved.rejected_controls == 0
+    assert (moved.last_kv_hit_rate, moved.last_accept_length) == (0.5, 2.5)

@@ -265,13 +265,7 @@ async def test_an_api_error_reading_the_dgd_after_one_role_was_patched_names_it(
     fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1}, adapters=False)
     applier = applier_for(fake_k8s)
     await applier.start()
-    patch_dgd = applier._patch_dgd
-
-    async def refuse_the_second_read(*args):
-        await patch_dgd(*args)
-        fake_k8s.fail_next("get", 403)
-
-    applier._patch_dgd = refuse_the_second_read
+    _refuse_once_after(applier, "_patch_dgd", fake_k8s, "get")  # the read after the first patch
     try:
         with pytest.raises(ApplyFailed, match=r"HTTP 403.*already patched: decode=4"):
             await applier.apply(make_decision(prefill=2, decode=4))
@@ -353,13 +347,7 @@ async def test_a_rebalance_lowers_before_it_raises(fake_k8s):
     fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 4, "VllmDecodeWorker": 4})
     applier = applier_for(fake_k8s)
     await applier.start()
-    scale = applier._scale
-
-    async def refuse_the_second(*args):
-        await scale(*args)
-        fake_k8s.fail_next("scale", 403)
-
-    applier._scale = refuse_the_second
+    _refuse_once_after(applier, "_scale", fake_k8s, "scale")  # the second role's patch
     try:
         with pytest.raises(ApplyFailed, match=r"already patched: prefill=2"):
             await applier.apply(make_decision(prefill=2, decode=6))
@@ -383,3 +371,15 @@ async def test_a_role_is_found_by_its_component_type_when_no_component_has_its_n
         await applier.stop()
     assert observed == {"prefill": 2, "decode": 1}
     assert fake_k8s.replicas("llama-dgd")["prefill-worker"] == 2
+
+
+def _refuse_once_after(applier, method: str, server, operation: str) -> None:
+    """After each call of the applier's ``method``, the API server refuses its next
+    ``operation`` with a 403: a refusal that lands once part of the decision was patched."""
+    original = getattr(applier, method)
+
+    async def then_refuse(*args):
+        await original(*args)
+        server.fail_next(operation, 403)
+
+    setattr(applier, method, then_refuse)

@@ -93,9 +93,7 @@ def test_a_measured_floor_switched_back_on_does_not_hold_a_window_from_before():
         events = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
         events += requests(40 if busy else 0.5, T0 + 1, T0 + 180)
         events += [_set(T0 + 181, load_floor="none"), _set(T0 + 1000, load_floor="measured", prefill_min_endpoint=1)]
-        for t in range(1, 1400, 5):
-            events += [fpm(f"p{i}", "prefill", T0 + t, counter=t) for i in range(3)]
-            events += [fpm("d0", "decode", T0 + t, counter=t, decode_reqs=1, decode_kv=100)]
+        events += _three_prefill_one_decode(until=1400)
         fleet = _fleet(enable_load_scaling=True, enable_throughput_scaling=False, load_floor="measured",
                        prefill_min_endpoint=3)
         reports = fleet.run(sorted(events, key=lambda e: e.time))
@@ -162,10 +160,18 @@ def test_a_shorter_floor_memory_forgets_the_older_windows_floors_at_its_tick():
     events = [ready(f"p{i}", "prefill") for i in range(3)] + [ready("d0", "decode")]
     events += requests(40, T0 + 1, T0 + 180) + requests(0.5, T0 + 180, T0 + 800, tag="q")
     events.append(_set(T0 + 370, load_floor_memory_seconds=0))
-    for t in range(1, 800, 5):
-        events += [fpm(f"p{i}", "prefill", T0 + t, counter=t) for i in range(3)]
-        events += [fpm("d0", "decode", T0 + t, counter=t, decode_reqs=1, decode_kv=100)]
+    events += _three_prefill_one_decode(until=800)
     fleet = _fleet(enable_load_scaling=True, enable_throughput_scaling=False, load_floor="measured",
                    load_floor_memory_seconds=900)
     reports = fleet.run(sorted(events, key=lambda e: e.time))
     assert [r.time - T0 for r in reports if r.decision][0] == 375
+
+
+def _three_prefill_one_decode(until: int) -> list:
+    """The FPMs of three idle prefill engines and one decode engine holding one sequence,
+    every 5 s from T0 + 1 to ``until``: what the load loop's measured floor reads."""
+    events = []
+    for t in range(1, until, 5):
+        events += [fpm(f"p{i}", "prefill", T0 + t, counter=t) for i in range(3)]
+        events += [fpm("d0", "decode", T0 + t, counter=t, decode_reqs=1, decode_kv=100)]
+    return events

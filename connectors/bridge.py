@@ -580,6 +580,11 @@ class Bridge:
             for fpm in event.fpms:
                 self._pack(fpm)
             return
+        pack = self._packs.get(event.deployment)
+        if pack is not None:
+            # the FPMs packed before the batch go out before it, as accepted: a batch of the
+            # next second ahead of them moved the worker's clock past them
+            self._emit_pack(event.deployment, pack)
         self._send_fpms(event)
         self._touch(event.deployment, self.topics.fpm, event.time)
 

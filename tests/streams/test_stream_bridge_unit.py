@@ -677,3 +677,23 @@ async def test_a_heartbeat_is_never_dated_before_the_one_sent_before_it():
     await bridge._heartbeats()
     per_topic = [[decode_event(out.value).time for out in lane.waiting] for lane in bridge._lanes.values()]
     assert len(per_topic) == 2 and all(len(beats) == 2 and beats[1] >= beats[0] for beats in per_topic)
+
+
+async def test_a_publishers_batch_goes_out_after_the_open_pack_accepted_before_it():
+    """One engine sends single FPMs, another (a sidecar) batches: a batch of the next second
+    went out ahead of the pack of FPMs accepted before it, dated a second earlier, so with a
+    grace under that lead the worker dead-lettered the pack as late."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(pack_max=10, pack_within_s=10), producer=producer)
+    await bridge.start()
+    body = {"type": "fpm_batch", "deployment": "alpha", "time": T0 + 1.3,
+            "fpms": [as_dict(fpm("alpha", T0 + 1.2, 1, worker="w1")), as_dict(fpm("alpha", T0 + 1.3, 2, worker="w1"))]}
+    try:
+        await bridge.accept([encode_event(fpm("alpha", T0 + 0.9, 0))])
+        await bridge.accept([orjson.dumps(body)])
+        await settle(producer, lambda: len(producer.delivered) >= 1)
+    finally:
+        await bridge.stop()  # flushes a pack still open
+    assert [decode_event(v).time for t, v in producer.delivered if t.endswith("fpm.v1")] == [T0 + 0.9, T0 + 1.3]
+

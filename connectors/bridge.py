@@ -722,8 +722,12 @@ class Bridge:
             # heartbeat past it: the heartbeat would fail validation
             clock_time = min(max(src.latest + (now - src.seen_at), src.clock_sent), MAX_EVENT_TIME)
             for topic in (self.topics.fpm, self.topics.requests):
+                if topic == self.topics.fpm and deployment in self._packs:
+                    # the open pack carries the clock within pack_within_s; a heartbeat would
+                    # go ahead of it on its lane, dated past the FPMs it holds
+                    continue
                 if now - src.last_sent.get(topic, src.seen_at) < every and not self._crossed(
-                        deployment, src, topic, clock_time):
+                        src, topic, clock_time):
                     continue
                 if self._buffered >= self.settings.buffer:
                     return  # the buffer is full: heartbeats wait their turn
@@ -735,11 +739,9 @@ class Bridge:
                 src.sent_time[topic] = max(src.sent_time.get(topic, clock_time), clock_time)
                 self.metrics.heartbeats.inc()
 
-    def _crossed(self, deployment: str, src: _Source, topic: str, clock_time: float) -> bool:
+    def _crossed(self, src: _Source, topic: str, clock_time: float) -> bool:
         """Whether the deployment's clock crossed a multiple of ``heartbeat_s`` that
-        ``topic`` has not carried yet (an FPM pack on its way will carry it)."""
-        if topic == self.topics.fpm and deployment in self._packs:
-            return False
+        ``topic`` has not carried yet."""
         sent = src.sent_time.get(topic)
         every = self.settings.heartbeat_s
         return sent is None or math.floor(sent / every) < math.floor(clock_time / every)

@@ -697,3 +697,22 @@ async def test_a_publishers_batch_goes_out_after_the_open_pack_accepted_before_i
         await bridge.stop()  # flushes a pack still open
     assert [decode_event(v).time for t, v in producer.delivered if t.endswith("fpm.v1")] == [T0 + 0.9, T0 + 1.3]
 
+
+async def test_an_idle_fpm_heartbeat_never_goes_ahead_of_the_open_pack():
+    """A pack open when the FPM topic's idle heartbeat fell due: the heartbeat, dated by the
+    deployment's latest event plus the wall time since, went out before the pack of
+    earlier FPMs on the same lane, moving the worker's clock past them."""
+    producer = FakeProducer()
+    producer.auto = True
+    bridge = Bridge(settings(pack_max=10, pack_within_s=0.3, heartbeat_s=0.05), producer=producer)
+    await bridge.start()
+    try:
+        await bridge.accept([encode_event(fpm("alpha", T0 + 0.9, 0))])
+        await settle(producer, lambda: any(t.endswith("fpm.v1") and b'"fpm_batch"' in v
+                                           for t, v in producer.delivered))
+    finally:
+        await bridge.stop()
+    on_fpm = [decode_event(v) for t, v in producer.delivered if t.endswith("fpm.v1")]
+    times = [e.time for e in on_fpm]
+    assert times == sorted(times), [(e.type, round(e.time - T0, 3)) for e in on_fpm]
+

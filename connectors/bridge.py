@@ -419,6 +419,7 @@ class Bridge:
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self._retries: set[asyncio.Task] = set()
+        self._in_hand: set[asyncio.Task] = set()  # receivers taking in a message read from ZMQ
         self.bound: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------
@@ -463,13 +464,21 @@ class Bridge:
         if self._stopping:
             return
         self._stopping = True
+        deadline = time.monotonic() + drain_timeout_s
         receivers = [t for t in self._tasks if t.get_name().startswith("receive")]
         for t in receivers:
+            if t not in self._in_hand:  # waiting on ZMQ: nothing read is lost
+                t.cancel()
+        # a receiver with a message in hand (waiting for buffer room) takes it in first: it was
+        # read from ZMQ, so its publisher has let it go, and cancelling dropped it unrecorded
+        _, late = await asyncio.wait(receivers, timeout=drain_timeout_s) if receivers else ((), ())
+        for t in late:
+            log.error("bridge stopped with a message in hand not taken in (no buffer room)")
             t.cancel()
         await asyncio.gather(*receivers, return_exceptions=True)
         self._flush_packs(force=True)
         try:
-            await asyncio.wait_for(self._wait_drained(), drain_timeout_s)
+            await asyncio.wait_for(self._wait_drained(), max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
             log.error("bridge stopped with %d accepted events not acknowledged by Kafka", self._buffered)
         for t in (*self._tasks, *self._retries):
@@ -493,7 +502,8 @@ class Bridge:
     # --- ingress -------------------------------------------------------------------
 
     async def _receive(self, ep: Endpoint, sock) -> None:
-        while True:
+        task = asyncio.current_task()
+        while not self._stopping:
             try:
                 frames = await sock.recv_multipart()
             except asyncio.CancelledError:
@@ -503,6 +513,7 @@ class Bridge:
                 await asyncio.sleep(0.1)
                 continue
             self.metrics.messages.labels(ep.label).inc()
+            self._in_hand.add(task)
             try:
                 await self.accept(frames, ep.label)
             except asyncio.CancelledError:
@@ -511,6 +522,8 @@ class Bridge:
                 log.exception("unexpected error on a message from %s; dead-lettering it", ep.label)
                 await self._dead(Rejected("invalid", "bridge could not process this message", "unknown",
                                           b"".join(frames)[:PAYLOAD_LIMIT]), ep.label)
+            finally:
+                self._in_hand.discard(task)
 
     async def accept(self, frames: list[bytes], source: str = "direct") -> int:
         """Validate one message and take its events in; returns how many were accepted."""

@@ -716,3 +716,25 @@ async def test_an_idle_fpm_heartbeat_never_goes_ahead_of_the_open_pack():
     times = [e.time for e in on_fpm]
     assert times == sorted(times), [(e.type, round(e.time - T0, 3)) for e in on_fpm]
 
+
+async def test_stopping_takes_in_the_message_a_full_buffer_held_in_hand():
+    """SIGTERM while intake waits for room: the message already read from ZMQ (its publisher
+    has let it go) was dropped by cancelling the receiver, neither produced nor dead-lettered."""
+    producer = FakeProducer()
+    bridge = Bridge(settings(buffer=2, endpoints=[Endpoint("pull", "tcp://127.0.0.1:*", True)]), producer=producer)
+    await bridge.start()
+    push = zmq.asyncio.Context.instance().socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(bridge.bound[0])
+    try:
+        for i in range(3):
+            await push.send(encode_event(request("alpha", T0 + i, i)))
+        await settle(producer, lambda: len(producer.pending) == 2)
+        await asyncio.sleep(0.1)  # the third is in hand, waiting for room
+        assert bridge.metrics.messages.labels(bridge.settings.endpoints[0].label)._value.get() == 3
+        producer.auto = True
+        producer.deliver()
+    finally:
+        await bridge.stop(drain_timeout_s=2)
+        push.close(0)
+    assert [decode_event(v).request_id for _, v in producer.delivered] == [f"alpha-r{i}" for i in range(3)]

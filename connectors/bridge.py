@@ -420,6 +420,7 @@ class Bridge:
         self._stopping = False
         self._retries: set[asyncio.Task] = set()
         self._in_hand: set[asyncio.Task] = set()  # receivers taking in a message read from ZMQ
+        self._waiting = 0  # callers of _reserve waiting for buffer room
         self.bound: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------
@@ -624,7 +625,11 @@ class Bridge:
         """
         while self._buffered and self._buffered + n > self.settings.buffer:
             self._room.clear()
-            await self._room.wait()
+            self._waiting += 1
+            try:
+                await self._room.wait()
+            finally:
+                self._waiting -= 1
         self._buffered += n
         self.metrics.buffered.set(self._buffered)
 
@@ -742,8 +747,11 @@ class Bridge:
                 if now - src.last_sent.get(topic, src.seen_at) < every and not self._crossed(
                         src, topic, clock_time):
                     continue
-                if self._buffered >= self.settings.buffer:
-                    return  # the buffer is full: heartbeats wait their turn
+                if self._buffered >= self.settings.buffer or self._waiting:
+                    # the buffer is full, or a message read from ZMQ waits for room: heartbeats
+                    # wait their turn (dated latest + the stall, one sent first would go ahead
+                    # of that message on its lane, and make it late at the worker)
+                    return
                 beat = ClockEvent(deployment=deployment, time=clock_time, source="bridge")
                 await self._reserve(1)
                 self._enqueue(Outgoing(topic, deployment.encode(), encode_event(beat), 1))

@@ -738,3 +738,22 @@ async def test_stopping_takes_in_the_message_a_full_buffer_held_in_hand():
         await bridge.stop(drain_timeout_s=2)
         push.close(0)
     assert [decode_event(v).request_id for _, v in producer.delivered] == [f"alpha-r{i}" for i in range(3)]
+
+
+async def test_no_heartbeat_goes_ahead_of_a_message_waiting_for_room():
+    """Kafka stalls with the buffer full and a receiver holding a message: when acks free room,
+    a heartbeat round that ran before the receiver resumed sent clocks dated past that message
+    (latest + the stall), ahead of it on its lane; after a stall past the grace the worker would
+    take the message as late."""
+    bridge = Bridge(settings(buffer=2, heartbeat_s=0.05))  # not started: records stay in their lanes
+    for i in range(2):
+        await bridge.accept([encode_event(request("alpha", T0 + i * 0.01, i))])
+    held = asyncio.ensure_future(bridge.accept([encode_event(request("alpha", T0 + 0.02, 2))]))
+    await asyncio.sleep(0.3)  # the stall
+    bridge._release(2)  # acks come back; the round runs before the receiver resumes
+    await bridge._heartbeats()
+    bridge._release(2)  # more acks: room for the held message whatever the round took
+    await asyncio.wait_for(held, 5)
+    for lane in bridge._lanes.values():
+        times = [decode_event(o.value).time for o in lane.waiting]
+        assert times == sorted(times), (lane.key, [t - T0 for t in times])

@@ -322,8 +322,15 @@ class Retuner:
     # --- the sweep -------------------------------------------------------------
 
     def _lands_at(self, launched_at: float) -> float:
-        """When a sweep launched then lands: on the first tick at or after this."""
-        return launched_at + max(self.spec.decision_latency_seconds, self.setup.config.tick_interval_seconds)
+        """The tick a sweep launched then lands on: the first at or after launch + max(D, tick).
+
+        Rounded up to that tick, not left at launch + D: the end-of-run check
+        judges a sweep by it, and with D between ticks (90 s at one-minute
+        ticks) a decision landing after the run was replayed, then never landed.
+        """
+        tick = self.setup.config.tick_interval_seconds
+        ticks = math.ceil(max(self.spec.decision_latency_seconds, tick) / tick - 1e-9)  # launch is a tick
+        return launched_at + ticks * tick
 
     def _record(self, window: _Window, launched_at: float | None) -> tuple[dict[str, Any], list[TraceRequest]]:
         """A window's decision record, before any replay, and the requests it replays."""

@@ -204,6 +204,20 @@ def test_a_window_whose_decision_would_land_after_the_run_is_recorded_not_replay
     assert len(rt.decisions) == 1 and rt.current == {"target_utilization": 0.8}
 
 
+def test_a_decision_latency_between_ticks_is_judged_at_the_tick_it_lands_on(h200, monkeypatch):
+    """The decision lands on the first tick at or after launch + D: with D = 90 s at one-minute
+    ticks, window [0, 120) launched at 180 lands at 300, after a 280-s workload. Judged at
+    180 + 90 = 270 it was replayed, and its decision then never landed."""
+    rt = retuner(h200, {**SPEC, "decision_latency_seconds": 90})
+    rt.start({"prefill": 1, "decode": 1}, FRESH, end_s=280.0)
+    rt.request_done(_request(0, 5.0, 9.0))
+    monkeypatch.setattr(rt, "_replay", lambda *a, **k: pytest.fail("replayed a window that cannot land"))
+    for t in (60.0, 120.0, 180.0, 240.0):
+        rt.tick(t, {"prefill": 1, "decode": 1}, lambda: FRESH)
+    rt.finish()
+    assert [d["outcome"] for d in rt.decisions] == ["not run: it would land after the run ends"]
+
+
 def test_a_decision_in_flight_when_the_run_ends_is_recorded_as_not_landed(h200):
     rt = retuner(h200)
     rt.start({"prefill": 1, "decode": 1}, FRESH)
@@ -226,8 +240,8 @@ def test_a_decision_in_flight_when_the_run_ends_is_recorded_as_not_landed(h200):
     [
         # window [120, 240) comes due at the tick at 300 and would land at 360, after the workload
         (300, SPEC, ["applied", "not run: it would land after the run ends"]),
-        # window [0, 120) launches at 180 and lands on the first tick from 270 (300): the run ends first
-        (280, {**SPEC, "decision_latency_seconds": 90}, ["not landed: the run ended"]),
+        # window [0, 120) launches at 180 and lands on the first tick from 270 (300), after the workload
+        (280, {**SPEC, "decision_latency_seconds": 90}, ["not run: it would land after the run ends"]),
     ],
 )
 def test_a_run_lists_every_window_that_came_due_even_past_its_end(h200, duration, spec, outcomes):

@@ -297,7 +297,8 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         check_profile_budget(config, None if profile is None else profile.engine_gpus)
         # a swap warms the new predictor on the windows the new bound keeps (0: none), also when
         # the bound changes with it: trimmed only as the next window closed, it had replayed them all
-        history = state.traffic_history[max(0, len(state.traffic_history) - config.predictor_history_windows):]
+        history = list(state.traffic_history)
+        keep_last(history, config.predictor_history_windows)
         forecaster = (rebuild_forecaster(config, history, asked=state.forecaster.asked)
                       if predictor_changed(state.config, config) else state.forecaster)
     except (ConfigError, PredictorUnavailable):

@@ -72,14 +72,16 @@ def remember_window(
     ``SEED_KEYS`` only, as stored states and seeds do; one with some has them
     as a ninth, ``[[q, horizon_windows, of], ...]``.
     """
-    row = [
-        obs.start_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate,
-        obs.accept_length, peak,
-    ]
+    row = window_row(obs, peak)
     if asked:
         row.append([list(request) for request in asked])
     history.append(row)
     keep_last(history, keep)
+
+
+def window_row(obs: TrafficObservation, peak: float | None) -> list:
+    """A window and its busiest burst as a kept row's ``SEED_KEYS`` fields, in order."""
+    return [obs.start_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length, peak]
 
 
 def keep_last(history: list[list], keep: int) -> None:
@@ -141,8 +143,7 @@ def seed_windows(history: list[list], interval: float | None = None) -> list[lis
 
 def _row_at(row: list, interval: float) -> list:
     """A kept window's seed fields at ``interval`` (unchanged when it is of that length)."""
-    obs, peak = _at_interval(*window_of(row), interval)
-    return [obs.start_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length, peak]
+    return window_row(*_at_interval(*window_of(row), interval))
 
 
 def seed_problem(

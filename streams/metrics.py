@@ -198,10 +198,7 @@ class WorkerMetrics:
             seen.add((fpm.role, engine))
         for role, engine in self._engines.get(dep, set()) - seen:
             for kind in ("prefill_requests", "decode_requests", "prefill_tokens"):
-                try:
-                    self.queue_depth.remove(dep, role, engine, kind)
-                except KeyError:
-                    pass
+                _remove(self.queue_depth, (dep, role, engine, kind))
         self._engines[dep] = seen
 
 
@@ -210,8 +207,14 @@ def _set_or_remove(gauge: Gauge, labels: tuple[str, ...], value: float | None) -
     if value is not None:
         gauge.labels(*labels).set(value)
     else:
-        with contextlib.suppress(KeyError):  # never exported (older prometheus-clients raise)
-            gauge.remove(*labels)
+        _remove(gauge, labels)
+
+
+def _remove(metric, labels: tuple[str, ...]) -> None:
+    """Stop exporting one series; one never exported, or removed already, is no error
+    (older prometheus-clients raise KeyError for it)."""
+    with contextlib.suppress(KeyError):
+        metric.remove(*labels)
 
 
 def _remove_series(metric, labelnames: tuple[str, ...], where) -> None:
@@ -219,5 +222,4 @@ def _remove_series(metric, labelnames: tuple[str, ...], where) -> None:
     for family in metric.collect():
         for labels in {tuple(s.labels.get(n) for n in labelnames) for s in family.samples
                        if where(s.labels)}:
-            with contextlib.suppress(KeyError):  # removed meanwhile (older prometheus-clients raise)
-                metric.remove(*labels)
+            _remove(metric, labels)

@@ -672,10 +672,17 @@ def retune_lines(decisions: list[dict]) -> list[str]:
             head += " " + describe_changes(d["changes"])
         cands = d["candidates"]
         if cands:
-            best = cands[d["best"]]
-            head += f" (score {best['score']:,.1f} against the current {cands[0]['score']:,.1f})"
+            best, current = cands[d["best"]], cands[0]
+            if d.get("objective") == "gpu_hours_at_goal":  # what that objective ranks by
+                head += (f" ({_at_goal(best)} against the current {_at_goal(current)})")
+            else:
+                head += f" (score {best['score']:,.1f} against the current {current['score']:,.1f})"
         lines.append(head)
     return lines
+
+
+def _at_goal(score: dict) -> str:
+    return f"{score['attainment']:.2%} at {score['gpu_hours']:.3f} GPU-hours"
 
 
 def _budget_note(result, cfg) -> str | None:

@@ -341,7 +341,7 @@ class Retuner:
         self._requests = [r for r in self._requests if r[0] >= end]  # later windows need only these
         record: dict[str, Any] = {
             "window": [start, end], "launched_at": launched_at, "requests": len(requests),
-            "start_fleet": dict(window.ready),
+            "start_fleet": dict(window.ready), "objective": spec.objective,
             "current": dict(self.current), "outcome": None, "changes": None, "candidates": [],
         }
         return record, requests

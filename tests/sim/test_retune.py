@@ -473,3 +473,16 @@ def test_a_warm_run_retunes_from_its_seeded_forecaster(h200):
                          seed=rows)
     assert len(rows) == 4 and result.retune
     assert started == [rebuild_forecaster(cfg, rows).to_state()]
+
+
+def test_a_retune_line_shows_what_its_objective_ranks_by():
+    from fleetplan.sim.cli import retune_lines
+
+    cands = [{"score": 4000.0, "attainment": 0.995, "gpu_hours": 2.0},
+             {"score": 3900.0, "attainment": 0.991, "gpu_hours": 1.9}]
+    record = {"window": [0.0, 120.0], "requests": 10, "decided_at": 180.0, "outcome": "applied",
+              "changes": {"target_utilization": 0.95}, "candidates": cands, "best": 1}
+    goodput = retune_lines([{**record, "objective": "goodput_per_gpu"}])[0]
+    assert goodput.endswith("(score 3,900.0 against the current 4,000.0)")
+    at_goal = retune_lines([{**record, "objective": "gpu_hours_at_goal"}])[0]
+    assert at_goal.endswith("(99.10% at 1.900 GPU-hours against the current 99.50% at 2.000 GPU-hours)")

@@ -165,6 +165,9 @@ class ConnectorService:
         self._lanes: dict[str, _Lane] = {}
         self._ignored: set[str] = set()  # deployments whose decisions were skipped (warned once)
         self._begun: set[tuple[str, int]] = set()  # decisions this run began applying, outcome not stored
+        # decisions whose ack this run sent and has not yet marked in the ledger: a retry after
+        # a failed mark only marks it (the ack is on the topic; sending it again counted it twice)
+        self._ack_sent: set[tuple[str, int]] = set()
         self._inflight = 0
         self._rebalances = 0  # partitions revoked so far (a fetched batch is stale after one)
         self._capacity = asyncio.Event()
@@ -453,9 +456,12 @@ class ConnectorService:
             log.info("%s decision %d already acked (%s); skipped", decision.deployment,
                      decision.decision_id, outcome.status)
             return
-        await self._send_ack(decision, outcome)
+        if key not in self._ack_sent:
+            await self._send_ack(decision, outcome)
+            self._ack_sent.add(key)
         self._crash_point("after_ack")
         await self.ledger.mark_acked(decision)
+        self._ack_sent.discard(key)
 
     async def _apply_leased(self, decision: Decision, *, recover: bool) -> Outcome:
         """Apply while renewing the claim's lease, so a slow rollout is not taken for a dead run.

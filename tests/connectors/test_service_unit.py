@@ -402,3 +402,51 @@ async def test_an_apply_whose_lease_cannot_be_renewed_stops_before_the_lease_run
     with pytest.raises(_ClaimBusy, match="no renewal"):
         await asyncio.wait_for(service._apply_leased(make_decision("llama", 3), recover=False), 10)
     assert applier.cancelled and loop.time() - started < lease
+
+
+class _AckMarkFailsLedger:
+    """Stores outcomes like the real ledger; marking the first ack fails with a Redis error."""
+
+    lease_s = 30.0
+
+    def __init__(self) -> None:
+        self.outcomes: dict[int, object] = {}
+        self.acked: set[int] = set()
+        self.fail_mark = 1
+
+    async def begin(self, decision):
+        if decision.decision_id in self.outcomes:
+            return Entry("done", self.outcomes[decision.decision_id], decision.decision_id in self.acked)
+        return Entry("apply")
+
+    async def record(self, decision, outcome):
+        self.outcomes[decision.decision_id] = outcome
+        return outcome
+
+    async def renew(self, decision) -> bool:
+        return True
+
+    async def mark_acked(self, decision) -> None:
+        if self.fail_mark:
+            self.fail_mark -= 1
+            raise RedisConnectionError("reply lost")
+        self.acked.add(decision.decision_id)
+
+
+async def test_a_failed_ack_mark_is_retried_without_sending_or_counting_the_ack_again(monkeypatch):
+    applier, ledger = _RecordingApplier(), _AckMarkFailsLedger()
+    metrics = ConnectorMetrics("log")
+    service = ConnectorService(applier, ledger=ledger, metrics=metrics,
+                               settings=ServiceSettings("unused:1", retry_backoff_s=0.0))
+    produced = []
+
+    async def produce(topic, key, value):
+        produced.append(topic)
+
+    monkeypatch.setattr(service, "_produce", produce)
+    await service._handle_retrying(make_decision("llama", 1), None)
+    assert applier.calls == ["apply"] and ledger.acked == {1}
+    assert len(produced) == 1  # the ack went out once; only marking it was retried
+    assert metrics.registry.get_sample_value(
+        "fleetplan_connector_decisions_total", {"backend": "log", "outcome": "applied"}) == 1
+    assert metrics.registry.get_sample_value("fleetplan_connector_errors_total", {"component": "redis"}) == 1

@@ -135,13 +135,17 @@ def _partner(path: Path, role: str) -> Path | None:
 
 
 def _load_file(path: Path, tp: int | None, engine_gpus: int | None) -> ProfileData:
-    """One file: it holds one role (its partner, if any, holds the other) or both."""
+    """One file: it holds one role (its partner, if any, holds the other) or both.
+
+    A role is in the file when any of its keys is, as for decode: with ``all``, a file of
+    both roles that lost ``prefill_ttft`` loaded as decode-only, its prefill rows dropped
+    without a word; now the missing key is named.
+    """
     source = _read(path)
-    has_prefill = all(k in source.data for k in _PREFILL_KEYS)
+    has_prefill = any(k in source.data for k in _PREFILL_KEYS)
     has_decode = any(k in source.data for k in _DECODE_KEYS)
     if not has_prefill and not has_decode:
-        missing = "prefill_ttft" if "prefill_isl" in source.data else "prefill_isl"
-        raise ProfileError(path, missing, "missing key (no prefill or decode data in this file)")
+        raise ProfileError(path, "prefill_isl", "missing key (no prefill or decode data in this file)")
     own_role = "prefill" if has_prefill else "decode"
     partner = None if has_prefill and has_decode else _partner(path, own_role)
     other = _read(partner) if partner is not None else None

@@ -226,3 +226,18 @@ def test_a_profile_without_parallel_metadata_is_taken_on_trust(tmp_path):
     loaded = load_profile_for(config_from_dict({"decode_engine_num_gpu": 4, "prefill_engine_num_gpu": 4,
                                                 "max_gpu_budget": -1}), tmp_path)
     assert (loaded.tp, loaded.engine_gpus) == (None, None)
+
+
+@pytest.mark.parametrize("missing", ["prefill_ttft", "prefill_isl"])
+def test_one_file_with_half_the_prefill_keys_names_the_missing_one(tmp_path, missing):
+    """A single file with both roles (what ``write_profile_json`` writes) that lost one prefill
+    key loaded as a decode-only profile without a word: the prefill rows it did hold were
+    dropped, the planner's prefill model started unseeded, and the simulator refused the
+    profile for having no prefill rows, naming no key. A decode key missing was named."""
+    arrays = {**prefill_arrays(), **decode_arrays()}
+    del arrays[missing]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({k: v.tolist() for k, v in arrays.items()}))
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    assert err.value.key == missing and "profile.json" in err.value.path

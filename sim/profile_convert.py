@@ -16,8 +16,9 @@ ITL against KV usage and context). Two more public sources convert to it:
   coefficients, in ms, ``prefill = a + b·tokens + c·Σlen²`` and ``decode =
   a + b·Σcontext + c·batch`` (two decode fits split at a batch threshold).
   The fit is sampled on a grid of ISLs and of (batch, context) points;
-  ``max_kv_tokens`` is DistServe's KV capacity for the model on one A100
-  (``max_num_tokens.csv``, 66,144 tokens for OPT-13B at TP1). The fits come
+  ``max_kv_tokens`` is, unless given, DistServe's KV capacity of one engine of
+  that model and TP on A100s (``max_num_tokens.csv``, :data:`DISTSERVE_KV_TOKENS`:
+  66,144 tokens for OPT-13B at TP1, 163,008 at TP2). The fits come
   from a kernel profiler, so they leave out what a serving engine's step
   costs on the host (scheduling, sampling, detokenising each sequence);
   ``host_ms_per_seq`` adds that as a cost per running sequence per decode
@@ -114,17 +115,38 @@ def _splitwise_time(p: Path, line: int, row: dict[str, str], key: str) -> float:
     return value
 
 
+DISTSERVE_KV_TOKENS = {
+    ("facebook/opt-13b", 1): 66_144,
+    ("facebook/opt-13b", 2): 163_008,
+    ("facebook/opt-13b", 4): 356_736,
+    ("facebook/opt-13b", 8): 744_208,
+    ("facebook/opt-66b", 2): 11_600,
+    ("facebook/opt-66b", 3): 45_056,
+    ("facebook/opt-66b", 4): 78_496,
+    ("facebook/opt-66b", 8): 212_304,
+    ("facebook/opt-175b", 8): 59_520,
+}
+"""(model, TP) -> KV-cache tokens of one engine (TP A100-80GB GPUs, no pipeline), from
+DistServe's ``max_num_tokens.csv`` (rows with pp = 1). DistServe measurements, LLMServe,
+Apache-2.0. A converted profile's KV-usage axis and the simulated engine's cache are this
+engine's: OPT-13B's one-GPU 66,144 given to every model and TP made a TP2 engine's cache
+0.4 times DistServe's and an OPT-66B TP2 engine's 5.7 times."""
+
 _DISTSERVE_ISL = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048)
 _DISTSERVE_CONTEXTS = (64, 128, 256, 512, 768, 1024, 1536, 2048)
 _DISTSERVE_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 
 
 def distserve_profile(
-    path: str | Path, model: str = "facebook/opt-13b", tp: int = 1, max_kv_tokens: int = 66_144,
+    path: str | Path, model: str = "facebook/opt-13b", tp: int = 1, max_kv_tokens: int | None = None,
     host_ms_per_seq: float = 0.0,
 ) -> ProfileData:
     if not (math.isfinite(host_ms_per_seq) and host_ms_per_seq >= 0):
         raise ProfileConvertError(f"host_ms_per_seq: expected a finite number >= 0, got {host_ms_per_seq}")
+    if max_kv_tokens is None:
+        max_kv_tokens = DISTSERVE_KV_TOKENS.get((model, tp))
+        if max_kv_tokens is None:
+            raise ProfileConvertError(f"max_kv_tokens: {_unknown_kv(model, tp)}")
     if max_kv_tokens < _DISTSERVE_CONTEXTS[0]:
         # no sampled (batch, context) point fits: the profile would have no decode rows
         raise ProfileConvertError(
@@ -248,14 +270,22 @@ def profile_from_spec(spec: str) -> ProfileData | None:
     if len(parts) not in (3, 4, 5):
         raise _spec_syntax(spec)
     path, model, tp = parts[:3]
-    kv = _spec_positive_int(spec, "MAX_KV", parts[3]) if len(parts) >= 4 else 66_144
+    tp_value = _spec_positive_int(spec, "TP", tp)
+    kv = _spec_positive_int(spec, "MAX_KV", parts[3]) if len(parts) >= 4 else DISTSERVE_KV_TOKENS.get((model, tp_value))
+    if kv is None:
+        raise ProfileConvertError(f"{spec}: MAX_KV: {_unknown_kv(model, tp_value)}")
     if kv < _DISTSERVE_CONTEXTS[0]:
         raise ProfileConvertError(
             f"{spec}: MAX_KV: at least {_DISTSERVE_CONTEXTS[0]} tokens (one sequence at the "
             f"shortest sampled context), got {kv}"
         )
     host = _spec_host_ms(spec, parts[4]) if len(parts) == 5 else 0.0
-    return distserve_profile(path, model, _spec_positive_int(spec, "TP", tp), kv, host)
+    return distserve_profile(path, model, tp_value, kv, host)
+
+
+def _unknown_kv(model: str, tp: int) -> str:
+    have = ", ".join(f"{m} tp{t}" for m, t in DISTSERVE_KV_TOKENS)
+    return f"no KV capacity for {model} tp{tp} in DistServe's max_num_tokens.csv (have {have}); give it"
 
 
 def _spec_syntax(spec: str) -> ProfileConvertError:

@@ -166,3 +166,30 @@ def test_a_bad_number_in_the_spec_blames_the_spec_part(tmp_path, suffix, message
     with pytest.raises(ProfileConvertError) as err:
         profile_from_spec(spec)
     assert str(err.value).startswith(f"{spec}: {message}")
+
+
+@pytest.mark.parametrize(
+    "model,tp,kv",
+    [
+        ("facebook/opt-13b", 1, 66_144),
+        ("facebook/opt-13b", 2, 163_008),  # was 66,144: two A100s given one's cache
+        ("facebook/opt-66b", 2, 11_600),  # was 66,144: 5.7x the cache OPT-66B leaves on two
+    ],
+)
+def test_distserve_kv_capacity_defaults_to_the_figure_of_that_model_and_tp(tmp_path, model, tp, kv):
+    """Without MAX_KV every model and TP got OPT-13B's one-A100 cache (66,144 tokens), though
+    the KV-usage axis of the converted rows and the simulated engine's cache are per engine;
+    the default is now DistServe's own figure (max_num_tokens.csv) for that model and TP."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({model: {str(tp): DISTSERVE["facebook/opt-13b"]["1"]}}))
+    assert profile_from_spec(f"distserve:{path}:{model}:{tp}").max_kv_tokens == kv
+    assert distserve_profile(path, model, tp).max_kv_tokens == kv
+
+
+def test_distserve_without_a_known_kv_capacity_asks_for_max_kv(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"my/model": {"1": DISTSERVE["facebook/opt-13b"]["1"]}}))
+    spec = f"distserve:{path}:my/model:1"
+    with pytest.raises(ProfileConvertError, match=r"MAX_KV: .*no KV capacity for my/model tp1"):
+        profile_from_spec(spec)
+    assert profile_from_spec(spec + ":50000").max_kv_tokens == 50_000

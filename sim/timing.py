@@ -132,6 +132,11 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
     max_kv = float(profile.max_kv_tokens or 1)
     levels = profile.decode_levels()
     ctxs = list(levels)
+    if ctxs[0] <= 0:
+        # ProfileData takes a row at context 0 (seeded as one request); between levels this
+        # timing is linear in 1/context, where it was a bare ZeroDivisionError
+        raise ValueError("y_context_length: the interp engine timing needs decode rows at a context > 0 "
+                         f"tokens, got {ctxs[0]:g} (--engine-timing fit reads such a profile)")
     curves = [_Piecewise(usage.tolist(), (itl_ms / 1000.0).tolist(), extend=False) for usage, itl_ms in levels.values()]
     inverse = [1.0 / c for c in ctxs]  # interpolation between levels is linear in 1/context
 

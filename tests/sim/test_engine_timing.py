@@ -138,3 +138,18 @@ def test_below_the_shortest_context_the_pass_stays_between_its_bounds(timing):
         same_batch = timing.decode_s(seqs, seqs * 350)  # the same sequences at 350
         assert same_usage - 1e-12 <= timing.decode_s(seqs, kv) <= same_batch + 1e-12
     assert timing.decode_s(4, 0) == timing.decode_s(1, 1)  # no KV reported: the cheapest pass
+
+
+def test_a_decode_level_at_context_zero_is_refused_naming_the_field(h200):
+    """``ProfileData`` takes a decode row at context 0 (its seed is one request, as Dynamo's),
+    but the interp timing reads between levels in 1/context: building it raised a bare
+    ZeroDivisionError, a traceback from ``fleetplan simulate`` that named no field."""
+    from fleetplan.models.perf import ProfileData
+
+    ctx = h200.y_context_length.copy()
+    ctx[ctx == ctx.min()] = 0.0
+    profile = ProfileData(h200.prefill_isl, h200.prefill_ttft_ms, h200.x_kv_usage, ctx, h200.z_itl_ms,
+                          h200.max_kv_tokens)
+    with pytest.raises(ValueError, match="y_context_length"):
+        engine_timing(profile)
+    assert engine_timing(profile, "fit").decode_s(8, 8000) > 0  # the fit has no such axis

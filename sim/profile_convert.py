@@ -11,7 +11,7 @@ ITL against KV usage and context). Two more public sources convert to it:
   put ``batch`` sequences at context ``prompt + tokens/2``. Splitwise does not
   record the KV-cache size, so ``max_kv_tokens`` defaults to the largest KV a
   measured batch held (every measured point is then feasible; nothing beyond
-  is claimed).
+  is claimed); a smaller one given leaves out the batches that do not fit.
 - **DistServe** ``profiler-a100-80g.*.json`` (LLMServe, Apache-2.0): fitted
   coefficients, in ms, ``prefill = a + b·tokens + c·Σlen²`` and ``decode =
   a + b·Σcontext + c·batch`` (two decode fits split at a batch threshold).
@@ -24,7 +24,7 @@ ITL against KV usage and context). Two more public sources convert to it:
   ``host_ms_per_seq`` adds that as a cost per running sequence per decode
   step (0 by default; ``bench/calibrate.py`` fits it on measured TPOT).
 
-Spec strings for ``--profile``: ``splitwise:FILE:MODEL:HARDWARE:TP`` and
+Spec strings for ``--profile``: ``splitwise:FILE:MODEL:HARDWARE:TP[:MAX_KV_TOKENS]`` and
 ``distserve:FILE:MODEL:TP[:MAX_KV_TOKENS[:HOST_MS_PER_SEQ]]``. :func:`write_profile_json`
 writes any profile as one Dynamo-style JSON file, which every fleetplan
 command (``plan`` included) reads with ``--profile FILE``.
@@ -74,12 +74,18 @@ def splitwise_profile(path: str | Path, model: str, hardware: str, tp: int, max_
         decode[(batch, prompt + tokens / 2.0)].append(token_time)
     kv_cap = max_kv_tokens or int(max(b * ctx for b, ctx in decode) + 1)
     isl = sorted(prefill)
-    points = sorted(decode)
+    # a batch whose KV does not fit was kept at usage 1.0, "a full cache takes the larger
+    # batch's time"; it is left out, as DistServe's grid points beyond the cache are
+    points = sorted(k for k in decode if k[0] * k[1] <= kv_cap)
+    if not points:
+        least = min(b * ctx for b, ctx in decode)
+        raise ProfileConvertError(f"{p}: max_kv_tokens: {kv_cap} holds no measured batch of {model}/{hardware}/"
+                                  f"tp{tp} (the smallest holds {least:g} KV tokens)")
     return _profile(
         p,
         prefill_isl=np.array(isl, dtype=float),
         prefill_ttft_ms=np.array([np.mean(prefill[i]) for i in isl]),
-        x_kv_usage=np.array([min(1.0, b * c / kv_cap) for b, c in points]),
+        x_kv_usage=np.array([b * c / kv_cap for b, c in points]),
         y_context_length=np.array([c for _, c in points]),
         z_itl_ms=np.array([np.mean(decode[k]) for k in points]),
         max_kv_tokens=kv_cap, name=f"splitwise-{model}-{hardware}-tp{tp}", model=model, gpu=hardware, tp=tp, engine_gpus=tp,

@@ -193,3 +193,18 @@ def test_distserve_without_a_known_kv_capacity_asks_for_max_kv(tmp_path):
     with pytest.raises(ProfileConvertError, match=r"MAX_KV: .*no KV capacity for my/model tp1"):
         profile_from_spec(spec)
     assert profile_from_spec(spec + ":50000").max_kv_tokens == 50_000
+
+
+def test_splitwise_batches_beyond_a_given_kv_capacity_are_left_out(tmp_path):
+    """With MAX_KV below a measured batch's KV, that batch was kept at KV usage 1.0: 8 prompts
+    of 576 tokens (4,608 KV) became a full 3,000-token cache, so the planner was seeded with
+    "5 sequences take the 8-sequence time" and the simulated engine read it there. Batches
+    that do not fit are now left out, as the DistServe conversion does."""
+    path = tmp_path / "perf_model.csv"
+    path.write_text(SPLITWISE)
+    profile = profile_from_spec(f"splitwise:{path}:m:h100:4:3000")
+    kv = profile.x_kv_usage * profile.max_kv_tokens
+    assert sorted(zip(kv.round().tolist(), profile.y_context_length.tolist(), strict=True)) == [
+        (576, 576), (1088, 1088), (2112, 2112)]
+    with pytest.raises(ProfileConvertError, match="max_kv_tokens: 100 .*576"):
+        splitwise_profile(path, "m", "h100", 4, max_kv_tokens=100)

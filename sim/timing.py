@@ -13,8 +13,9 @@ never be wrong about it.
 
 - prefill: TTFT(isl) measured for one prompt, linear between points; a pass
   of ``T`` prefill tokens (one chunk, any number of prompts) takes
-  ``TTFT(T)``. Beyond the last point the last segment's slope continues;
-  below the first point (100 tokens in the shipped profiles) the time falls
+  ``TTFT(T)``. Beyond the last point the last segment's slope continues
+  where it rises (a falling one, a noisy last row, stays at the last point's
+  time: carried on, it went below zero); below the first point (100 tokens in the shipped profiles) the time falls
   linearly to the cheapest measured decode pass at 0 tokens: the first
   point's TTFT includes per-request costs that a short tail chunk or a few
   piggybacked prompt tokens do not pay again, and a pass never costs less
@@ -57,8 +58,8 @@ TIMING_MODES = ("interp", "fit")
 
 
 class _Piecewise:
-    """Linear interpolation on sorted x; clamped or extended above; below the first
-    point clamped, or (``origin``) linear from ``(0, origin)`` to the first point."""
+    """Linear interpolation on sorted x; clamped or extended above (where the last segment
+    rises); below the first point clamped, or (``origin``) linear from ``(0, origin)`` to it."""
 
     __slots__ = ("xs", "ys", "extend")
 
@@ -81,8 +82,8 @@ class _Piecewise:
         if n == 1 or x <= xs[0]:
             return ys[0]
         if x >= xs[-1]:
-            if not self.extend:
-                return ys[-1]
+            if not self.extend or ys[-1] <= ys[-2]:
+                return ys[-1]  # a falling last segment carried on reaches negative times
             i = n - 1
         else:
             i = bisect.bisect_right(xs, x)

@@ -153,3 +153,17 @@ def test_a_decode_level_at_context_zero_is_refused_naming_the_field(h200):
     with pytest.raises(ValueError, match="y_context_length"):
         engine_timing(profile)
     assert engine_timing(profile, "fit").decode_s(8, 8000) > 0  # the fit has no such axis
+
+
+def test_past_the_last_prefill_point_a_falling_segment_does_not_carry_on_below_it(h200):
+    """Splitwise's H100 TP2 Llama2-70B rows fall from 2,394 ms at 16,384 tokens to 361 ms at
+    32,768 (the suspect batch-64 row the data's README names); carrying that slope on gave a
+    40,000-token pass -537 ms. Past the last point a pass now never takes less than it."""
+    from fleetplan.models.perf import ProfileData
+
+    profile = ProfileData([100.0, 16_384.0, 32_768.0], [20.0, 2394.4, 360.8], h200.x_kv_usage,
+                          h200.y_context_length, h200.z_itl_ms, h200.max_kv_tokens)
+    timing = engine_timing(profile)
+    assert timing.prefill_s(32_768) * 1000 == pytest.approx(360.8)
+    assert timing.prefill_s(40_000) * 1000 == pytest.approx(360.8)
+    assert timing.prefill_s(24_576) * 1000 == pytest.approx((2394.4 + 360.8) / 2)  # measured points kept

@@ -55,6 +55,13 @@ def refuse_overwriting(option: str, path: Path | None, source_option: str, sourc
         fail(f"{option}: is the {source_option} file ({source}); writing it would erase the log")
 
 
+def refuse_replacing(option: str, path: Path) -> None:
+    """Stop when an output file whose name is fixed is already there: it may be another
+    command's (the simulator's report.html beside its log), and replacing it would say nothing."""
+    if path.exists():
+        fail(f"{option}: {path} exists; remove it or give another directory")
+
+
 def ensure_output_dir(option: str, path: Path) -> Path:
     """Create an output directory at start: a path that cannot hold files fails before the run, not after."""
     if path.exists() and not path.is_dir():

@@ -206,7 +206,7 @@ def audit(
     topic_prefix: Prefix = "",
     partitions: Annotated[int | None, typer.Option("--partitions", min=1, help="partitions of the topics (default: read from the cluster)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every decision checked")] = False,
-    report: Annotated[Path | None, typer.Option("--report", help="also write DIR/report.html: the simulator's report of the recorded run")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="also write DIR/report.html (not there yet): the simulator's report of the recorded run")] = None,
     seed_out: Annotated[Path | None, typer.Option("--seed-out", help="also write a seed_traffic control of the windows the re-fold fed its forecaster, to start another planner from (JSONL)")] = None,
     since: Annotated[float | None, typer.Option("--since", help="Kafka only: start from the worker's first state snapshot at or after this event time (Unix seconds), for a deployment older than its FPMs' retention (a day)")] = None,
 ) -> None:
@@ -217,7 +217,13 @@ def audit(
     what the lines before it proved.
     """
     from fleetplan.bootstrap import build_planner
-    from fleetplan.cli import ensure_output_dir, open_output, refuse_overwriting, write_seed
+    from fleetplan.cli import (
+        ensure_output_dir,
+        open_output,
+        refuse_overwriting,
+        refuse_replacing,
+        write_seed,
+    )
     from fleetplan.eventlog import EventLogError
     from fleetplan.models.config import ConfigError
     from fleetplan.streams.audit import audit_kafka, audit_log, write_audit_report
@@ -233,6 +239,7 @@ def audit(
         _fail("--since: reads the worker's snapshots on Kafka (--bootstrap); a --log audit folds from its first line")
     if report is not None:
         ensure_output_dir("--report", report)
+        refuse_replacing("--report", report / "report.html")
     if log is not None:
         refuse_overwriting("--seed-out", seed_out, "--log", log)
     else:

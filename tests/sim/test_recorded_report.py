@@ -116,3 +116,22 @@ def test_requests_that_arrived_before_the_log_begins_are_in_the_per_minute_serie
     series = windowed(run.result.requests, 60.0, run.result.end_s, 500, 50)
     assert sum(series["count"]) == summary.requests
     assert run.result.requests.arrays()["arrival"].min() >= 0.0
+
+
+def test_audit_report_does_not_replace_a_report_already_in_its_directory(simulated, tmp_path):
+    """``--report`` given the simulate run's ``--out`` (where its log is) would write over the
+    simulator's own report.html, the one with the baselines, and said nothing (until
+    2026-12-05): a report.html already there stops the audit at start, naming it."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(simulated[0], out)
+    before = (out / "report.html").read_bytes()
+    result = runner.invoke(app, [
+        "audit", "--deployment", "code", "--log", str(out / "events.jsonl"), "--config", str(QUICKSTART),
+        "--profile", "h200-llama3.1-8b", "--report", str(out),
+    ])
+    assert result.exit_code == 2, result.output
+    assert f"--report: {out / 'report.html'} exists" in result.output
+    assert "OK:" not in result.output  # refused before the audit ran
+    assert (out / "report.html").read_bytes() == before

@@ -8,8 +8,9 @@ reports. Out comes a :class:`~fleetplan.sim.runner.RunResult` that
 
 - requests: each ``request`` record's arrival (``request_received_ms``),
   TTFT (``ttft_ms``) and mean ITL (``avg_itl_ms``), as the frontend
-  measured them; records without a TTFT are left out (counted in
-  ``unmeasured``), since they cannot be judged against the SLA;
+  measured them; records without a TTFT, or without an ITL for an answer
+  of more than one token, are left out (counted in ``unmeasured``), since
+  they cannot be judged against the SLA;
 - replicas: from ``inventory`` events when the orchestrator sends them
   (starting, ready, draining, with their GPUs), else the ready counts the
   planner saw at its ticks (engines it discovered from their FPMs) at the
@@ -35,7 +36,7 @@ class RecordedRun:
     result: RunResult
     arrivals: list[tuple[float, int]]  # (window start, requests arriving in it)
     start_s: float  # epoch time of the run's zero
-    unmeasured: int  # finished requests without a TTFT
+    unmeasured: int  # finished requests without a TTFT, or a longer answer's ITL
 
 
 def recorded_run(
@@ -77,10 +78,12 @@ def _requests(events: Sequence, t0: float) -> tuple[RequestLog, int]:
     log = RequestLog()
     unmeasured = 0
     for e in sorted((e for e in events if e.type == "request"), key=lambda e: (e.arrival_s, e.request_id)):
-        if e.ttft_ms is None:
+        # a NaN ITL meets any target (a one-token answer has none), so a longer answer
+        # whose ITL was not measured is left out, not counted as meeting it
+        if e.ttft_ms is None or (e.output_tokens > 1 and e.avg_itl_ms is None):
             unmeasured += 1
             continue
-        itl = e.avg_itl_ms / 1000.0 if e.avg_itl_ms is not None and e.output_tokens > 1 else math.nan
+        itl = e.avg_itl_ms / 1000.0 if e.output_tokens > 1 else math.nan
         log.record(e.arrival_s - t0, e.ttft_ms / 1000.0, itl, e.input_tokens, e.output_tokens,
                    e.cached_tokens, e.time - t0)
     return log, unmeasured

@@ -135,3 +135,21 @@ def test_audit_report_does_not_replace_a_report_already_in_its_directory(simulat
     assert f"--report: {out / 'report.html'} exists" in result.output
     assert "OK:" not in result.output  # refused before the audit ran
     assert (out / "report.html").read_bytes() == before
+
+
+def test_a_record_of_a_longer_answer_without_its_itl_is_not_judged_as_meeting_it():
+    """A finished request of 20 tokens whose record carries a TTFT but no ``avg_itl_ms``
+    cannot be judged against the ITL target, as one without a TTFT cannot be judged at all.
+    Until 2026-12-05 it was taken for a one-token answer, which meets any ITL, and counted
+    as meeting the SLA: here attainment read 2/3 where the judged records give 1/2."""
+    from fleetplan.schemas.events import RequestRecord
+
+    def record(n: int, itl: float | None) -> RequestRecord:
+        return RequestRecord(deployment="d", time=10.0 + n, request_id=f"r{n}", input_tokens=100,
+                             output_tokens=20, request_received_ms=(9.0 + n) * 1000.0, ttft_ms=40.0,
+                             avg_itl_ms=itl)
+
+    run = recorded_run("d", [record(0, 8.0), record(1, None), record(2, 80.0)], [], ("agg",), {"agg": 1},
+                       500.0, 50.0, 60.0)
+    assert run.unmeasured == 1
+    assert (run.result.summary.requests, run.result.summary.sla_attainment) == (2, 0.5)

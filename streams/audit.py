@@ -357,7 +357,9 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
             refused.add((m["topic"], int(m["partition"]), int(m["offset"])))
 
     inputs = []
-    excluded = invalid = 0
+    # event times of the inputs left out: an audit --since counts those from its tick on only
+    excluded: list[float] = []
+    invalid: list[float] = []  # inf: unreadable, so undated (counted either way)
     found: set[str] = set()
     for name in topics.inputs:
         logical = topics.logical(name)
@@ -366,7 +368,7 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
             if event is None:
                 # the worker dead-lettered it and folded nothing from it: skipping is the same fold
                 if r.key is not None and r.key.decode("utf-8", "replace") == deployment:
-                    invalid += 1
+                    invalid.append(math.inf)
                 continue
             found.add(event.deployment)
             if event.type not in INPUT_TYPES or event.deployment != deployment:
@@ -374,10 +376,10 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
             if r.key is None or r.key.decode("utf-8", "replace") != deployment:
                 continue  # the worker dead-letters records not keyed by their deployment
             if (logical, p, r.offset) in refused:
-                excluded += 1
+                excluded.append(event.time)
                 continue
             if intake_problem(planner.config, event) is not None:
-                invalid += 1  # the worker dead-lettered it at intake (a set_config that cannot apply)
+                invalid.append(event.time)  # the worker dead-lettered it at intake (a set_config that cannot apply)
                 continue
             inputs.append(event)
 
@@ -415,9 +417,11 @@ async def _audit_kafka(bootstrap, deployment, planner, topic_prefix, partitions,
                                                  grace=planner.config.grace_seconds)
         first_id = state.next_decision_id
         source += f" from the snapshot of its tick at {state.last_tick}"
+        excluded = [t for t in excluded if t >= state.last_tick]
+        invalid = [t for t in invalid if t >= state.last_tick]
     workers = {w: (v.role, v.state, v.gpus) for w, v in state.workers.items() if not v.discovered}
     reports = refold_by_event_time(planner, deployment, inputs, state)
-    result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=excluded, invalid=invalid,
+    result = AuditResult(deployment, source, inputs=len(inputs), excluded_late=len(excluded), invalid=len(invalid),
                          events=inputs, reports=reports, state=state, stopped=stopped, workers=workers)
     return compare(result, recorded, reports, horizon=horizon if horizon is not None else -math.inf,
                    first_id=first_id)
@@ -469,8 +473,10 @@ def _tick_time(raw: bytes | None, deployment: str) -> float | None:
 
 
 def write_audit_report(result: AuditResult, config, out: Path, window_s: float = 60.0, *,
-                       profile_engine_gpus: int | None = None) -> Path:
-    """Draw the deployment's recorded run as ``fleetplan simulate`` draws a simulated one.
+                       profile_engine_gpus: int | None = None) -> tuple[Path, int]:
+    """Draw the deployment's recorded run as ``fleetplan simulate`` draws a simulated one:
+    the report's path, and how many finished requests its figures leave out as unmeasured
+    (no TTFT, or a longer answer without its ITL), which the CLI says beside the path.
 
     Engines no inventory event prices cost the config's ``*_engine_num_gpu``,
     else the profile's engine (``profile_engine_gpus``), as the planner's GPU
@@ -484,8 +490,9 @@ def write_audit_report(result: AuditResult, config, out: Path, window_s: float =
                        config.ttft_ms, config.itl_ms, window_s, workers=result.workers)
     out.mkdir(parents=True, exist_ok=True)
     title = f"fleetplan audit: {result.deployment} from {result.source}"
-    return write_report(out / "report.html", [run.result], config.ttft_ms, config.itl_ms, window_s,
+    path = write_report(out / "report.html", [run.result], config.ttft_ms, config.itl_ms, window_s,
                         run.arrivals, title)
+    return path, run.unmeasured
 
 
 def _decode(raw: bytes | None):

@@ -268,7 +268,10 @@ def audit(
     if report is not None:
         try:
             engine_gpus = None if planner.profile is None else planner.profile.engine_gpus
-            typer.echo(f"report: {write_audit_report(result, planner.config, report, profile_engine_gpus=engine_gpus)}")
+            path, unmeasured = write_audit_report(result, planner.config, report, profile_engine_gpus=engine_gpus)
+            left_out = (f" ({unmeasured:,} finished request(s) without a measured TTFT or ITL left out of its "
+                        f"figures)") if unmeasured else ""
+            typer.echo(f"report: {path}{left_out}")
         except (OSError, ValueError) as err:
             if result.ok:
                 _fail(f"--report: {err}")

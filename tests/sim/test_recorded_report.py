@@ -153,3 +153,25 @@ def test_a_record_of_a_longer_answer_without_its_itl_is_not_judged_as_meeting_it
                        500.0, 50.0, 60.0)
     assert run.unmeasured == 1
     assert (run.result.summary.requests, run.result.summary.sla_attainment) == (2, 0.5)
+
+
+def test_audit_report_says_how_many_finished_requests_its_figures_leave_out(simulated, tmp_path):
+    """Records without a TTFT, or a longer answer's ITL, are left out of the report's figures;
+    the CLI said nothing of them (until 2026-12-05), so a report of a half-measured run read as
+    a whole one."""
+    lines = (simulated[0] / "events.jsonl").read_bytes().splitlines()
+    stripped = 0
+    for i, line in enumerate(lines):
+        event = orjson.loads(line)
+        if event.get("type") == "request" and event.get("output_tokens", 0) > 1 and stripped < 3:
+            event.pop("avg_itl_ms")
+            lines[i] = orjson.dumps(event)
+            stripped += 1
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    result = runner.invoke(app, [
+        "audit", "--deployment", "code", "--log", str(log), "--config", str(QUICKSTART),
+        "--profile", "h200-llama3.1-8b", "--report", str(tmp_path / "report"),
+    ])
+    assert f"report: {tmp_path / 'report' / 'report.html'} (3 finished request(s) without a measured TTFT or ITL " \
+           "left out of its figures)" in result.output, result.output

@@ -295,3 +295,22 @@ def test_a_silence_of_days_is_skipped_by_the_worker_and_its_audit_alike(monkeypa
     result = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
     assert result.ok, "\n".join(result.lines())
     assert result.reproduced == [d["decision_id"] for d in decisions]
+
+
+def test_an_audit_since_counts_only_the_refused_and_invalid_inputs_from_the_snapshots_tick_on(monkeypatch):
+    """The first line's counts are of the inputs the re-fold considered: from the snapshot's
+    tick on. A late heartbeat and a refused set_config dated before it were counted as well,
+    beside an input count that starts at the tick."""
+    from tests.streams.traffic import clock
+
+    refused = ControlEvent(deployment="alpha", time=T0 + 30,
+                           body={"command": "set_config", "changes": {"ttft_msx": 300}})
+    log, worker = _worker_run(snapshot_every=30, extra=((canonical.CONTROL, refused),))
+    worker.route([log.append(REQ, clock("alpha", T0 + 1))])
+    assert worker.router.deployments["alpha"].state.late_events == 1
+    _reading(monkeypatch, log, *_written(worker))
+    whole = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1))
+    assert whole.ok and (whole.excluded_late, whole.invalid) == (1, 1)
+    since = asyncio.run(_audit_kafka("fake:1", "alpha", deciding_planner(), "", 1, since=1051.0))
+    assert since.ok, "\n".join(since.lines())
+    assert (since.excluded_late, since.invalid) == (0, 0)

@@ -98,7 +98,9 @@ def prefill_signal(
     if n > 1:
         s = config.load_scaling_down_sensitivity / 100.0
         scale = n / (n - 1)
-        own = _ttft(model, loads, kv_hit_rate, queue_scale=0.0)
+        # the request's own time on the survivor: no queue, but (agg) the decode KV it absorbs,
+        # as Dynamo times it; at today's KV the KV growth was charged to the queue's margin
+        own = _ttft(model, loads, kv_hit_rate, queue_scale=0.0, decode_scale=scale)
         post = _ttft(model, loads, kv_hit_rate, queue_scale=scale, decode_scale=scale)
         if bool((post - own < (config.ttft_ms - own) * s).all()):
             return LoadSignal(-1, "scale_down", ttft_ms=worst)

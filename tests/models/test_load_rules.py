@@ -154,3 +154,27 @@ def test_threshold_release_refused_when_the_survivors_would_cross_the_up_thresho
     assert (crowded.step, crowded.reason) == (0, "no_change")
     roomy = threshold_signal(cfg, "decode", _engines("decode", kv=[45_000, 45_000]), None, 100_000)
     assert roomy.step == -1
+
+
+def _agg_model():
+    """Agg pass time 10 ms + 0.01 ms a prompt token + 0.001 ms a decode KV token; prompts of 1,000."""
+    rows = [(k, 1000 * k, 4, kv, 0.010 + 1e-5 * 1000 * k + 1e-6 * kv)
+            for k in (1, 2, 4) for kv in (0, 20_000, 40_000)]
+    return _observed(AggPerfModel(EngineLimits(max_num_batched_tokens=8192)), "agg", rows)
+
+
+def test_the_agg_prefill_release_takes_the_own_time_at_the_survivors_decode_kv():
+    # Dynamo's agg check: t_own = TTFT with no queue at the survivor's decode KV (N/(N-1) of it),
+    # pass if post - t_own < (ttft - t_own)·s. Two engines, 1,500 queued tokens and 20,000 decode KV
+    # each; one engine fewer carries 3,000 and 40,000: post = 10 + 40 + 40 = 90 ms, t_own = 10 + 10
+    # + 40 = 60 ms, the queue adds 30 ms against (100 - 60)·0.8 = 32: released. Timing t_own at
+    # today's 20,000 KV (40 ms) charged the KV growth to the queue (50 ms against 48): refused
+    cfg = config_from_dict({**REFERENCE_SIZING, "ttft": 100.0})
+    model = _agg_model()
+    loads = EngineLoads(np.full(2, 1500.0), np.full(2, 20_000.0), np.zeros(2))
+    assert abs(float(model.estimate_ttft_ms_many(np.zeros(1), np.array([40_000.0]))[0]) - 60.0) < 1e-6
+    sig = prefill_signal(cfg, model, loads, 0.0)
+    assert (sig.step, sig.reason) == (-1, "scale_down")
+    # 1,700 queued each: the queue adds 34 ms, over 32: refused
+    crowded = EngineLoads(np.full(2, 1700.0), np.full(2, 20_000.0), np.zeros(2))
+    assert prefill_signal(cfg, model, crowded, 0.0).reason == "scale_down_refused_consolidation"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fleetplan.models.perf.averages import MovingAverage
 from fleetplan.models.perf.base import RolePerfModel, per_request
 from fleetplan.models.perf.capacity import Capacity, agg_capacity
 from fleetplan.models.perf.chunking import chunked_time, chunked_time_many
@@ -64,6 +65,20 @@ class AggPerfModel(RolePerfModel):
             per_request(columns.sum_decode_kv_tokens, columns.num_decode_requests).tolist()
         )
         self.averages["avg_prefill_tokens"].extend(columns.sum_prefill_tokens.tolist())
+
+    def seed(self, columns: FpmColumns) -> None:
+        """Seed the fit from both row kinds, the prefill mix from the decode rows alone.
+
+        The profile's prompt rows anchor the prefill slope, but a lone prompt
+        of up to 16k tokens is no pass of a live agg engine's mix: counted in
+        ``avg_prefill_tokens`` (2,414 tokens on the H200: 17 prompts and 41
+        zeros) they made an idle engine's ITL 58 ms, over a 50 ms target, and
+        the load loop grew an idle fleet. Dynamo seeds agg from decode rows,
+        whose mix is empty (no prefill) until traffic teaches it.
+        """
+        super().seed(columns)
+        mix = self.averages["avg_prefill_tokens"] = MovingAverage(self.settings.average_window)
+        mix.extend(columns.sum_prefill_tokens[columns.num_prefill_requests == 0].tolist())
 
     # -- estimates -------------------------------------------------------------
 

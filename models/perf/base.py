@@ -59,6 +59,10 @@ class RolePerfModel:
         if timed.any():
             self.regression.add_many(self._feature_columns(columns)[timed], columns.wall_time[timed])
 
+    def seed(self, columns: FpmColumns) -> None:
+        """Bootstrap from a profile's synthetic FPMs (``seed_samples``): observed as live ones."""
+        self.observe_batch(columns)
+
     # -- reading -------------------------------------------------------------
 
     @property

@@ -46,7 +46,7 @@ def seeded_perf_model(
     if limits.max_kv_tokens is None and profile.max_kv_tokens is not None:
         limits = replace(limits, max_kv_tokens=profile.max_kv_tokens)
     model = perf_model_for(role, limits, settings)
-    model.observe_batch(seed_samples(profile, role))
+    model.seed(seed_samples(profile, role))
     return model
 
 

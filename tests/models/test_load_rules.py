@@ -178,3 +178,23 @@ def test_the_agg_prefill_release_takes_the_own_time_at_the_survivors_decode_kv()
     # 1,700 queued each: the queue adds 34 ms, over 32: refused
     crowded = EngineLoads(np.full(2, 1700.0), np.full(2, 20_000.0), np.zeros(2))
     assert prefill_signal(cfg, model, crowded, 0.0).reason == "scale_down_refused_consolidation"
+
+
+def test_an_idle_agg_fleet_seeded_from_the_profile_is_not_scaled_up():
+    # The H200 seed gives agg its prefill slope from the profile's prompt rows, but those
+    # pure-prompt passes are no part of a live agg engine's prefill mix: counted in
+    # avg_prefill_tokens (17 prompts and 41 zeros, 2,414 tokens) they made an idle engine's
+    # ITL 58 ms against the 50 ms target, and the first load tick grew an idle fleet. Seeded
+    # as Dynamo seeds agg (decode rows), the mix is empty until traffic: ITL = t(0, avg decode)
+    from fleetplan.models.config import PlannerConfig
+    from fleetplan.models.perf_models import make_perf_models
+    from fleetplan.sim.profiles import load_profile
+
+    cfg = config_from_dict({**REFERENCE_SIZING, "mode": "agg"})
+    model = make_perf_models(PlannerConfig(mode="agg"), load_profile("h200-llama3.1-8b"))["agg"]
+    assert model.avg_prefill_tokens == 0.0
+    idle = EngineLoads(np.zeros(2), np.zeros(2), np.zeros(2))
+    itl = float(model.estimate_itl_ms_many(np.zeros(1), 1.0)[0])
+    assert abs(itl - model.estimate_itl_floor_ms(1.0)) < 1e-9 and itl < 10.0
+    sig = agg_signal(cfg, model, idle, 0.0, 1.0)
+    assert sig.step <= 0 and sig.reason != "scale_up"

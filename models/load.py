@@ -208,11 +208,15 @@ def threshold_signal(
     Prefill looks at queued prompt tokens per context length, decode at KV
     utilisation; up if any engine is over, down if all are under and the
     remaining engines would not cross the up threshold (consolidation guard).
+    Agg engines are judged as Dynamo's ``_agg_easy_decision`` judges them, by
+    KV utilisation alone with the queued prompts counted as KV: a prefill
+    vote on top scaled up agg engines with 2 % of their cache in use once
+    ``context_length`` was set.
     """
     target = config.optimization_target
     n = _workers(engines)
     votes: list[int] = []
-    if role in ("prefill", "agg") and context_length:
+    if role == "prefill" and context_length:
         if target == "load":
             up = config.prefill_scale_up_queue_tokens / context_length
             down = config.prefill_scale_down_queue_tokens / context_length

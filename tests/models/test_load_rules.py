@@ -198,3 +198,16 @@ def test_an_idle_agg_fleet_seeded_from_the_profile_is_not_scaled_up():
     assert abs(itl - model.estimate_itl_floor_ms(1.0)) < 1e-9 and itl < 10.0
     sig = agg_signal(cfg, model, idle, 0.0, 1.0)
     assert sig.step <= 0 and sig.reason != "scale_up"
+
+
+def test_agg_threshold_modes_read_the_kv_with_queued_prompts_whatever_the_context_length():
+    # Dynamo's easy modes judge agg engines by one figure, (sched + queued KV + queued prefill)
+    # / max_kv_tokens. Two engines with 1,000 queued prompt tokens and 1,000 KV each, latency
+    # mode: 2 % of a 100,000 cache, under 10 %: released. A prefill vote on queued / context
+    # (1,000 / 8,192 = 0.12, over 0.1) scaled the same engines up once context_length was set
+    cfg = config_from_dict({"optimization_target": "latency", "mode": "agg", "context_length": 8192,
+                            "max_kv_tokens": 100_000})
+    engines = _engines("agg", queued_prefill=[1000, 1000], kv=[1000, 1000])
+    with_context = threshold_signal(cfg, "agg", engines, 8192, 100_000)
+    assert (with_context.step, with_context.reason) == (-1, "scale_down")
+    assert threshold_signal(cfg, "agg", engines, None, 100_000) == with_context

@@ -210,11 +210,11 @@ def test_an_audit_since_refuses_when_retention_emptied_an_input_partition(monkey
 
 
 def test_an_audit_folds_a_reset_perf_as_the_worker_did(monkeypatch):
-    """The engines' context grew at 1060: a queue of 9,000 prompt tokens is no longer more than
-    a context, so the worker's later decisions change, and the audit, folding the same control,
+    """The engines' KV cache grew at 1060: a queue of 9,000 prompt tokens no longer overflows
+    it, so the worker's later decisions change, and the audit, folding the same control,
     proves every one of them."""
     reset = ControlEvent(deployment="alpha", time=1060.0,
-                         body={"command": "reset_perf", "changes": {"context_length": 32768}})
+                         body={"command": "reset_perf", "changes": {"max_kv_tokens": 100_000}})
     log, written, topics = _routed_run(snapshot_every=0, extra=((canonical.CONTROL, reset),))
     _, without, _ = _routed_run(snapshot_every=0)
     decided = [(d["time"], d["targets"]) for d in written[topics.decisions]]

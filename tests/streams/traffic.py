@@ -25,7 +25,9 @@ DECIDING_CONFIG = {
     "optimization_target": "throughput",  # threshold mode: load loop on, no perf model
     "load_adjustment_interval_seconds": 5,
     "context_length": 8192,
-    "max_kv_tokens": 100_000,
+    # hot: 4,000 KV + 9,000 queued prompt tokens, over the cache (Dynamo's agg figure): up;
+    # idle: 4,000, a third of it: down
+    "max_kv_tokens": 12_000,
     "ack_timeout_seconds": 5,
     "grace_seconds": 1,
     "max_gpu_budget": -1,
@@ -38,7 +40,7 @@ def deciding_planner() -> Planner:
 
 
 def fpm(deployment: str, t: float, counter: int, *, worker: str = "w0", hot: bool = True) -> ForwardPassMetrics:
-    """One agg engine iteration; ``hot`` puts more than a context of prompt tokens in its queue."""
+    """One agg engine iteration; ``hot`` queues more prompt tokens than its KV cache has room for."""
     return ForwardPassMetrics(
         deployment=deployment, time=t, role="agg", worker_id=worker, counter_id=counter, wall_time=0.02,
         scheduled=ScheduledRequests(num_decode_requests=4, sum_decode_kv_tokens=4000),

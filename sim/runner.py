@@ -92,6 +92,14 @@ class SimOptions:
     # planner then knows its engines from their FPMs and times startups by the acks
     inventory: bool = True
 
+    def __post_init__(self) -> None:
+        # anything but "prefill-first" would silently run the chunked scheduler
+        if self.agg_scheduler not in AGG_SCHEDULERS:
+            raise ValueError(f"agg_scheduler: one of {', '.join(AGG_SCHEDULERS)}, got {self.agg_scheduler!r}")
+
+
+AGG_SCHEDULERS = ("chunked", "prefill-first")
+
 
 @dataclass
 class FleetSetup:

@@ -261,3 +261,12 @@ def test_end_of_instant_callbacks_run_after_everything_due_then():
     clock.at(2.0, order.append, "later")
     run_all(clock)
     assert order == ["early", "a", "b", "c", "end-1", "end-2", "later"]
+
+
+def test_an_unknown_agg_scheduler_is_refused_naming_the_choices():
+    """Any name but "prefill-first" ran the chunked scheduler without a word."""
+    from fleetplan.sim.runner import SimOptions
+
+    assert SimOptions(agg_scheduler="prefill-first").agg_scheduler == "prefill-first"
+    with pytest.raises(ValueError, match=r"agg_scheduler: one of chunked, prefill-first, got 'prefill_first'"):
+        SimOptions(agg_scheduler="prefill_first")

@@ -273,6 +273,7 @@ class PlannerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> PlannerConfig:
+        _check_json_integers(self)
         if self.load_adjustment_interval_seconds >= self.throughput_adjustment_interval_seconds:
             raise ValueError(
                 "load_adjustment_interval_seconds must be less than "
@@ -475,6 +476,25 @@ def check_profile_budget(cfg: PlannerConfig, profile_engine_gpus: int | None) ->
         check_gpu_budget(cfg, {r: cfg.gpus_per_engine(r) or profile_engine_gpus or 1 for r in cfg.roles})
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+JSON_INTEGERS = (-(2**63), 2**64 - 1)
+"""The integers the planner state's JSON (orjson: the changelog record, a snapshot) can carry."""
+
+
+def _check_json_integers(cfg: PlannerConfig) -> None:
+    """Refuse an integer field past 64 bits, naming it.
+
+    The config is part of every stored state (``DeploymentState.to_data``); one
+    such value (a typo's ``predictor_history_windows``) loaded, and then the
+    worker failed to save the deployment's state at every tick.
+    """
+    low, high = JSON_INTEGERS
+    for name in type(cfg).model_fields:
+        value = getattr(cfg, name)
+        if isinstance(value, int) and not isinstance(value, bool) and not low <= value <= high:
+            raise ValueError(f"{name}: an integer within 64 bits (the planner state's JSON carries no more), "
+                             f"got {value}")
 
 
 def _check_predictor_params(cfg: PlannerConfig) -> None:

@@ -111,6 +111,11 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"advisory": True}, None),
         # a field and its Dynamo alias: said as such, not as an unknown field
         ({"ttft": 300, "ttft_ms": 800}, "ttft_ms: the same field as ttft, given both"),
+        # the state's JSON (the changelog record, a snapshot) carries integers within 64 bits: a
+        # config past them was taken, and the worker failed to save its state at every tick
+        ({"predictor_history_windows": 2**64}, "predictor_history_windows: an integer within 64 bits"),
+        ({"max_throughput_scaling_replicas": 2**70}, "max_throughput_scaling_replicas: an integer within 64 bits"),
+        ({"predictor_history_windows": 2**63 - 1}, None),
     ],
 )
 def test_invalid_config_names_the_field(data, message):
@@ -313,3 +318,15 @@ def test_a_threshold_target_with_no_kv_capacity_anywhere_is_refused_when_the_pla
     build_planner(config_from_dict({"mode": mode, "optimization_target": "throughput", "context_length": 8192,
                                     "max_kv_tokens": 100_000}))
     build_planner(config_from_dict({"mode": mode}))  # sla mode sizes decode from its perf model
+
+
+def test_a_state_of_an_accepted_config_serialises():
+    """Whatever config loads, the planner state built from it is one the changelog can store."""
+    import orjson
+
+    from fleetplan.models.planner import Planner
+
+    cfg = config_from_dict({"predictor_history_windows": 2**63 - 1, "load_floor_memory_seconds": 2**62})
+    orjson.dumps(Planner(cfg).new_state("d").to_data())
+    with pytest.raises(ConfigError, match="burst_window_seconds: an integer within 64 bits"):
+        config_from_dict({"max_gpu_budget": 64}).with_changes({"burst_window_seconds": 2**64})

@@ -295,6 +295,9 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         check_kv_capacity(config, None if profile is None else profile.max_kv_tokens)
         # and the budget to one of the profile's engines of each role, as at start too
         check_profile_budget(config, None if profile is None else profile.engine_gpus)
+        # a ceiling under a set_min_endpoints floor is the contradiction refused the other way
+        # round (until 2026-12-05 it was taken, and the clamp cut the role below its floor)
+        _check_minimums_under_ceilings(config, state.min_overrides)
         # a swap warms the new predictor on the windows the new bound keeps (0: none), also when
         # the bound changes with it: trimmed only as the next window closed, it had replayed them all
         history = list(state.traffic_history)
@@ -327,6 +330,15 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         state.mix_factor.clear()
         state.down_since.clear()
     return True
+
+
+def _check_minimums_under_ceilings(config, minimums: dict[Role, int]) -> None:
+    """Refuse a config whose ceilings leave a run-time minimum above them, as a config file
+    with that floor and ceiling is refused."""
+    for role, minimum in minimums.items():
+        if _above_ceiling(config, role, minimum):
+            raise ConfigError(f"{role}: set_min_endpoints {minimum} is more than its ceiling "
+                              f"({config.max_endpoints(role)})")
 
 
 def _above_ceiling(config, role: Role, minimum: int) -> bool:

@@ -72,6 +72,20 @@ def test_a_minimum_above_the_ceiling_is_refused():
     assert state.rejected_controls == 1 and state.min_overrides == {}
 
 
+def test_a_ceiling_lowered_under_a_run_time_minimum_is_refused():
+    """The same contradiction the other way round: set_min_endpoints raised prefill's floor to 4,
+    then a set_config put its ceiling at 2. It was taken, and the clamp kept the ceiling, so
+    prefill went from 4 engines to 2 under the floor the operator had set, without a word."""
+    fleet = _fleet()
+    reports = fleet.run([*(ready(f"p{i}", "prefill") for i in range(4)), ready("d0", "decode"),
+                         ControlEvent(deployment="d", time=T0 + 5, body=SetMinEndpoints(minimums={"prefill": 4})),
+                         _set(T0 + 6, prefill_max_endpoint=2),
+                         ClockEvent(deployment="d", time=T0 + 400)])
+    state = fleet.states["d"]
+    assert state.rejected_controls == 1 and state.config.prefill_max_endpoint is None
+    assert all(r.decision.targets["prefill"] >= 4 for r in reports if r.decision)
+
+
 def test_a_replica_ceiling_wins_over_the_floor_budget():
     """Five agg engines over a ceiling of 3, with a floor budget of 4 GPUs the ceilings cannot
     hold: the fleet comes down to its ceiling (the budget used to keep it at 4)."""

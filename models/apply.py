@@ -297,7 +297,8 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         check_profile_budget(config, None if profile is None else profile.engine_gpus)
         # a ceiling under a set_min_endpoints floor is the contradiction refused the other way
         # round (until 2026-12-05 it was taken, and the clamp cut the role below its floor)
-        _check_minimums_under_ceilings(config, state.min_overrides)
+        minimums = _minimums_kept(config, body.changes or {}, state.min_overrides)
+        _check_minimums_under_ceilings(config, minimums)
         # a swap warms the new predictor on the windows the new bound keeps (0: none), also when
         # the bound changes with it: trimmed only as the next window closed, it had replayed them all
         history = list(state.traffic_history)
@@ -313,6 +314,7 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
     state.forecaster = forecaster
     state.traffic_history = history
     state.config = config
+    state.min_overrides = minimums
     if not config.throughput_enabled:
         state.lower_bound = {}  # a floor from a loop that no longer runs must not hold the fleet
     if not measures_floor(config):
@@ -330,6 +332,17 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         state.mix_factor.clear()
         state.down_since.clear()
     return True
+
+
+def _minimums_kept(config, changes: dict, minimums: dict[Role, int]) -> dict[Role, int]:
+    """The ``set_min_endpoints`` floors a config change leaves in force: not those of the roles
+    whose floor field it names, as the later word sets the floor (an earlier control's floor
+    shadowed a ``set_config`` of ``prefill_min_endpoint`` for good, the change counted but unused)."""
+    def named(role: Role) -> bool:
+        own = f"{role}_min_endpoint"
+        return own in changes or ("min_endpoint" in changes and getattr(config, own, None) is None)
+
+    return {role: n for role, n in minimums.items() if not named(role)}
 
 
 def _check_minimums_under_ceilings(config, minimums: dict[Role, int]) -> None:

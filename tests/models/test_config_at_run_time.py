@@ -86,6 +86,20 @@ def test_a_ceiling_lowered_under_a_run_time_minimum_is_refused():
     assert all(r.decision.targets["prefill"] >= 4 for r in reports if r.decision)
 
 
+def test_a_floor_set_by_set_config_replaces_an_earlier_set_min_endpoints():
+    """set_min_endpoints put prefill's floor at 4; a later set_config of prefill_min_endpoint: 1
+    was taken (config_version counted it) but never used: the earlier control's 4 shadowed it
+    for good, and the idle fleet was raised to 4 prefill engines. The later word is the floor."""
+    fleet = _fleet()
+    reports = fleet.run([ready("p0", "prefill"), ready("d0", "decode"),
+                         ControlEvent(deployment="d", time=T0 + 5, body=SetMinEndpoints(minimums={"prefill": 4})),
+                         _set(T0 + 6, prefill_min_endpoint=1),
+                         ClockEvent(deployment="d", time=T0 + 400)])
+    state = fleet.states["d"]
+    assert state.rejected_controls == 0 and state.min_overrides == {}
+    assert not [r.decision for r in reports if r.decision]
+
+
 def test_a_replica_ceiling_wins_over_the_floor_budget():
     """Five agg engines over a ceiling of 3, with a floor budget of 4 GPUs the ceilings cannot
     hold: the fleet comes down to its ceiling (the budget used to keep it at 4)."""

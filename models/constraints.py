@@ -10,7 +10,9 @@ the ceiling an upward proposal holds.
 ``max_gpu_budget`` and each role's replica ceiling are hard limits; the floor
 budget (``min_gpu_budget``) and the role minimums are preferences that yield
 to them: no hold keeps a fleet that the budget or a ceiling (lowered at run
-time) forbids, and no held-back leg is held past them.
+time) forbids, and no held-back leg is held past them. A role below its
+minimum is brought up to it from the other roles (Dynamo's endpoint
+recovery) when the budget has no room left for it.
 """
 
 from __future__ import annotations
@@ -179,6 +181,11 @@ def fit_gpu_budget(
             fitted = _shrink_to_fit(start, gpus, max_budget, floors)
             # what shrinking freed goes to the upward legs (a role below its floor)
             return _raise_toward(fitted, target, up, gpus, max_budget), "gpu_budget_reconcile"
+        if any(current[r] < floors.get(r, 0) for r in target):
+            # endpoint recovery (Dynamo's): a role below its minimum takes its engines from the
+            # roles above theirs. Held instead, a role at 0 stayed there (no request served) as
+            # long as the other role's proposal filled the budget
+            return _shrink_to_fit(target, gpus, max_budget, floors), "gpu_budget_reconcile"
         # Downward legs take their full move; upward legs get what is left.
         fitted = _raise_toward({r: min(current[r], target[r]) for r in target}, target, up, gpus, max_budget)
         moved_up = any(fitted[r] > current[r] for r in up)

@@ -278,3 +278,29 @@ def test_a_budget_that_cannot_hold_one_engine_of_the_profiles_each_role_is_refus
     cfg = config_from_dict({"profile_tp": 8})
     with pytest.raises((ConfigError, ValueError), match="max_gpu_budget"):
         build_planner(cfg, profile="h100-llama3.3-70b")
+
+
+def test_a_role_below_its_minimum_takes_a_donor_when_the_budget_is_full():
+    """Dynamo's endpoint recovery: 0 prefill and 8 decode engines of 1 GPU fill a budget of 8, and
+    prefill's minimum is 1. The clamped proposal P1/D8 is 9 GPUs; the fit held P0/D8, so prefill
+    stayed at 0 (no request served) for as long as decode's proposal filled the budget. The floor
+    now takes its engine from the role above its minimum: P1/D7 (2-GPU prefill: P1/D6), reconciled."""
+    one = {"prefill": 1, "decode": 1}
+    floors = {"prefill": 1, "decode": 1}
+    out, reason = fit_gpu_budget({"prefill": 0, "decode": 8}, {"prefill": 1, "decode": 8}, one, 8, floors=floors)
+    assert out == {"prefill": 1, "decode": 7} and reason == "gpu_budget_reconcile"
+    out, reason = fit_gpu_budget({"prefill": 0, "decode": 8}, {"prefill": 1, "decode": 7},
+                                 {"prefill": 2, "decode": 1}, 8, floors=floors)
+    assert out == {"prefill": 1, "decode": 6} and reason == "gpu_budget_reconcile"
+
+
+def test_the_planner_brings_a_role_at_zero_back_to_its_minimum_under_a_full_budget():
+    """End to end: the fleet came up with its 8 decode engines and no prefill engine (max_gpu_budget
+    8); no decision was ever made and the deployment served nothing."""
+    from fleetplan.schemas import ClockEvent
+
+    cfg = config_from_dict({"load_predictor": "constant", **REFERENCE_SIZING, "max_gpu_budget": 8})
+    fleet = Fleet(Planner(cfg, profile=load_profile("h200-llama3.1-8b")))
+    made = decisions(fleet.run([*(ready(f"d{i}", "decode") for i in range(8)),
+                                ClockEvent(deployment="d", time=T0 + 200)]))
+    assert made and made[0].targets == {"prefill": 1, "decode": 7}

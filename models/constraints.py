@@ -145,14 +145,31 @@ def _shorten_downward(
     floors = floors or {}
     held = _held(current, maximums)
     down = sorted(r for r in target if target[r] < held[r])
-    shortened = _raise_toward(fitted, held, down, gpus, max_budget, enough=min_budget)
+    shortened = _raise_toward(dict(fitted), held, down, gpus, max_budget, enough=min_budget)  # fitted may be target
     if gpu_total(shortened, gpus) >= min_budget:
         return shortened
     held_gpus = gpu_total(held, gpus)
     in_band = min_budget <= held_gpus and (max_budget < 0 or held_gpus <= max_budget)
     if in_band and all(held[r] >= floors.get(r, 0) for r in held):
+        # no step lands on the floor budget exactly: one engine short of it is Dynamo's band too
+        loose = min_budget - floor_tolerance(current, target, gpus)
+        if gpu_total(shortened, gpus) >= loose:
+            return shortened
         return held
     return _grow_to_fit(shortened, gpus, min_budget, max_budget, maximums)
+
+
+def floor_tolerance(current: Mapping[Role, int], proposed: Mapping[Role, int], gpus: Mapping[Role, int]) -> int:
+    """How far below ``min_gpu_budget`` a move that cannot land on it may end: one engine of
+    the largest role that moves.
+
+    Dynamo's band is ``[min_gpu_budget - tol, max_gpu_budget]`` with this ``tol``
+    (``core/budget.py``), because with engines of different sizes an exact total is often out
+    of reach. fleetplan keeps the floor exact wherever a step lands on it, and takes the
+    tolerance only where none does: a fleet pinned at band [8, 8] of 1-GPU prefill and 2-GPU
+    decode engines, P2/D3 proposed P3/D2 (7 GPUs), was held there every tick until 2026-12-05.
+    """
+    return max((gpus[r] for r in proposed if proposed[r] != current.get(r, 0)), default=0)
 
 
 def fit_gpu_budget(
@@ -204,6 +221,8 @@ def fit_gpu_budget(
             # not proposed to move is moved. Above it the fleet is brought back (_shorten_downward)
             over = 0 <= max_budget < gpu_total(current, gpus)
             fitted = _shorten_downward(target, current, target, gpus, max_budget, min_budget, maximums, floors)
+            if fitted == target:  # the whole move, one engine under the floor (floor_tolerance)
+                return fitted, None
             return fitted, "gpu_budget_reconcile" if over else "gpu_budget_guard_hold"
         if gpu_total(target, gpus) < gpu_total(current, gpus):
             # below the band the downward legs are held, but only up to the max budget and each

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
-from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget, gpu_total
+from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget, floor_tolerance, gpu_total
 from fleetplan.models.fleet import Fleet
 from fleetplan.models.planner import Planner
 from fleetplan.sim.profiles import load_profile
@@ -92,7 +92,7 @@ def test_a_fleet_inside_the_band_stays_inside_and_keeps_direction(cp, cd, pp, pd
     if not low <= gpu_total(current, G) <= high:
         return
     out, _ = fit_gpu_budget(current, proposed, G, high, min_budget=low)
-    assert low <= gpu_total(out, G) <= high
+    assert low - floor_tolerance(current, proposed, G) <= gpu_total(out, G) <= high
     for r in out:
         lo, hi = sorted((current[r], proposed[r]))
         assert lo <= out[r] <= hi, (current, proposed, out)
@@ -109,11 +109,25 @@ def test_the_floor_budget_shortens_a_downward_leg_instead_of_growing_another_rol
     assert out == {"prefill": 2, "decode": 2} and gpu_total(out, two_four) == 12
 
 
-def test_an_opposing_rebalance_that_cannot_land_in_a_narrow_band_is_held():
+def test_a_rebalance_that_cannot_land_on_a_narrow_band_ends_one_engine_under_its_floor():
     # found by hypothesis in CI: decode (2 GPUs) down from 3, prefill (1 GPU) up from 0, band
-    # [6, 6]; shortening decode reaches 5 and the next replica would make 7, so both legs wait
+    # [6, 6]; shortening decode reaches 5 and the next replica would make 7. Until 2026-12-05
+    # both legs waited; Dynamo's band is [min - tol, max], tol one engine of the largest role
+    # that moves (2 here), so decode stops at 2 engines and prefill gets its one
     out, reason = fit_gpu_budget({"prefill": 0, "decode": 3}, {"prefill": 1, "decode": 0}, G, 6, min_budget=6)
-    assert out == {"prefill": 0, "decode": 3} and reason == "gpu_budget_guard_hold"
+    assert out == {"prefill": 1, "decode": 2} and reason == "gpu_budget_guard_hold"
+
+
+def test_a_fleet_pinned_at_its_budget_with_engines_of_two_sizes_can_rebalance():
+    """Band [8, 8], 1-GPU prefill and 2-GPU decode engines: P2/D3 proposed P3/D2 (7 GPUs) has no
+    step that lands on 8 under the ceiling, and was held every tick (until 2026-12-05), so the
+    load loop, which moves each role by one, could never give prefill another engine."""
+    out, reason = fit_gpu_budget({"prefill": 2, "decode": 3}, {"prefill": 3, "decode": 2}, G, 8, min_budget=8)
+    assert out == {"prefill": 3, "decode": 2} and reason is None  # the whole move: nothing held
+    # a step that lands on the floor exactly is still taken: band [4, 8], one GPU each
+    one = {"prefill": 1, "decode": 1}
+    out, reason = fit_gpu_budget({"prefill": 3, "decode": 1}, {"prefill": 1, "decode": 1}, one, 8, min_budget=4)
+    assert out == {"prefill": 3, "decode": 1} and reason == "gpu_budget_guard_hold"
 
 
 # --- the max budget and the ceilings are hard; the floor budget yields (2026-12-05) ---------------
@@ -221,8 +235,10 @@ def test_the_max_budget_and_the_ceilings_are_never_exceeded(gp, gd, cp, cd, pp, 
     within = (all(minimums[r] <= current[r] and (maximums[r] is None or current[r] <= maximums[r])
                   for r in current)
               and (low < 0 or gpu_total(current, gpus) >= low) and (high < 0 or gpu_total(current, gpus) <= high))
-    if within:  # a fleet inside every limit stays inside the band and keeps each role's direction
-        assert low <= total and (high < 0 or total <= high), (current, proposed, out, reason)
+    if within:  # a fleet inside every limit stays inside the band (Dynamo's: one engine of the
+        # largest role that moves under the floor) and keeps each role's direction
+        assert low - floor_tolerance(current, proposed, gpus) <= total and (high < 0 or total <= high), (
+            current, proposed, out, reason)
         for r in out:
             assert min(current[r], proposed[r]) <= out[r] <= max(current[r], proposed[r]), (current, proposed, out)
     again = fit_gpu_budget(dict(reversed(current.items())), dict(reversed(proposed.items())), gpus,

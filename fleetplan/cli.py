@@ -125,7 +125,7 @@ def plan(
     decisions (and reports, and seeds) of the lines before it are written.
     """
     from fleetplan.bootstrap import build_planner
-    from fleetplan.eventlog import EventLogError, check_event_log, read_events
+    from fleetplan.eventlog import EventLogError, read_events
     from fleetplan.models.config import ConfigError
     from fleetplan.models.config_changes import intake_problem
     from fleetplan.models.fleet import Fleet, LateEvent
@@ -137,14 +137,16 @@ def plan(
         fail(str(err))
     refuse_overwriting("--reports", reports, "--events", events)
     refuse_overwriting("--seed-out", seed_out, "--events", events)
+    errors: list = []
     try:
-        check_event_log(events)  # before an output is opened (and truncated)
+        # opened before an output is (and truncated), and only once: a pipe cannot be read twice
+        log = read_events(events, skip_invalid=skip_invalid, errors=errors,
+                          check=lambda event: intake_problem(planner.config, event))
     except EventLogError as err:
         fail(str(err))
     seed_fh = open_output("--seed-out", seed_out) if seed_out else None
     report_fh = open_output("--reports", reports) if reports else None
     out = sys.stdout.buffer
-    errors: list = []
     late = 0
     unwritten = None  # the first output that could not be written
 
@@ -162,8 +164,6 @@ def plan(
 
     fleet = Fleet(planner)
     try:
-        log = read_events(events, skip_invalid=skip_invalid, errors=errors,
-                          check=lambda event: intake_problem(planner.config, event))
         stopped = fold_log(fleet, log, emit)
         if seed_fh:
             with _naming_output("--seed-out", seed_out):

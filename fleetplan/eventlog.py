@@ -8,6 +8,7 @@ like a topic. Lines are the events' canonical JSON, one per line.
 from __future__ import annotations
 
 import gzip
+import itertools
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -28,25 +29,18 @@ def _open(path: Path) -> IO[bytes]:
         raise EventLogError(f"{path}: cannot open event log ({err.strerror})") from None
 
 
-def check_event_log(path: str | Path) -> None:
-    """Raise :class:`EventLogError` now if the log cannot be opened.
-
-    ``read_events`` opens it on its first event; a caller that opens output
-    files first (truncating them) checks the input before that.
-    """
-    p = Path(path)
-    with _open(p) as fh:
-        # gzip reads its header on the first read, not at open: a .gz that is not gzip
-        # passed the check and failed after the outputs were emptied (until 2026-12-05)
-        for _ in _lines(fh, p):  # the first line only
-            break
-
-
 def read_events(
     path: str | Path, *, skip_invalid: bool = False, errors: list | None = None,
     check: Callable[[object], str | None] | None = None,
 ) -> Iterator:
-    """Yield the events of a JSONL log in file order.
+    """The events of a JSONL log in file order; the log is opened, and its first line read, now.
+
+    A log that cannot be opened, or a ``.gz`` that is not gzip (gzip reads its
+    header on the first read, not at open), raises :class:`EventLogError`
+    here, so a caller that opens output files after this call (truncating
+    them) does not empty them for a typo. The log is opened once: a pipe
+    (``--events <(zcat log.gz)``, ``/dev/stdin``) cannot be read twice, and
+    until 2026-12-05 a separate check read its first lines and dropped them.
 
     A bad line raises :class:`EventLogError` naming ``file:line`` and the
     field, unless ``skip_invalid``: then it is appended to ``errors`` as
@@ -56,8 +50,23 @@ def read_events(
     too.
     """
     p = Path(path)
-    with _open(p) as fh:
-        for n, raw in _lines(fh, p):
+    fh = _open(p)
+    lines = _lines(fh, p)
+    try:
+        first = next(lines, None)
+    except EventLogError:
+        fh.close()
+        raise
+    ahead = [] if first is None else [first]
+    return _events(fh, p, itertools.chain(ahead, lines), skip_invalid, errors, check)
+
+
+def _events(
+    fh: IO[bytes], p: Path, lines: Iterator[tuple[int, bytes]], skip_invalid: bool,
+    errors: list | None, check: Callable[[object], str | None] | None,
+) -> Iterator:
+    with fh:
+        for n, raw in lines:
             line = raw.strip()
             if n == 1:
                 line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark, as editors write

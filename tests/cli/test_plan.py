@@ -233,3 +233,29 @@ def test_a_full_disk_is_one_line_naming_the_output():
                    "--reports", "/dev/full")
     assert result.exit_code == 2
     assert result.stderr.strip() == "fleetplan: error: --reports: cannot write /dev/full (No space left on device)"
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
+def test_a_log_from_a_pipe_is_read_once(tmp_path):
+    """``--events <(zcat log.gz)`` or ``/dev/stdin``: a pipe cannot be read twice. Until
+    2026-12-05 the check before the outputs were opened read its first lines and dropped
+    them, and the fold stopped at line 1 (mid-line) with no decision."""
+    import contextlib
+    import os
+    import threading
+
+    read_end, write_end = os.pipe()
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), os.fdopen(write_end, "wb") as fh:
+            fh.write(EXAMPLE.read_bytes())  # a reader that stops early closes the pipe
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        result = _plan("--events", f"/dev/fd/{read_end}", "--config", CONFIG, "--profile", "h100-llama3.3-70b")
+    finally:
+        os.close(read_end)
+        writer.join()
+    assert result.exit_code == 0, result.output
+    assert [orjson.loads(x)["decision_id"] for x in result.stdout.splitlines()] == [0, 1, 2, 3, 4]

@@ -49,9 +49,20 @@ def open_output(option: str, path: Path):
         fail(cannot_write(option, path, err))
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path once resolved, or (a hard link,
+    a bind mount) the same file on disk."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them is not there (yet): not the same file
+        return False
+
+
 def refuse_overwriting(option: str, path: Path | None, source_option: str, source: Path) -> None:
     """Stop when an output option names the input log: writing it would erase the log."""
-    if path is not None and path.resolve() == source.resolve():
+    if path is not None and same_file(path, source):
         fail(f"{option}: is the {source_option} file ({source}); writing it would erase the log")
 
 

@@ -259,3 +259,16 @@ def test_a_log_from_a_pipe_is_read_once(tmp_path):
         writer.join()
     assert result.exit_code == 0, result.output
     assert [orjson.loads(x)["decision_id"] for x in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
+
+
+def test_an_output_that_is_the_events_file_by_another_name_is_refused(tmp_path):
+    """A hard link names the same file by another path: until 2026-12-05 only the resolved
+    paths were compared, so --reports emptied the log before it was read (exit 0, nothing)."""
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(EXAMPLE.read_bytes())
+    alias = tmp_path / "alias.jsonl"
+    alias.hardlink_to(log)
+    for option in ("--reports", "--seed-out"):
+        result = _plan("--events", log, "--config", CONFIG, option, alias)
+        assert result.exit_code == 2 and f"{option}: is the --events file" in result.stderr
+        assert log.read_bytes() == EXAMPLE.read_bytes()

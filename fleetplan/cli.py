@@ -60,10 +60,11 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def refuse_overwriting(option: str, path: Path | None, source_option: str, source: Path) -> None:
-    """Stop when an output option names the input log: writing it would erase the log."""
-    if path is not None and same_file(path, source):
-        fail(f"{option}: is the {source_option} file ({source}); writing it would erase the log")
+def refuse_overwriting(option: str, path: Path | None, source_option: str, source: Path | None) -> None:
+    """Stop when an output option names an input file (the log, the config, the profile):
+    writing it would erase that input."""
+    if path is not None and source is not None and same_file(path, source):
+        fail(f"{option}: is the {source_option} file ({source}); writing it would erase it")
 
 
 def refuse_replacing(option: str, path: Path) -> None:
@@ -146,8 +147,12 @@ def plan(
         planner = build_planner(config, profile)
     except (ConfigError, ValueError, OSError) as err:
         fail(str(err))
-    refuse_overwriting("--reports", reports, "--events", events)
-    refuse_overwriting("--seed-out", seed_out, "--events", events)
+    # the config and profile are read already, but a run that erased them could not be repeated
+    profile_file = Path(profile) if profile and Path(profile).is_file() else None  # not a bundled name
+    inputs = [("--events", events), ("--config", config), ("--profile", profile_file)]
+    for option, path in (("--reports", reports), ("--seed-out", seed_out)):
+        for source_option, source in inputs:
+            refuse_overwriting(option, path, source_option, source)
     errors: list = []
     try:
         # opened before an output is (and truncated), and only once: a pipe cannot be read twice

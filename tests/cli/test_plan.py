@@ -272,3 +272,22 @@ def test_an_output_that_is_the_events_file_by_another_name_is_refused(tmp_path):
         result = _plan("--events", log, "--config", CONFIG, option, alias)
         assert result.exit_code == 2 and f"{option}: is the --events file" in result.stderr
         assert log.read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_an_output_that_is_the_config_or_the_profile_file_is_refused(tmp_path):
+    """They are inputs too: until 2026-12-05 only --events was guarded, so --reports naming the
+    config replaced it with tick reports (exit 0), and the next run could not load it."""
+    config = tmp_path / "plan.yaml"
+    config.write_bytes(CONFIG.read_bytes())
+    bundled = ROOT / "sim" / "profile_data" / "h100_sxm__vllm__nvidia__Llama-3.3-70B-Instruct-FP8"
+    for role in ("prefill", "decode"):
+        (tmp_path / f"h100__{role}.npz").write_bytes(Path(f"{bundled}__{role}.npz").read_bytes())
+    profile = tmp_path / "h100__prefill.npz"
+    kept = profile.read_bytes()
+    for option in ("--reports", "--seed-out"):
+        for source_option, source in (("--config", config), ("--profile", profile)):
+            result = _plan("--events", EXAMPLE, "--config", config, "--profile", profile, option, source)
+            assert result.exit_code == 2, result.output
+            assert f"{option}: is the {source_option} file" in result.stderr
+            assert result.stdout == ""  # refused at start
+    assert config.read_bytes() == CONFIG.read_bytes() and profile.read_bytes() == kept

@@ -153,6 +153,7 @@ def plan(
     for option, path in (("--reports", reports), ("--seed-out", seed_out)):
         for source_option, source in inputs:
             refuse_overwriting(option, path, source_option, source)
+    refuse_overwriting("--seed-out", seed_out, "--reports", reports)  # two handles would write over each other
     errors: list = []
     try:
         # opened before an output is (and truncated), and only once: a pipe cannot be read twice

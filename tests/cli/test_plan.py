@@ -291,3 +291,12 @@ def test_an_output_that_is_the_config_or_the_profile_file_is_refused(tmp_path):
             assert f"{option}: is the {source_option} file" in result.stderr
             assert result.stdout == ""  # refused at start
     assert config.read_bytes() == CONFIG.read_bytes() and profile.read_bytes() == kept
+
+
+def test_reports_and_seed_out_in_one_file_are_refused(tmp_path):
+    """Two handles on one file: until 2026-12-05 the seed was written over the first reports,
+    a line cut in two (exit 0)."""
+    both = tmp_path / "out.jsonl"
+    result = _plan("--events", EXAMPLE, "--config", CONFIG, "--reports", both, "--seed-out", both)
+    assert result.exit_code == 2 and "--seed-out: is the --reports file" in result.stderr
+    assert result.stdout == "" and not both.exists()

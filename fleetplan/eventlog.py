@@ -95,8 +95,12 @@ def _lines(fh: IO[bytes], p: Path) -> Iterator[tuple[int, bytes]]:
             yield n, raw
     except EOFError:
         raise EventLogError(f"{p}:{n + 1}: the compressed file ends early (truncated gzip)") from None
-    except gzip.BadGzipFile:
-        raise EventLogError(f"{p}: not a gzip file") from None
+    except gzip.BadGzipFile as err:
+        # the header's magic before any data is "not gzip"; a bad CRC or length at a member's end,
+        # or bytes after the last member, is damage at a line (until 2026-12-05 all "not a gzip file")
+        if n == 0 and str(err).startswith("Not a gzipped file"):
+            raise EventLogError(f"{p}: not a gzip file") from None
+        raise EventLogError(f"{p}:{n + 1}: corrupt gzip data ({err})") from None
     except zlib.error as err:
         raise EventLogError(f"{p}:{n + 1}: corrupt gzip data ({err})") from None
 

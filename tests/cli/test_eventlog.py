@@ -37,3 +37,19 @@ def test_a_byte_order_mark_on_the_first_line_is_read_past(tmp_path):
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + _lines(2))
     assert [e.time for e in read_events(path)] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("damage", ["crc", "trailing"])
+def test_a_damaged_gzip_log_is_corrupt_data_at_a_line_not_a_file_that_is_not_gzip(tmp_path, damage):
+    """A bad CRC, or bytes after the compressed stream, was reported as 'not a gzip file' with no
+    line (until 2026-12-05), after every line had been read from what is a gzip file."""
+    whole = bytearray(gzip.compress(_lines(2000)))
+    if damage == "crc":
+        whole[-8] ^= 0xFF  # the trailer's CRC-32
+    else:
+        whole += b"junk"
+    path = tmp_path / "damaged.jsonl.gz"
+    path.write_bytes(whole)
+    with pytest.raises(EventLogError, match=r"damaged\.jsonl\.gz:\d+: corrupt gzip data \(") as caught:
+        list(read_events(path))
+    assert "not a gzip file" not in str(caught.value)

@@ -200,14 +200,17 @@ def plan(
                     close()
             except _OutputError as err:
                 unwritten = unwritten or str(err)
-    if unwritten:
-        fail(unwritten)
+    # what the run left out is said first: an output that failed must not hide it
     for _, message in errors:
         typer.echo(f"fleetplan: skipped {message}", err=True)
     if late:
         typer.echo(f"fleetplan: {late} late event(s) refused", err=True)
+    if unwritten:
+        fail(unwritten)
     if stopped is not None:
         fail(str(stopped))
+    if not fleet.states:  # nothing to plan from: an empty log, or decisions alone (as the audit says)
+        fail(f"{events}: no events")
 
 
 def write_seed(state, out) -> bool:

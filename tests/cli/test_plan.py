@@ -300,3 +300,31 @@ def test_reports_and_seed_out_in_one_file_are_refused(tmp_path):
     result = _plan("--events", EXAMPLE, "--config", CONFIG, "--reports", both, "--seed-out", both)
     assert result.exit_code == 2 and "--seed-out: is the --reports file" in result.stderr
     assert result.stdout == "" and not both.exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_an_output_that_fails_does_not_hide_the_lines_skipped_before_it(tmp_path):
+    """The skipped lines and the late count were printed after the output check, so a full disk
+    (or a closed pipe) hid which input lines the run had left out (until 2026-12-05)."""
+    log = tmp_path / "bad.jsonl"
+    log.write_bytes(b"not json\n" + EXAMPLE.read_bytes())
+    result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--skip-invalid",
+                   "--reports", "/dev/full")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith(f"fleetplan: skipped {log}:1: message: valid JSON")
+    assert lines[-1] == "fleetplan: error: --reports: cannot write /dev/full (No space left on device)"
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", None], ids=["empty", "blank", "decisions only"])
+def test_a_log_without_an_input_event_is_refused_as_the_audit_refuses_it(tmp_path, content):
+    """An empty log, or one of decisions alone (which the fold skips), printed nothing and
+    exited 0 (until 2026-12-05), as if the planner had decided nothing from real traffic."""
+    log = tmp_path / "e.jsonl"
+    if content is None:  # the decisions a plan of the example prints
+        content = _plan("--events", EXAMPLE, "--config", CONFIG, "--profile", "h100-llama3.3-70b").stdout_bytes
+        assert content
+    log.write_bytes(content)
+    result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"fleetplan: error: {log}: no events"

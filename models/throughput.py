@@ -209,6 +209,7 @@ def propose_throughput(
     by_queueing: dict[Role, int | None] = {}
     needed: dict[Role, int] = {}
     shares: dict[Role, float] = {}
+    window_rate = False  # whether prefill's rate count sized for the window's count
     for role in config.roles:
         model = perf[role]
         if demand_rps > 0:
@@ -222,18 +223,23 @@ def propose_throughput(
             # within the window; target_utilization < 1 keeps headroom.
             shares[role] = rate_share(config, role, share, cap.batch)
             queue_floor = role == "prefill" and floored and cap.ttft_ms is not None
-            rate_rps = window_num_req / interval if queue_floor and window_num_req is not None else demand_rps
-            desired = by_rate[role] = replicas_for(rate_rps, capacity[role] * shares[role], minimums[role])
+            waiting = None
             if queue_floor:
                 # a floor: where one prompt's pass is a large part of the TTFT,
                 # random arrivals need more engines than any fixed utilisation gives
                 budgets = queue_budgets if queue_budgets else (config.ttft_ms - cap.ttft_ms) / 1000.0
-                waiting = queueing_replicas(
+                waiting = by_queueing[role] = queueing_replicas(
                     demand_rps, capacity[role], budgets, config.queueing_sla_share, minimums[role],
                     arrival_dispersion=arrival_dispersion,
                 )
-                by_queueing[role] = waiting
-                desired = max(desired, waiting or 0)
+            # the floor sizes for the burst, the rate count for the window's work; a floor with no
+            # answer (no prompt can meet the TTFT by waiting less) leaves the burst to the rate count
+            by_window = waiting is not None and window_num_req is not None
+            window_rate = window_rate or by_window
+            rate_rps = window_num_req / interval if by_window else demand_rps
+            desired = by_rate[role] = replicas_for(rate_rps, capacity[role] * shares[role], minimums[role])
+            if waiting is not None:
+                desired = max(desired, waiting)
             elif role == "decode" and config.decode_sizing == "queueing":
                 budgets = slot_budgets(config, cap, osl_classes or [(1.0, osl)])
                 slots = slot_replicas(  # None without a budget: the ITL sets the batch
@@ -248,4 +254,6 @@ def propose_throughput(
         targets[role] = cap_change(
             desired, current[role], config.max_throughput_scaling_replicas, minimums[role]
         )
+    if predicted.window_sized_rps is not None and not window_rate:
+        predicted = predicted.model_copy(update={"window_sized_rps": None})  # the rate count took the burst
     return ThroughputProposal("scale", targets, predicted, capacity, by_rate, by_queueing, needed, shares)

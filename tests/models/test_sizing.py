@@ -656,6 +656,7 @@ def test_the_queueing_floor_takes_the_busiest_minute_and_the_rate_count_the_wind
     {"burst_window_seconds": 0},      # no burst: the one quantile is the window's
     {"burst_window_seconds": 180},    # a burst window as long as the window is the window
     {"throughput_sizing": "point"},   # no quantile at all
+    {"ttft_ms": 40.0},                # a floor with no answer: every prompt's own pass takes longer than the TTFT
 ])
 def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rate(make_fleet, config):
     ticks = _minute_burst_run(make_fleet, **config)[0]
@@ -666,8 +667,14 @@ def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rat
         sized = t.predicted.sized_rps or t.predicted.rps
         per_engine = prefill.engine_capacity_rps * prefill.utilization
         assert prefill.rate_replicas == max(1, math.ceil(sized / per_engine))
-    if config == {"prefill_sizing": "rate"}:  # the busiest minute's P90, as the floor would have taken
+    if config in ({"prefill_sizing": "rate"}, {"ttft_ms": 40.0}):  # the busiest minute's P90, as a floor would take
         assert all(t.predicted.sized_rps >= 39 for t in ticks)
+    if config == {"ttft_ms": 40.0}:
+        # no floor took the minute's 40 rps, so the rate count does: 4 engines of 16.3 rps, then 3
+        # at 84 %, as with burst_sizing: both; sized for the window's 20 rps it asked for 2, which
+        # the busiest minute runs past their rate
+        assert all(t.estimates["prefill"].queueing_replicas is None for t in ticks)
+        assert [t.estimates["prefill"].rate_replicas for t in ticks] == [4] * 3 + [3] * 12
 
 
 def test_state_written_before_the_newer_fields_still_restores(make_fleet):

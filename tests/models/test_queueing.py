@@ -424,6 +424,18 @@ def test_many_slots_run_decode_near_its_limit_where_a_fixed_utilisation_would_no
     assert slot_replicas(0.0, 57.0, 256, 6.0, 0.99, 2) == 2
 
 
+def test_with_no_itl_to_spare_the_slot_count_is_where_a_request_rarely_waits():
+    """docs/sizing.md: on a few engines that is the headroom's count; on a large fleet fewer, since
+    its slots pool their waits (the page said the count was then what it was by rate)."""
+    from fleetplan.models.throughput import replicas_for
+
+    assert slot_replicas(218.0, 57.0, 256, 1e-6, 0.99, 1) == 5 == replicas_for(218.0, 57.0 * 0.8, 1)
+    assert slot_replicas(5700.0, 57.0, 256, 1e-6, 0.99, 1) == 102
+    assert replicas_for(5700.0, 57.0 * 0.8, 1) == 125
+    # a budget of nothing leaves bursts no wait to stretch
+    assert slot_replicas(5700.0, 57.0, 256, 1e-6, 0.99, 1, arrival_dispersion=20.0) == 102
+
+
 def test_slot_budgets_are_the_itl_to_spare_over_each_answer():
     cfg = PlannerConfig(itl_ms=50.0)
     at_limit = Capacity(55.0, 256, None, 20.0, True, at_limit=True)

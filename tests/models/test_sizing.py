@@ -562,6 +562,25 @@ def test_long_requests_cost_decode_far_more_than_the_mean_request(make_fleet):
     assert mix_factor(mix, _capacity_at(fleet, "prefill")) == pytest.approx(1.0, abs=0.05)
 
 
+@pytest.mark.parametrize(("profile", "decode", "prefill"), [
+    ("h200-llama3.1-8b", 0.24, 0.994), ("h100-llama3.3-70b", 0.22, 0.948)])
+def test_the_docs_mix_factors_on_the_bundled_profiles(profile, decode, prefill):
+    """docs/sizing.md's figures for 90 % of 500/100 and 10 % of 30k/1000 requests, default perf model."""
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.models.fleet import Fleet
+    from fleetplan.models.planner import Planner
+    from fleetplan.sim.profiles import load_profile
+
+    fleet = Fleet(Planner(config_from_dict({"max_gpu_budget": 64}), profile=load_profile(profile)))
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode")])
+    mix = LengthMix()
+    for _ in range(9):
+        mix.add(500, 100)
+    mix.add(30_000, 1000)
+    assert mix_factor(mix, _capacity_at(fleet, "decode")) == pytest.approx(decode, abs=0.005)
+    assert mix_factor(mix, _capacity_at(fleet, "prefill")) == pytest.approx(prefill, abs=0.001)
+
+
 def test_planner_applies_the_mix_factor(make_fleet):
     # 90% short, 10% long: the mean request (ISL 3450, OSL 190) hides the long ones
     short = requests(18, T0 + 1, T0 + 181, isl=500, osl=100, tag="s")

@@ -24,6 +24,11 @@ NEEDED = {
                        "client and the virtual backend close with it), and 5.0.1's BlockingConnectionPool "
                        "hangs a ping to an unreachable Redis for good instead of raising, so the connector "
                        "never says `--redis-url: cannot reach Redis`"),
+    "typer": ("0.16.0", "every command's options are annotated `X | None`, which typer reads from 0.12.4 "
+                        "(`RuntimeError: Type not yet supported: pathlib.Path | None` before, at "
+                        "`fleetplan --help`), and typer before 0.16 breaks on the click 8.2+ it installs "
+                        "beside it (`Secondary flag is not valid for non-boolean flag`, then "
+                        "`make_metavar() missing 1 required positional argument: 'ctx'`)"),
 }
 
 

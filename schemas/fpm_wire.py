@@ -169,7 +169,9 @@ def decode_input(data: bytes) -> object:
     if type(data) is bytes and b'"fpm' in data and len(data) <= MAX_EVENT_BYTES:
         try:
             event = _DECODER.decode(data)
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, UnicodeDecodeError):
+            # msgspec before 0.23 raises UnicodeDecodeError for a string of invalid UTF-8:
+            # pydantic refuses it as a SchemaError, which the router dead-letters
             pass
         else:
             return event if type(event) is WireFpmBatch else event.to_model()

@@ -74,7 +74,7 @@ def check(data: bytes) -> str:
     if len(data) <= MAX_EVENT_BYTES:  # decode_input's size check comes first
         try:
             fast = _DECODER.decode(data)
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, UnicodeDecodeError):  # the latter: msgspec before 0.23
             pass
     if fast is not None:
         assert not isinstance(reference, SchemaError), f"msgspec accepted what pydantic refused: {reference}"
@@ -328,6 +328,23 @@ def test_oversize_is_refused_before_decoding():
     with pytest.raises(SchemaError) as err:
         decode_input(data)
     assert err.value.oversize
+
+
+def test_invalid_utf8_is_refused_as_pydantic_refuses_it_whatever_msgspec_raises(monkeypatch):
+    """msgspec before 0.23 raised UnicodeDecodeError, not a MsgspecError, for a string of invalid
+    UTF-8: it left decode_input, and the worker's router (which takes SchemaError as a bad
+    record) failed its batch on it, and again on the same record at every restart."""
+    from fleetplan.schemas import fpm_wire
+
+    class OldMsgspec:
+        def decode(self, data):
+            return data.decode("utf-8")  # msgspec 0.18-0.22: UnicodeDecodeError escapes
+
+    data = REFUSED["invalid utf-8"]
+    reference = outcome(decode_event, data)
+    monkeypatch.setattr(fpm_wire, "_DECODER", OldMsgspec())
+    got = outcome(decode_input, data)
+    assert isinstance(got, SchemaError) and error_of(got) == error_of(reference)
 
 
 def test_other_events_are_decoded_by_pydantic():

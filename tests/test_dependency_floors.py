@@ -29,6 +29,12 @@ NEEDED = {
                         "`fleetplan --help`), and typer before 0.16 breaks on the click 8.2+ it installs "
                         "beside it (`Secondary flag is not valid for non-boolean flag`, then "
                         "`make_metavar() missing 1 required positional argument: 'ctx'`)"),
+    "pydantic": ("2.12", "the worker decodes FPM records with msgspec and the audit with pydantic, and "
+                         "both must read a record alike (schemas/fpm_wire.py): before 2.11 pydantic kept "
+                         "the first of a repeated key where msgspec keeps the last, and 2.11 refused an "
+                         "integer such as 10**18 for a float field that msgspec takes, so the audit "
+                         "re-folded another FPM than the worker had (tests/schemas/test_fpm_wire.py); "
+                         "the JSON Schema files are also those 2.12 writes"),
 }
 
 

@@ -35,6 +35,10 @@ NEEDED = {
                          "integer such as 10**18 for a float field that msgspec takes, so the audit "
                          "re-folded another FPM than the worker had (tests/schemas/test_fpm_wire.py); "
                          "the JSON Schema files are also those 2.12 writes"),
+    "statsmodels": ("0.14.6", "statsmodels' ARIMA (the arima predictor, and so the default ensemble) "
+                              "does not import beside pandas 3, which pip installs with it, before "
+                              "0.14.6 (`TypeError: deprecate_kwarg() missing 1 required positional "
+                              "argument: 'new_arg_name'`)"),
 }
 
 

@@ -238,6 +238,14 @@ def decode_message(frames: list[bytes]) -> tuple[list, list[Rejected]]:
     return events, rejected
 
 
+def _shown(item) -> bytes:
+    """The start of an item that cannot be encoded, for the dead letter: its repr, cut short."""
+    try:
+        return repr(item)[:PAYLOAD_LIMIT].encode()
+    except RecursionError:
+        return f"<{type(item).__name__} nested too deeply to show>".encode()
+
+
 def _validate(item, raw: bytes | None):
     deployment = "unknown"
     if isinstance(item, dict):
@@ -248,7 +256,7 @@ def _validate(item, raw: bytes | None):
         encoded = raw if raw is not None else orjson.dumps(item)
     except Exception as err:  # noqa: BLE001 - e.g. msgpack bytes or ext values
         return None, Rejected("invalid", f"event: plain JSON-like values ({err})"[:300], deployment,
-                              repr(item)[:PAYLOAD_LIMIT].encode())
+                              _shown(item))
     if len(encoded) > MAX_EVENT_BYTES:
         return None, Rejected("oversize", f"event: at most {MAX_EVENT_BYTES} bytes, got {len(encoded)}",
                               deployment, encoded[:PAYLOAD_LIMIT])

@@ -58,6 +58,10 @@ def test_one_event_or_an_array_in_json_or_msgpack(encode):
     ([msgpack.packb({1: 2})], "invalid", "msgpack"),
     ([msgpack.packb({"type": msgpack.ExtType(1, b"x")})], "invalid", "type"),
     ([b"[" * 5000 + b"]" * 5000], "invalid", "valid JSON"),
+    # nested deep enough to pass the decoders, too deep to encode or show (until 2026-12-05 it
+    # raised RecursionError from the repr of the rejected item)
+    ([b"[" * 1000 + b"]" * 1000], "invalid", "Recursion limit"),
+    ([b"\x91" * 1000 + b"\x90"], "invalid", "Recursion limit"),
     ([orjson.dumps({**as_dict(fpm("alpha", T0, 1)), "worker_id": "w" * (MAX_EVENT_BYTES + 10)})], "oversize", "bytes"),
 ])
 def test_bad_messages_are_rejected_with_a_reason_and_never_raise(frames, reason, needle):

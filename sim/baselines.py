@@ -65,15 +65,19 @@ class SchedulePolicy:
         self._last: dict[str, int] | None = None
 
     def target_at(self, t: float) -> dict[str, int]:
-        """What must be up or starting at ``t``: the max over windows until ``t + lookahead``.
+        """What must be up or starting at ``t``: the max over the windows from the current one
+        to every window a worker started at the next tick would be late for.
 
-        The window that starts at ``t + lookahead`` counts: a worker started at
-        ``t`` is ready just as it begins.
+        The policy decides every ``interval_s``, so a worker whose window starts before
+        ``t + interval + lookahead`` starts now, at most one tick early: waiting for the
+        next tick, a startup off the tick grid (117 s, a distribution's 99th percentile)
+        made it ready seconds into the window that needed it. On the grid (120 s, 60-s
+        windows, 5-s ticks) that is the window starting at ``t + lookahead``.
         """
         n = len(self.needs)
         first = min(int(t // self.window_s), n - 1)
-        last = min(int((t + self.lookahead_s) // self.window_s), n - 1)
-        return most_needed(self.needs[first:last + 1])
+        last = min(math.ceil((t + self.interval_s + self.lookahead_s) / self.window_s) - 1, n - 1)
+        return most_needed(self.needs[first:max(first, last) + 1])
 
     def initial(self) -> dict[str, int]:
         return self.target_at(0.0)

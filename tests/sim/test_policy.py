@@ -109,6 +109,22 @@ def test_schedule_starts_workers_a_startup_ahead_and_drains_after():
     assert oracle.target_at(180.0)["prefill"] == 1
 
 
+def test_the_oracle_starts_workers_before_their_window_when_the_startup_is_off_its_tick_grid(make_setup_for):
+    """A 117-s startup and window 3 at 180 s: its engines must be asked for by 63 s. The
+    oracle ticks every 5 s, so the tick at 60 s is the last that makes it; at 65 s they were
+    ready 2 s into the window that needed them."""
+    from fleetplan.sim.runner import SimOptions
+
+    needs = [{"prefill": n, "decode": 1} for n in (1, 1, 1, 3, 1)]
+    oracle = SchedulePolicy(needs, window_s=60, lookahead_s=117)
+    assert oracle.target_at(55.0)["prefill"] == 1  # the tick at 60 s is still in time
+    assert oracle.target_at(60.0)["prefill"] == 3
+    setup = make_setup_for(options=SimOptions(startup="117"))
+    result = run_policy(synthetic(1, 300), setup, SchedulePolicy(needs, 60, 117), "oracle")
+    ready = next(t for t, counts, _ in result.timeline.points if counts["prefill"]["ready"] == 3)
+    assert 180.0 - 5.0 <= ready <= 180.0
+
+
 def test_static_targets_take_peak_and_mean():
     needs = [{"prefill": n, "decode": 2} for n in (1, 2, 6, 3)]
     assert static_targets(needs, "peak") == {"prefill": 6, "decode": 2}

@@ -104,12 +104,22 @@ def needs_before(needs: list[dict[str, int]], window_s: float, end_s: float) -> 
     return most_needed(needs[:last])
 
 
-def static_targets(needs: list[dict[str, int]], how: str) -> dict[str, int]:
-    """Peak (max) or mean (ceil of the time average) of per-window needs."""
+def static_targets(needs: list[dict[str, int]], how: str, seconds: list[float] | None = None) -> dict[str, int]:
+    """Peak (max) or mean (ceil of the time average) of per-window needs.
+
+    ``seconds``: how long each window lasts (``WindowTraffic.duration_s``; full windows
+    when not given). The last window of a workload ends with it, and counted as a full
+    one a short tail's need weighed as much as a whole window's.
+    """
     roles = list(needs[0]) if needs else []
     if how == "peak":
         return {r: max(n[r] for n in needs) for r in roles}
-    return {r: max(1, math.ceil(sum(n[r] for n in needs) / len(needs) - 1e-9)) for r in roles}
+    weights = [1.0] * len(needs) if seconds is None else list(seconds)
+    total = sum(weights)
+    return {
+        r: max(1, math.ceil(sum(n[r] * w for n, w in zip(needs, weights, strict=True)) / total - 1e-9))
+        for r in roles
+    }
 
 
 def refine_needs(

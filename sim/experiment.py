@@ -276,6 +276,6 @@ def run_static(
     workload: Workload, setup: FleetSetup, sizing: Sizing, how: str, log: IO[bytes] | None = None,
     live: LiveRun | None = None,
 ) -> RunResult:
-    targets = static_targets(sizing.needs, how)
+    targets = static_targets(sizing.needs, how, [w.duration_s for w in sizing.traffic])
     return run_policy(workload, setup, StaticPolicy(targets, f"static-{how}"), f"static-{how}", targets,
                       log=log, live=live)

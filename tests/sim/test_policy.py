@@ -131,6 +131,20 @@ def test_static_targets_take_peak_and_mean():
     assert static_targets(needs, "mean") == {"prefill": 3, "decode": 2}
 
 
+def test_static_mean_is_the_time_average_of_the_needs_a_short_last_window_included(make_setup_for):
+    """A 181-s workload's last window covers 1 s: the time average of (1, 1, 1, 6) is
+    (180 + 6) / 181 = 1.03 engines, so static-mean runs 2; read as a fourth full minute
+    it was (1 + 1 + 1 + 6) / 4 = 2.25, and static-mean ran 3."""
+    from fleetplan.sim.experiment import Sizing, run_static
+    from fleetplan.sim.sizing import WindowTraffic
+
+    needs = [{"prefill": n, "decode": 1} for n in (1, 1, 1, 6)]
+    traffic = [WindowTraffic(60.0 * j, 1, 1000.0, 100.0, 60.0 if j < 3 else 1.0) for j in range(4)]
+    sizing = Sizing(60.0, needs, needs, needs, traffic)
+    result = run_static(synthetic(1, 181), make_setup_for(), sizing, "mean")
+    assert result.summary.peak_replicas == {"prefill": 2, "decode": 1}
+
+
 def test_refinement_raises_only_the_role_that_missed():
     calls = []
 

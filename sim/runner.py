@@ -481,9 +481,17 @@ class ClosedLoop(FleetListener):
         return self.fleet.in_flight > 0 and not self._stalled()
 
     def _stalled(self) -> bool:
+        """Nothing finished for ``STALL_S`` and every request in flight waits at the frontend.
+
+        A request an engine holds will finish (an engine always progresses), however long
+        its answer: a 900,000-token one decodes for over an hour, and taken for a stall the
+        run stopped with it neither finished nor stranded, missing from the summary.
+        """
         if len(self.requests) != self._finished_seen:
             self._finished_seen, self._finished_at = len(self.requests), self.clock.now
-        return self.clock.now - max(self._finished_at, self.workload.duration_s) > STALL_S
+        if self.clock.now - max(self._finished_at, self.workload.duration_s) <= STALL_S:
+            return False
+        return self.fleet.in_flight == sum(len(waiting) for waiting in self.fleet.frontend.values())
 
     def _strand(self) -> None:
         """Count the requests a stalled run left waiting as missed: TTFT (or ITL) up to the end.

@@ -220,3 +220,18 @@ def test_a_run_whose_fleet_cannot_serve_what_is_left_ends_and_counts_it_missed(p
                                      f"{result.stranded:,} requests still waiting count as missed "
                                      "(the log has no record of them)")
 
+
+def test_a_request_an_engine_is_still_serving_an_hour_after_the_trace_is_not_lost(make_setup_for):
+    """A 900,000-token answer decodes for over an hour (about 4.4 ms a token): nothing else
+    finishes meanwhile, but its engine is serving it, so the run is not stalled. It was taken
+    for one: the run stopped with the request neither finished nor stranded, and the summary
+    counted 1 request of the 2 that came."""
+    from fleetplan.sim.baselines import StaticPolicy
+    from fleetplan.sim.traces import TraceRequest
+    from fleetplan.sim.workload import Workload
+
+    workload = Workload.from_requests("long", [TraceRequest(0.0, 1000, 900_000), TraceRequest(1.0, 1000, 10)], 10.0)
+    fleet = {"prefill": 1, "decode": 1}
+    result = run_policy(workload, make_setup_for(), StaticPolicy(fleet), "static", fleet)
+    assert result.summary.requests == 2 and result.stranded == 0
+    assert result.end_s == pytest.approx(result.requests.arrays()["end"].max())

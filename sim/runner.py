@@ -481,17 +481,23 @@ class ClosedLoop(FleetListener):
         return self.fleet.in_flight > 0 and not self._stalled()
 
     def _stalled(self) -> bool:
-        """Nothing finished for ``STALL_S`` and every request in flight waits at the frontend.
+        """Nothing finished for ``STALL_S`` and every request in flight waits at the frontend
+        for a role with no engine starting.
 
         A request an engine holds will finish (an engine always progresses), however long
         its answer: a 900,000-token one decodes for over an hour, and taken for a stall the
-        run stopped with it neither finished nor stranded, missing from the summary.
+        run stopped with it neither finished nor stranded, missing from the summary. One
+        waiting for a role whose engine is starting goes out once it is ready, though a
+        startup may take up to a day: the run stopped and counted it missed.
         """
         if len(self.requests) != self._finished_seen:
             self._finished_seen, self._finished_at = len(self.requests), self.clock.now
         if self.clock.now - max(self._finished_at, self.workload.duration_s) <= STALL_S:
             return False
-        return self.fleet.in_flight == sum(len(waiting) for waiting in self.fleet.frontend.values())
+        fleet = self.fleet
+        if fleet.in_flight != sum(len(waiting) for waiting in fleet.frontend.values()):
+            return False
+        return not any(waiting and fleet.count(role, "starting") for role, waiting in fleet.frontend.items())
 
     def _strand(self) -> None:
         """Count the requests a stalled run left waiting as missed: TTFT (or ITL) up to the end.

@@ -50,6 +50,17 @@ class Runaway:
         return {"prefill": 10**9}
 
 
+class ZeroThenBack:
+    """Every role to zero engines at 30 s, and back to one each at 70 s."""
+
+    interval_s = 5.0
+
+    def decide(self, view):
+        if view.time >= 70:
+            return {"prefill": 1, "decode": 1}
+        return {"prefill": 0, "decode": 0} if view.time >= 30 else None
+
+
 class ToZero:
     """Every role to zero engines at 30 s, with requests still arriving."""
 
@@ -235,3 +246,18 @@ def test_a_request_an_engine_is_still_serving_an_hour_after_the_trace_is_not_los
     result = run_policy(workload, make_setup_for(), StaticPolicy(fleet), "static", fleet)
     assert result.summary.requests == 2 and result.stranded == 0
     assert result.end_s == pytest.approx(result.requests.arrays()["end"].max())
+
+
+def test_requests_waiting_for_an_engine_that_is_starting_are_not_stranded(policy_module, make_setup_for):
+    """Engines asked for at 70 s with a 4,000-s startup (a day is allowed) serve the requests
+    waiting at the frontend at 4,070 s: more than an hour without a finished request, but no
+    stall. They were counted missed and the run ended before the engines were ready."""
+    from fleetplan.sim.runner import SimOptions
+
+    policy = load_policy(f"{policy_module}:ZeroThenBack")
+    workload = synthetic(5, 60)
+    setup = make_setup_for(options=SimOptions(startup="4000"))
+    result = run_policy(workload, setup, policy, "back", {"prefill": 1, "decode": 1})
+    assert result.stranded == 0
+    assert result.summary.requests == sum(1 for _ in workload.requests())
+    assert result.requests.arrays()["end"].max() > 4070.0

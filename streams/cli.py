@@ -259,6 +259,11 @@ def audit(
         _fail(str(err))
     for line in result.lines(verbose=verbose):
         typer.echo(line)
+    if not result.ok and profile is None and not planner.config.profile_results_dir:
+        # a planner without a profile folds to other decisions than one seeded from it
+        typer.echo("hint: audited without an engine profile; the planner that made these decisions "
+                   "had one if it was fleetplan simulate (default h200-llama3.1-8b) or a worker given "
+                   "--profile: audit with the same --profile and --config")
     if seed_fh is not None:
         with seed_fh:
             if result.state is None:

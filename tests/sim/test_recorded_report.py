@@ -175,3 +175,18 @@ def test_audit_report_says_how_many_finished_requests_its_figures_leave_out(simu
     ])
     assert f"report: {tmp_path / 'report' / 'report.html'} (3 finished request(s) without a measured TTFT or ITL " \
            "left out of its figures)" in result.output, result.output
+
+
+def test_an_audit_without_the_runs_profile_says_to_give_it(tmp_path):
+    """A simulate log audited without --profile diverges at its first decision, since the
+    simulator planned with one; the audit said only DIVERGED (until 2026-12-05)."""
+    _register_optional()
+    run = runner.invoke(app, ["simulate", "--trace", str(CODE), "--duration", "300", "--no-baselines",
+                              "--out", str(tmp_path / "run")])
+    assert run.exit_code == 0, run.output
+    log = tmp_path / "run" / "events.jsonl"
+    bare = runner.invoke(app, ["audit", "--deployment", "sim", "--log", str(log)])
+    assert bare.exit_code == 1, bare.output
+    assert "hint: audited without an engine profile" in bare.output
+    given = runner.invoke(app, ["audit", "--deployment", "sim", "--log", str(log), "--profile", "h200-llama3.1-8b"])
+    assert given.exit_code == 0 and "hint:" not in given.output, given.output

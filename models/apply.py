@@ -373,8 +373,8 @@ def _apply_ack(state: DeploymentState, ack: Ack) -> None:
     if answered is None:
         return
     if ack.status == "applied":
-        state.desired = dict(answered.targets)
-        ack_startup_sample(state, ack, answered.targets)
+        reached, state.desired = state.desired, dict(answered.targets)
+        ack_startup_sample(state, ack, answered.targets, reached)
     if answered is state.pending:
         state.pending = None
     state.timed_out = None

@@ -49,7 +49,7 @@ def startup_sample(state, ev, previous) -> None:
     _keep(state, start, ev.time)
 
 
-def ack_startup_sample(state, ack, targets: dict) -> None:
+def ack_startup_sample(state, ack, targets: dict, reached: dict | None = None) -> None:
     """Record one startup from the ``applied`` ack of a scale-up decision, if inventory times none.
 
     Only where the deployment has had no inventory event: ready events time
@@ -57,11 +57,17 @@ def ack_startup_sample(state, ack, targets: dict) -> None:
     would count one scale-up twice. Only when the ack's observed counts reach
     every target: a connector that stopped waiting (Kubernetes'
     ``--ready-timeout``) acks with what serves so far, and that ack's time is
-    not when the new engines served.
+    not when the new engines served. Only when the decision asks for more
+    than ``reached``, the counts the fleet was last acked at: a decision the
+    ack timeout gave up on is made again from the baseline it never moved,
+    and once the late ack of the first has moved it, the second started no
+    engine, and its ack timed what was left of the first's startup.
     """
     if state.inventory_seen or ack.status != "applied":
         return
     if any(ack.observed.get(role, -1) < count for role, count in targets.items()):
+        return
+    if reached is not None and all(count <= reached.get(role, 0) for role, count in targets.items()):
         return
     _keep(state, _scale_up_time(state, ack.decision_id), ack.time)
 

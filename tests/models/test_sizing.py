@@ -205,6 +205,24 @@ def test_an_ack_of_a_decision_that_added_no_engine_times_nothing(make_fleet):
     assert state.startup_samples == []
 
 
+def test_a_decision_made_again_after_the_ack_timeout_times_no_second_startup(make_fleet):
+    """Engines slower than ``ack_timeout_seconds``: the planner gives up on decision A and makes
+    it again as B (the same targets, from the baseline A never moved). A's late ack times the
+    startup; B, which the connector acks once A's engines serve, started none, and its ack timed
+    the rest of A's startup after B (here 40 s of 400) as a startup of its own."""
+    fleet = make_fleet(throughput_sizing="startup_quantile", startup_seconds=30, ack_timeout_seconds=300)
+    evs = [fpm("p0", "prefill", T0 + 0.5), fpm("d0", "decode", T0 + 0.5), *requests(40, T0 + 1, T0 + 560)]
+    evs += [fpm(w, role, T0 + 5 * k + 0.5) for k in range(1, 112) for w, role in (("p0", "prefill"), ("d0", "decode"))]
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    first, again = decisions(out)
+    assert again.targets == first.targets and again.previous == first.previous  # made again
+    fleet.run([_applied(first, first.time + 400.0, dict(first.targets)),
+               _applied(again, first.time + 401.0, dict(again.targets)), _clock(T0 + 5 * INTERVAL)])
+    state = _state(fleet)
+    assert state.late_events == 0 and state.desired == dict(again.targets)
+    assert state.startup_samples == [400.0]
+
+
 def test_the_inventory_flag_round_trips_and_an_older_state_restores_without_it(make_fleet):
     fleet, _ = _scale_up_without_inventory(make_fleet)
     state = _state(fleet)

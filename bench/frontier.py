@@ -55,8 +55,9 @@ TIE_POINTS = 0.15
 TIE_COST = 0.03
 """Share of GPU-hours within which they are even (``--tie-cost``)."""
 EVEN = 1e-9
-"""Float slack on the attainment comparisons: a gap of exactly ``--tie-points`` is even,
-whatever its last bit (0.90 against 0.8985 came out won, 0.98 against 0.9815 lost)."""
+"""Float slack on the comparisons with the thresholds: a gap of exactly ``--tie-points`` is even,
+whatever its last bit (0.90 against 0.8985 came out won, 0.98 against 0.9815 lost), and exactly
+``--tie-cost`` fewer GPU-hours loses (1.358 against 1.4 came out a tie)."""
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -109,7 +110,7 @@ def verdict(default: tuple[float, float], sweeps: dict[str, list[tuple[float, fl
         readings[p] = (attainment_at(front, gpu, swept), cost_of(front, att))
     if all(a is None and c is None for a, c in readings.values()):
         return "unread", readings  # the sweep neither spans the default's spend nor reaches its attainment
-    cheaper = [c for _, c in readings.values() if c is not None and c <= gpu * (1.0 - tie_cost)]
+    cheaper = [c for _, c in readings.values() if c is not None and c <= gpu * (1.0 - tie_cost + EVEN)]
     diffs = [att - a for a, _ in readings.values() if a is not None]
     if cheaper or any(d < -tie_points / 100 - EVEN for d in diffs):
         return "lost", readings

@@ -126,12 +126,14 @@ def build_workload(spec: Spec):
         return servegen_workload(spec.path, spec.model, start_s=spec.start_day * DAY_S, duration_s=spec.hours * 3600,
                                  rate_scale=spec.scale, seed=0)
     reqs = read_trace(spec.path)
-    duration = trace_duration(reqs)
     if spec.spread:
         step = timestamp_step(reqs)
         if step is None:
             raise ValueError(f"{spec.path}: arrival times are not rounded to a step; nothing to spread")
         reqs = spread_arrivals(reqs, step, seed=0)
+    # after spreading, as `fleetplan simulate` takes it: the last step is part of the trace
+    # (Mooncake: 1,800 s, not 1,797), or the copies wrap short and the last step runs past the end
+    duration = trace_duration(reqs)
     return Workload.from_requests(spec.name, rate_scale(reqs, spec.scale, seed=0, duration_s=duration), duration)
 
 

@@ -114,21 +114,35 @@ def read_client_windows(
     return rows
 
 
+_LENGTH_COLUMNS = ("window6h_start_s", "input_tokens", "output_tokens")
+
+
 def read_mean_lengths(path: str | Path) -> list[tuple[float, float, float]]:
-    """``(window_start_s, mean_isl, mean_osl)`` rows of a ``*_mean_isl_osl_6h.csv``."""
+    """``(window_start_s, mean_isl, mean_osl)`` rows of a ``*_mean_isl_osl_6h.csv``.
+
+    Columns are found by name: the text models' files are
+    ``window6h_start_s,input_tokens,output_tokens``, but mm-image's lists
+    its modalities first and ``input_tokens`` last.
+    """
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as err:
         raise ServeGenError(f"{p}: cannot open ({err.strerror})") from None
+    rows = csv.reader(io.StringIO(text))
+    header = [h.strip() for h in next(rows, [])]
+    if not set(_LENGTH_COLUMNS) <= set(header):
+        raise ServeGenError(f"{p}:1: header: expected columns {', '.join(_LENGTH_COLUMNS[:2])} and {_LENGTH_COLUMNS[2]}")
+    columns = [header.index(name) for name in _LENGTH_COLUMNS]
     out = []
-    for lineno, fields in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if lineno == 1 or not fields:
+    for lineno, fields in enumerate(rows, start=2):
+        if not fields:
             continue
         try:
-            out.append((float(fields[0]), float(fields[1]), float(fields[2])))
+            start, isl, osl = (float(fields[i]) for i in columns)
         except (ValueError, IndexError):
-            raise ServeGenError(f"{p}:{lineno}: expected window6h_start_s,input_tokens,output_tokens") from None
+            raise ServeGenError(f"{p}:{lineno}: expected numbers in {', '.join(_LENGTH_COLUMNS)}") from None
+        out.append((start, isl, osl))
     if not out:
         raise ServeGenError(f"{p}: no rows")
     return out

@@ -225,3 +225,24 @@ def test_a_duration_past_the_trace_end_scales_the_trace_not_its_empty_tail(conv)
     late, _ = _workload(CONV, None, None, 300.0, 600.0, 2.0, 1.0, 0)
     inside = slice_trace(conv, 300.0)
     assert sum(1 for r in late.requests() if r.arrival_s < 300) == 2 * len(inside)
+
+
+def test_mean_lengths_are_read_by_column_name(tmp_path):
+    """ServeGen's mm-image file puts its modality columns first and ``input_tokens`` last
+    (``window6h_start_s,audio_tokens,image_tokens,output_tokens,text_tokens,video_tokens,
+    input_tokens``): read by position, its requests got the audio tokens (0) as ISL and the
+    image tokens as OSL, so a 1,354-token prompt with a 113-token answer became 1 and 805."""
+    from fleetplan.sim.servegen import read_mean_lengths
+
+    image = tmp_path / "mm-image_mean_isl_osl_6h.csv"
+    image.write_text(
+        "window6h_start_s,audio_tokens,image_tokens,output_tokens,text_tokens,video_tokens,input_tokens\n"
+        "0,0.0,804.7242388938341,112.74313413197845,549.3365002185551,0.0,1354.0607391123892\n"
+    )
+    assert read_mean_lengths(image) == [(0.0, 1354.0607391123892, 112.74313413197845)]
+    assert read_mean_lengths(DATA / "m-mid_mean_isl_osl_6h.csv")[0] == (0.0, 596.7314058114935, 109.52919414562292)
+    no_input = tmp_path / "no_input.csv"
+    no_input.write_text("window6h_start_s,output_tokens\n0,10\n")
+    with pytest.raises(ServeGenError, match=r"no_input.csv:1: header: expected columns window6h_start_s, "
+                                            r"input_tokens and output_tokens"):
+        read_mean_lengths(no_input)

@@ -283,24 +283,33 @@ def _check_span(path: Path, ordered: list[_Row], to_seconds: Callable[[Any], flo
 # --- Azure 2023 CSV ----------------------------------------------------------
 
 _TICKS_PER_S = 10_000_000  # the trace's 7 fractional digits are 100 ns ticks
-_AZURE_TS = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?")
+_AZURE_TS = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?(Z|([+-])(\d{2}):(\d{2}))?"
+)
 
 
 def _azure_ticks(path: Path, lineno: int, text: str) -> int:
-    """``YYYY-MM-DD HH:MM:SS.fffffff`` as integer 100 ns ticks (exact)."""
+    """``YYYY-MM-DD HH:MM:SS.fffffff[±HH:MM]`` as integer 100 ns ticks (exact).
+
+    The 2023 traces log times without a zone, 7 fractional digits; the 2024
+    week logs microseconds with a UTC offset (``...00.009930+00:00``), which
+    is subtracted so every row is on one clock.
+    """
     match = _AZURE_TS.fullmatch(text.strip())
-    expected = "a timestamp YYYY-MM-DD HH:MM:SS.fffffff"
+    expected = "a timestamp YYYY-MM-DD HH:MM:SS.fffffff (optionally +HH:MM)"
     if match is None:
         raise TraceFormatError(path, lineno, "TIMESTAMP", f"{expected}, got {text!r}")
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
     fraction = match.group(7) or ""
+    sign, offset_h, offset_m = match.group(9), int(match.group(10) or 0), int(match.group(11) or 0)
     try:
         days = dt.date(year, month, day).toordinal()
     except ValueError:
         raise TraceFormatError(path, lineno, "TIMESTAMP", f"{expected}, got {text!r}") from None
-    if hour > 23 or minute > 59 or second > 59:
+    if hour > 23 or minute > 59 or second > 59 or offset_h > 23 or offset_m > 59:
         raise TraceFormatError(path, lineno, "TIMESTAMP", f"{expected}, got {text!r}")
-    seconds = ((days * 24 + hour) * 60 + minute) * 60 + second
+    offset_s = (offset_h * 60 + offset_m) * 60 * (-1 if sign == "-" else 1)
+    seconds = ((days * 24 + hour) * 60 + minute) * 60 + second - offset_s
     return seconds * _TICKS_PER_S + int(fraction.ljust(7, "0"))
 
 

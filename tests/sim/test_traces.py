@@ -88,6 +88,27 @@ def test_azure_timestamps_are_exact_to_the_tick(tmp_path):
     assert got[2] == 18_000_000_001 / 10_000_000  # one rounding, no drift
 
 
+def test_azure_2024_timestamps_carry_a_utc_offset(tmp_path):
+    """Azure's 2024 week (AzureLLMInferenceTrace_{code,conv}_1week.csv) has the 2023 header
+    but logs ``2024-05-10 00:00:00.009930+00:00``: microseconds and a UTC offset. Every row
+    was refused (line 2: TIMESTAMP), so the week the span bound was sized for could not be read."""
+    path = write(
+        tmp_path,
+        "week.csv",
+        AZURE_HEADER
+        + "2024-05-10 00:00:00.009930+00:00,2162,5\n"
+        + "2024-05-10 00:00:01+00:00,10,1\n"  # a whole second is logged without a fraction
+        + "2024-05-10 02:00:02.5+02:00,10,1\n"  # another offset: 00:00:02.5 UTC
+        + "2024-05-10 00:00:03Z,10,1\n",
+    )
+    got = [r.arrival_s for r in read_trace(path)]
+    assert got == [0.0, 0.99007, 2.49007, 2.99007]
+    bad = write(tmp_path, "bad.csv", AZURE_HEADER + "2024-05-10 00:00:00.5+24:00,1,1\n")
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(bad)
+    assert (info.value.line, info.value.field) == (2, "TIMESTAMP")
+
+
 def test_mooncake_slice():
     reqs = read_trace(MOONCAKE)
     assert len(reqs) == 20

@@ -64,6 +64,7 @@ def simulate(
     duration: Annotated[float | None, typer.Option("--duration", help="slice: seconds of the trace to replay (default: all)")] = None,
     warm_up: Annotated[float | None, typer.Option("--warm-up", help="seconds of the traffic before --start fed to the planner's forecaster first, as a deployment that has been running (logged as a seed_traffic control)")] = None,
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the request rate, time axis kept (superposed shifted copies)")] = 1.0,
+    rate_scale_shift: Annotated[float | None, typer.Option("--rate-scale-shift", help="shift each --rate-scale copy by at most this many seconds either way, keeping the trace's shape over longer times (default: anywhere in the window, which flattens it)")] = None,
     spread: Annotated[str, typer.Option("--spread-arrivals", help="arrival times the trace rounded to a step (Mooncake: 3 s): auto (find the step, spread each request uniformly over it), off, or the step in seconds")] = "auto",
     speed: Annotated[float, typer.Option("--speed", help="play the trace this many times faster")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="seed of rate scaling, startup draws and generators")] = 0,
@@ -91,13 +92,13 @@ def simulate(
     try:
         _check_numbers(start=start, duration=duration, warm_up=warm_up, rate_scale=rate_scale, speed=speed,
                        fpm_interval=fpm_interval, window=window, prefix_block_tokens=prefix_block_tokens,
-                       oracle_rounds=oracle_rounds, goal=goal)
+                       oracle_rounds=oracle_rounds, goal=goal, rate_scale_shift=rate_scale_shift)
         if out is not None:
             ensure_output_dir("--out", out)  # before the trace is read and the runs take minutes
         run = _prepare(
             trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
             servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-            prefix_block_tokens, deployment, spread, inventory,
+            prefix_block_tokens, deployment, spread, inventory, rate_scale_shift,
         )
         with _status(f"cutting the {warm_up or 0:g} s before --start into throughput windows",
                      on=warm_up is not None and not as_json):
@@ -138,7 +139,7 @@ class _UserError(Exception):
 
 
 def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, prefix_block_tokens,
-                   oracle_rounds, goal, warm_up=None) -> None:
+                   oracle_rounds, goal, warm_up=None, rate_scale_shift=None) -> None:
     """Every numeric option in range, named, before anything is read.
 
     Written out rather than typer's ``min``/``max``: those let nan and inf
@@ -158,6 +159,8 @@ def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, 
             raise _UserError(f"{name}: at least {floor:g} s, got {value:g}")
     if not (start >= 0 and math.isfinite(start)):
         raise _UserError(f"--start: must be a finite number of seconds >= 0, got {start}")
+    if rate_scale_shift is not None and not (rate_scale_shift >= 0 and math.isfinite(rate_scale_shift)):
+        raise _UserError(f"--rate-scale-shift: a finite number of seconds >= 0, got {rate_scale_shift}")
     if oracle_rounds < 0:
         raise _UserError(f"--oracle-rounds: must be >= 0, got {oracle_rounds}")
     if not 0 < goal <= 1:
@@ -167,7 +170,7 @@ def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, 
 def _prepare(
     trace, profile, config, policy, start, duration, rate_scale, speed, seed, servegen,
     servegen_model, router, startup, initial, fpm_interval, engine_timing, window,
-    prefix_block_tokens=None, deployment="sim", spread="auto", inventory=True,
+    prefix_block_tokens=None, deployment="sim", spread="auto", inventory=True, rate_scale_shift=None,
 ) -> dict:
     from fleetplan.bootstrap import build_planner
     from fleetplan.models.config import (
@@ -228,7 +231,7 @@ def _prepare(
         raise _UserError(f"{config or 'config'}: {err}") from None
     try:
         workload, spread_s = _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed,
-                                       spread)
+                                       spread, rate_scale_shift)
     except (TraceFormatError, ServeGenError, ValueError) as err:
         raise _UserError(str(err)) from None
     except OSError as err:
@@ -263,7 +266,8 @@ def _prepare(
     return {
         "workload": workload, "setup": setup, "planner": planner, "policy": policy,
         "policy_obj": policy_obj, "initial": initial_spec, "config_path": config, "profile": profile,
-        "trace": trace or servegen, "rate_scale": rate_scale, "speed": speed, "spread_s": spread_s,
+        "trace": trace or servegen, "rate_scale": rate_scale, "rate_scale_shift": rate_scale_shift,
+        "speed": speed, "spread_s": spread_s,
         "converted_profile": prof if converted else None,
     }
 
@@ -319,7 +323,7 @@ def _warm_history(warm_up, run, trace, servegen, servegen_model, start, rate_sca
                          f"of {interval} s one seed carries")
     try:
         history, _ = _workload(trace, servegen, servegen_model, start - warm_up, warm_up, rate_scale, speed, seed,
-                               spread)
+                               spread, run.get("rate_scale_shift"))
     except (TraceFormatError, ServeGenError, ValueError, OSError) as err:
         raise _UserError(f"--warm-up: {str(err).removeprefix('--start/--duration: ')}") from None
     rows = history_windows(history.requests(), span_s=history.duration_s, interval_s=interval,
@@ -398,7 +402,8 @@ def _spread_step(spread: str, requests) -> float | None:
     return step
 
 
-def _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed, spread="auto"):
+def _workload(trace, servegen, servegen_model, start, duration, rate_scale, speed, seed, spread="auto",
+              rate_scale_shift=None):
     """The run's workload, and the step its arrivals were spread over (None: kept)."""
     from fleetplan.sim.servegen import servegen_workload
     from fleetplan.sim.traces import MAX_TRACE_SPAN_S, read_trace
@@ -417,6 +422,8 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
             raise ValueError("--speed applies to --trace workloads only")
         if spread not in ("auto", "off"):
             raise ValueError("--spread-arrivals applies to --trace workloads only")
+        if rate_scale_shift is not None:
+            raise ValueError("--rate-scale-shift applies to --trace workloads only (ServeGen draws its own arrivals)")
         return wl, None
     if not trace.exists():
         raise ValueError(f"{trace}: no such trace file")
@@ -439,7 +446,8 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
     if rate_scale != 1.0:
         # the copies wrap around the trace's own span: wrapped around a --duration past its
         # end they put part of the traffic in a tail the trace leaves empty, and less in it
-        requests = scale_rate(requests, rate_scale, seed=seed, duration_s=min(window, covered))
+        requests = scale_rate(requests, rate_scale, seed=seed, duration_s=min(window, covered),
+                              max_shift_s=rate_scale_shift)
     if speed != 1.0:
         if window / speed > MAX_TRACE_SPAN_S:
             raise ValueError(f"--speed: {speed:g} stretches {window:g} s of trace to {window / speed:.3g} s, "
@@ -612,8 +620,8 @@ def _summary_json(run, sizing, results, out) -> dict:
         "sim_revision": REVISION,
         "trace": str(run["trace"]), "workload": run["workload"].name, "profile": run["profile"],
         "config": None if run["config_path"] is None else str(run["config_path"]),
-        "mode": cfg.mode, "rate_scale": run["rate_scale"], "speed": run["speed"],
-        "spread_arrivals_s": run["spread_s"],
+        "mode": cfg.mode, "rate_scale": run["rate_scale"], "rate_scale_shift_s": run.get("rate_scale_shift"),
+        "speed": run["speed"], "spread_arrivals_s": run["spread_s"],
         "warm_up_windows": None if run.get("seed") is None else len(run["seed"]),
         "duration_s": run["workload"].duration_s, "requests": main.summary.requests,
         "sla": {"ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms},

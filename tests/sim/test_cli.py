@@ -134,6 +134,8 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         # 1e6 for 1.6: the copies of the trace used to be made until memory ran out
         (["--trace", CODE, "--rate-scale", "1e6"], "--rate-scale: 1e+06 × 1,482 requests is 1.48e+09, more than"),
         (["--trace", CODE, "--speed", "1e-300"], "--speed: 1e-300 stretches"),
+        (["--trace", CODE, "--rate-scale", 4, "--rate-scale-shift", -1],
+         "--rate-scale-shift: a finite number of seconds >= 0, got -1.0"),
         (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
         (["--trace", CODE, "--warm-up", 0], "--warm-up: must be > 0, got 0.0"),
         (["--trace", CODE, "--start", 60, "--warm-up", 120], "--warm-up: 120 s of traffic before --start, which is 60 s"),
@@ -337,3 +339,24 @@ def test_a_dynamo_traces_hashes_are_blocks_of_its_own_size(tmp_path):
     result = simulate("--trace", trace, "--no-baselines", "--prefix-block-tokens", 512)
     assert result.exit_code == 2
     assert "--prefix-block-tokens: 512, but" in result.output and "blocks of 16 tokens" in result.output
+
+
+def test_rate_scale_shift_keeps_the_traces_minutes_and_is_in_the_summary(tmp_path):
+    """--rate-scale 20 with copies shifted anywhere flattens the code trace's minutes; with
+    --rate-scale-shift 30 their shape stays, and the summary says which was run."""
+    import numpy as np
+
+    def minutes(name, args):
+        out = tmp_path / name
+        result = simulate("--trace", CODE, "--duration", 300, "--rate-scale", 20, "--policy", "static-peak",
+                          "--no-baselines", "--json", "--out", out, *args)
+        assert result.exit_code == 0, result.output
+        arrivals = [e["request_received_ms"] / 1000.0 for e in map(orjson.loads, (out / "events.jsonl").open("rb"))
+                    if e["type"] == "request"]
+        return orjson.loads(result.stdout), np.bincount(np.array(arrivals, dtype=int) // 60)[:5].astype(float)
+
+    flat_summary, flat = minutes("flat", [])
+    kept_summary, kept = minutes("kept", ["--rate-scale-shift", 30])
+    assert flat_summary["rate_scale_shift_s"] is None and kept_summary["rate_scale_shift_s"] == 30.0
+    assert kept.sum() == flat.sum()
+    assert kept.std() / kept.mean() > 2 * flat.std() / flat.mean()

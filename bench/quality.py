@@ -435,6 +435,13 @@ def main() -> None:
         unknown = sorted({v for v in value.split(",") if v} - set(known))
         if unknown:
             parser.error(f"{option}: any of {', '.join(known)}, got {', '.join(unknown)}")
+    try:
+        slas = [tuple(float(v) for v in pair.split("/")) for pair in args.sla.split(",")]
+    except ValueError:
+        slas = []
+    if not slas or any(sla not in SLAS for sla in slas):
+        # the tables have a column pair for each of SLAS only: another SLA ran and was never shown
+        parser.error(f"--sla: any of {', '.join(f'{t:g}/{i:g}' for t, i in SLAS)}, got {args.sla}")
     unknown = set(args.sizings.split(",")) - set(SIZINGS + EXTRA_SIZINGS)
     if unknown:
         parser.error(f"--sizings: one of {', '.join(SIZINGS + EXTRA_SIZINGS)}, got {', '.join(sorted(unknown))}")
@@ -449,7 +456,6 @@ def main() -> None:
                           "requests": sum(1 for _ in build_workload(s).requests())}
         print(f"{s.name}: scale {s.scale:g}, busiest window needs {need} engines {peak} at 500/50, "
               f"{tight} {tight_roles} at 200/20", flush=True)
-    slas = [tuple(float(v) for v in pair.split("/")) for pair in args.sla.split(",")]
     wanted = set(args.predictors.split(",")) if args.predictors else None
     tasks = []
     for s in chosen:

@@ -50,6 +50,13 @@ def test_quality_refuses_loops_and_predictors_it_does_not_run(option, value):
     assert f"error: {option}: any of" in line and line.endswith(value.split(",")[-1])
 
 
+@pytest.mark.parametrize("sla", ["300/30", "500,50", "fast"])
+def test_quality_refuses_an_sla_its_tables_have_no_column_for(sla):
+    """A pair outside the two the tables show ran every row and left it out of the table."""
+    line = _refused(_bench("quality.py", "--data", "/nonexistent", "--sla", sla))
+    assert line.endswith(f"error: --sla: any of 500/50, 200/20, got {sla}")
+
+
 @pytest.mark.parametrize(("script", "args"), [
     ("held_scale_down.py", ["--scales", "1"]),
     ("decode_fit.py", ["--scale", "1"]),

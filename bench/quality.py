@@ -77,6 +77,7 @@ class Spec:
     spread: bool = False  # arrival times spread over the trace's timestamp step
     start_day: int = 0  # ServeGen: the day of the week the run replays
     warm_days: int = 0  # ServeGen: days before it fed to the planner's forecaster first (sim/warm.py)
+    shift: float | None = None  # traces: rate-scale copies shifted within this many seconds (None: anywhere)
 
 
 PREDICTORS = ("constant", "arima_frozen", "arima", "kalman", "ensemble", "prophet")
@@ -134,7 +135,8 @@ def build_workload(spec: Spec):
     # after spreading, as `fleetplan simulate` takes it: the last step is part of the trace
     # (Mooncake: 1,800 s, not 1,797), or the copies wrap short and the last step runs past the end
     duration = trace_duration(reqs)
-    return Workload.from_requests(spec.name, rate_scale(reqs, spec.scale, seed=0, duration_s=duration), duration)
+    scaled = rate_scale(reqs, spec.scale, seed=0, duration_s=duration, max_shift_s=spec.shift)
+    return Workload.from_requests(spec.name, scaled, duration)
 
 
 DAY_S = 86_400.0

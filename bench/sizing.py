@@ -216,8 +216,14 @@ def main() -> None:
     parser.add_argument("--warm-days", type=int, default=0,
                         help="ServeGen: feed the planner's forecaster the W days before --day first, "
                              "as a deployment that has been running (sim/warm.py)")
+    parser.add_argument("--rate-scale-shift", type=float, default=None, metavar="S",
+                        help="traces: shift each rate-scale copy within S seconds either way, keeping the "
+                             "trace's shape over time (fleetplan simulate --rate-scale-shift); the workload "
+                             "is named with -shiftS. Default: anywhere in the window, as recorded")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
+        parser.error(f"--rate-scale-shift: a finite number of seconds >= 0, got {args.rate_scale_shift}")
     try:
         factors = [float(f) for f in args.load_factors.split(",") if f.strip()]
     except ValueError:
@@ -228,6 +234,9 @@ def main() -> None:
     chosen = []
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
         scaled = [replace(s, scale=SCALES.get(s.name, s.scale) * f) for f in factors]
+        if args.rate_scale_shift is not None and s.kind == "trace":
+            scaled = [replace(x, shift=args.rate_scale_shift, name=f"{x.name}-shift{args.rate_scale_shift:g}")
+                      for x in scaled]
         if args.day is not None or args.warm_days:
             try:
                 scaled = [on_day(x, args.day or 0, args.warm_days) for x in scaled]

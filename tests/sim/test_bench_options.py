@@ -50,6 +50,31 @@ def test_quality_refuses_loops_and_predictors_it_does_not_run(option, value):
     assert f"error: {option}: any of" in line and line.endswith(value.split(",")[-1])
 
 
+def test_sizing_refuses_a_negative_rate_scale_shift():
+    line = _refused(_bench("sizing.py", "--data", "/nonexistent", "--rate-scale-shift", "-1"))
+    assert line.endswith("error: --rate-scale-shift: a finite number of seconds >= 0, got -1.0")
+
+
+def test_a_shifted_trace_spec_keeps_the_traces_minutes():
+    """bench/sizing.py --rate-scale-shift S builds the trace as fleetplan simulate
+    --rate-scale-shift does: its copies within S seconds, the minutes' shape kept."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from quality import Spec, build_workload
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    code = str(ROOT / "examples" / "traces" / "azure_code_10min.csv")
+    flat, kept = (build_workload(Spec("code", "trace", code, "h200-llama3.1-8b", scale=20, shift=shift))
+                  for shift in (None, 30.0))
+
+    def minutes(workload):
+        return np.bincount([int(r.arrival_s // 60) for r in workload.requests()], minlength=10)[:10]
+
+    assert minutes(kept).std() > 2 * minutes(flat).std() and minutes(kept).sum() == minutes(flat).sum()
+
+
 @pytest.mark.parametrize("sla", ["300/30", "500,50", "fast"])
 def test_quality_refuses_an_sla_its_tables_have_no_column_for(sla):
     """A pair outside the two the tables show ran every row and left it out of the table."""

@@ -158,13 +158,20 @@ def changelog_specs(app_id: str, partitions: int, *, traffic_retention_ms: int) 
 
 
 class TopicMismatch(RuntimeError):
-    """An existing topic whose partition count differs from the installation's."""
+    """An existing topic whose partition count or cleanup policy differs from the installation's."""
 
 
 async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: int | None = None) -> list[str]:
-    """Create the missing topics; fail if an existing one has another partition count.
+    """Create the missing topics; fail if an existing one has another partition count
+    or cleanup policy.
 
-    Returns the names created. ``replication`` defaults to min(3, brokers).
+    The policy is checked because a topic made by other tooling (or by broker
+    auto-creation) gets the broker's default, ``delete``: a state changelog
+    kept by time loses the states of deployments quiet for longer than its
+    retention, and an event topic compacted by deployment keeps only the
+    last record of each. Other settings (retention, record size) are the
+    operator's to tune. Returns the names created. ``replication`` defaults
+    to min(3, brokers).
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -182,6 +189,15 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: 
                     f"topic {spec.name} has {have} partitions, this installation uses "
                     f"{spec.partitions}; deployments would move partitions (use another "
                     f"--topic-prefix, or recreate the topics)"
+                )
+        policies = await _cleanup_policies(admin, [s.name for s in specs if s.name in existing])
+        for spec in specs:
+            want, have = _policy(spec.config.get("cleanup.policy", "delete")), policies.get(spec.name)
+            if have is not None and _policy(have) != want:
+                raise TopicMismatch(
+                    f"topic {spec.name} has cleanup.policy {have}, this installation needs "
+                    f"{','.join(sorted(want))}; a changelog must be compacted and an event topic "
+                    f"kept by time (use another --topic-prefix, or alter the topic's cleanup.policy)"
                 )
         missing = [s for s in specs if s.name not in existing]
         created: list[str] = []
@@ -218,6 +234,28 @@ async def partition_counts(bootstrap: str, names: list[str]) -> dict[str, int]:
         return await _partition_counts(admin, names)
     finally:
         await admin.close()
+
+
+def _policy(value: str) -> frozenset[str]:
+    """A ``cleanup.policy`` value as a set: ``compact,delete`` and ``delete, compact`` agree."""
+    return frozenset(p.strip() for p in value.split(",") if p.strip())
+
+
+async def _cleanup_policies(admin, names: list[str]) -> dict[str, str]:
+    """The effective ``cleanup.policy`` of each of ``names`` (existing topics only)."""
+    if not names:
+        return {}
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, n, {"cleanup.policy": None}) for n in names])
+    out: dict[str, str] = {}
+    for response in responses:
+        for error_code, _message, _type, name, entries, *_ in response.resources:
+            for key, value, *_ in entries if error_code == 0 else ():
+                if key == "cleanup.policy":
+                    out[name] = value
+    return out
 
 
 async def _partition_counts(admin, names: list[str]) -> dict[str, int]:

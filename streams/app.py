@@ -8,7 +8,7 @@ can never quietly undo them:
   shutdown and rebalances must not wait for them;
 * ``topic_disable_leader``: no leader topic, nothing uses it;
 * ``stream_recovery_delay=0``: recover as soon as partitions are assigned;
-* producer ``acks=all``; records up to 16 MiB (big deployment states).
+* producer ``acks=all`` and idempotent; records up to 16 MiB (big deployment states).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import faust
+from faust.transport.drivers.aiokafka import Producer as KafkaProducer
 
 from fleetplan.streams.router import SNAPSHOT_EVERY_SECONDS
 from fleetplan.streams.topics import MAX_RECORD_BYTES, Topics
@@ -62,6 +63,26 @@ class WorkerSettings:
         return Topics(self.topic_prefix)
 
 
+class IdempotentProducer(KafkaProducer):
+    """Faust's aiokafka producer with idempotence on (Faust turns it on only for exactly-once).
+
+    aiokafka retries a send whose connection dropped before the broker's
+    answer (a broker restart, a network blip); without sequence numbers the
+    broker appends the retry too, so a decision would be on its topic twice,
+    which the audit refuses as a decision id recorded again.
+    """
+
+    def _settings_extra(self):
+        return {**super()._settings_extra(), "enable_idempotence": True}
+
+
+class WorkerApp(faust.App):
+    """The worker's Faust app: its producer is :class:`IdempotentProducer`."""
+
+    def _new_producer(self):
+        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+
+
 def create_app(settings: WorkerSettings) -> faust.App:
     Path(settings.datadir).mkdir(parents=True, exist_ok=True)
     options = dict(
@@ -93,4 +114,4 @@ def create_app(settings: WorkerSettings) -> faust.App:
         options["topic_replication_factor"] = settings.replication
     if settings.instance_id:
         options["consumer_group_instance_id"] = settings.instance_id
-    return faust.App(settings.app_id, **options)
+    return WorkerApp(settings.app_id, **options)

@@ -178,3 +178,17 @@ def test_a_revoked_partition_leaves_none_of_its_gauges_behind(worker, monkeypatc
         assert series("fleetplan_ticks_total")
 
     asyncio.run(main())
+
+
+def test_the_workers_producer_is_idempotent(tmp_path):
+    """A send retried after a lost acknowledgement (a dropped connection, a broker restart)
+    must not write a decision twice: the audit refuses a decision id recorded again."""
+    settings = WorkerSettings(bootstrap="127.0.0.1:1", store="memory://", datadir=str(tmp_path), partitions=1)
+    app = create_app(settings)
+
+    async def main():
+        return app.producer._new_producer()
+
+    producer = asyncio.run(main())
+    assert producer._txn_manager is not None  # aiokafka's idempotence: sequence numbers per partition
+    assert producer._max_request_size >= 16 * 1024 * 1024

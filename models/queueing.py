@@ -20,8 +20,9 @@ busy engines on average) and, if it waits, longer than t with probability
 with ``budget = ttft - service`` (the TTFT left after the prompt's own
 pass) and ``share`` the SLA attainment aimed for (``queueing_sla_share``).
 With the window's length mix the budget is per class of prompt (one per
-ISL bucket, ``models/mix.py``): all classes share the queue, each has its
-own ``budget``, and the share is met on the share-weighted average. Classes
+(ISL, OSL) bucket of ``models/mix.py``, at the bucket's mean prompt): all
+classes share the queue, each has its own ``budget``, and the share is met
+on the share-weighted average. Classes
 whose own pass already takes the whole TTFT are left out. That matters at
 tight targets on long-prompt traffic, where the *mean* prompt cannot meet
 the TTFT at all and a mean-based floor would have nothing to say, while

@@ -203,6 +203,7 @@ class KafkaOrchestratorClient(OrchestratorClient):
         self._inflight: dict[TopicPartition, set[int]] = {}
         self._next: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
+        self._answered: dict[str, int] = {}  # deployment -> highest decision_id completed here
         self._fetch_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -291,6 +292,8 @@ class KafkaOrchestratorClient(OrchestratorClient):
             self._acks_topic, encode_event(ack), key=decision.deployment.encode()
         )
         self._handed.discard(key)
+        self._answered[decision.deployment] = max(self._answered.get(decision.deployment, -1),
+                                                  decision.decision_id)
         place = self._pending.pop(key, None)
         if place is None:
             return True  # a concurrent call for the same decision got there first
@@ -317,7 +320,7 @@ class KafkaOrchestratorClient(OrchestratorClient):
                     self._inflight.setdefault(tp, set()).add(record.offset)
                     self._next[tp] = record.offset + 1
                     decision = self._parse(record)
-                    if decision is None or decision.advisory:
+                    if decision is None or decision.advisory or self._known(decision, tp, record.offset):
                         self._mark_done(tp, record.offset)
                         continue
                     self._pending[(decision.deployment, decision.decision_id)] = (tp, record.offset)
@@ -327,6 +330,25 @@ class KafkaOrchestratorClient(OrchestratorClient):
                     await self._commit()
                 except KafkaError as err:
                     log.warning("commit failed: %s", err)
+
+    def _known(self, decision: Decision, tp: TopicPartition, offset: int) -> bool:
+        """Whether another record already brought this decision: answered here, or pending.
+
+        A decision can be recorded twice on its topic (the worker re-sends
+        an outbox it cannot find on the topic). The copy is the same
+        decision: it is done with its first record, and its own offset is
+        done at once. Queued as pending, it replaced the first record's
+        offset, which then stayed open and held the partition's commit for
+        good (every restart yielded the decision again); arriving after the
+        first was completed, it was yielded again, and the orchestrator
+        went back to an answered decision's targets. One older than a
+        decision answered here is past as well. The same record delivered
+        again (a rebalance) is not a copy: it stands for its decision.
+        """
+        if decision.decision_id <= self._answered.get(decision.deployment, -1):
+            return True
+        place = self._pending.get((decision.deployment, decision.decision_id))
+        return place is not None and place != (tp, offset)
 
     def _parse(self, record) -> Decision | None:
         try:

@@ -306,3 +306,36 @@ async def test_the_commit_never_passes_a_decision_not_yet_completed(client, cons
     assert await client.complete(decision, "applied")
     assert acks(producer) == [("mistral", 1, "superseded"), ("mistral", 2, "applied")]
     assert consumer.commits and all(c[P0] == 3 for c in consumer.commits if P0 in c)
+
+
+async def test_a_copy_at_another_offset_does_not_hold_the_commit(client, consumer, producer):
+    """A decision recorded twice on its topic (the worker re-sending an outbox it could not
+    find on the topic) is one decision: completing it commits past both records. Before, the
+    first record's offset stayed open for good, and every restart yielded, applied and acked
+    the decision again."""
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    consumer.deliver(P0, 8, make_decision("llama", 5))  # the same decision, recorded again
+    await settle()
+
+    decision = await next_of(client.decisions("llama"))
+    assert await client.complete(decision, "applied")
+
+    assert acks(producer) == [("llama", 5, "applied")]
+    assert consumer.commits[-1] == {P0: 9}
+
+
+async def test_a_copy_of_a_completed_decision_is_not_yielded_again(client, consumer, producer):
+    """Not even once the original was completed: yielded again, the orchestrator would move
+    the fleet back to an answered decision's targets, after a newer one's too."""
+    decisions = client.decisions("llama")
+    consumer.deliver(P0, 7, make_decision("llama", 5))
+    assert await client.complete(await next_of(decisions), "applied")
+    consumer.deliver(P0, 8, make_decision("llama", 5))  # recorded again
+    consumer.deliver(P0, 9, make_decision("llama", 6))
+    assert await client.complete(await next_of(decisions), "applied")
+    consumer.deliver(P0, 10, make_decision("llama", 5))  # older than the one answered
+
+    with pytest.raises(TimeoutError):
+        await next_of(decisions, timeout_s=0.2)
+    assert acks(producer) == [("llama", 5, "applied"), ("llama", 6, "applied")]
+    assert consumer.commits[-1] == {P0: 11}

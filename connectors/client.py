@@ -87,6 +87,22 @@ def _observed(decision: Decision, status: str, observed: Mapping[str, int] | Non
     return dict(decision.targets) if status == "applied" else {}
 
 
+def _ack(decision: Decision, status: str, observed: Mapping[str, int] | None, error: str | None) -> Ack:
+    """The ack of an answer; raises ``ValueError`` naming the field the ack schema refuses.
+
+    Both clients build it before anything is written, so an answer that
+    cannot become an ack leaves the decision current, over Kafka and over
+    Redis alike. Over Redis the connector would read such an answer back as
+    ``failed`` (a status it does not know) or drop its counts (roles it
+    does not know), after the orchestrator had moved the fleet.
+    """
+    return Ack(
+        deployment=decision.deployment, time=max(time.time(), decision.time),
+        decision_id=decision.decision_id, status=status,
+        observed=_observed(decision, status, observed), error=ack_error(error),
+    )
+
+
 # --- Redis -------------------------------------------------------------------------
 
 class RedisOrchestratorClient(OrchestratorClient):
@@ -134,11 +150,11 @@ class RedisOrchestratorClient(OrchestratorClient):
         self, decision: Decision, status: AckStatus = "applied", *,
         observed: Mapping[str, int] | None = None, error: str | None = None,
     ) -> bool:
+        ack = _ack(decision, status, observed, error)
         keys = VirtualKeys.of(decision.deployment, self._prefix)
         written = await self._complete(
             keys=[keys.state, keys.completed],
-            args=[decision.decision_id, status,
-                  orjson.dumps(_observed(decision, status, observed)), error or "",
+            args=[decision.decision_id, ack.status, orjson.dumps(ack.observed), ack.error or "",
                   f"{time.time():.3f}"],
         )
         return bool(written)
@@ -283,11 +299,7 @@ class KafkaOrchestratorClient(OrchestratorClient):
         # Built and sent before the decision stops being pending: a bad ``observed`` or a
         # Kafka error raises to the caller with the decision still pending, so calling
         # again sends the ack (a duplicate ack is harmless, a lost one holds the commit).
-        ack = Ack(
-            deployment=decision.deployment, time=max(time.time(), decision.time),
-            decision_id=decision.decision_id, status=status,
-            observed=_observed(decision, status, observed), error=ack_error(error),
-        )
+        ack = _ack(decision, status, observed, error)
         await self._producer.send_and_wait(
             self._acks_topic, encode_event(ack), key=decision.deployment.encode()
         )

@@ -204,3 +204,25 @@ async def test_the_redis_client_yields_a_desired_decision_once(aredis, redis_key
         assert seen == three
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(anext(decisions), 0.3)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(("status", "observed", "named"), [
+    ("done", None, "status"),
+    ("applied", {"decode": 2, "gpus": 8}, "observed.gpus"),
+    ("applied", {"decode": -1}, "observed.decode"),
+])
+async def test_the_redis_client_refuses_what_the_ack_schema_refuses(aredis, redis_key_prefix,
+                                                                    status, observed, named):
+    """As the Kafka client does, naming the field, with the decision still due. Before, it
+    wrote the answer and returned True; the connector then acked a status it could not read as
+    ``failed`` (the fleet had moved) and dropped counts under other names without a word."""
+    prefix = f"{redis_key_prefix}virtual"
+    keys = VirtualKeys.of("llama", prefix)
+    three = make_decision("llama", 3, decode=2)
+    await VirtualApplier(aredis, prefix=prefix)._write(keys, three)
+    async with RedisOrchestratorClient(client=aredis, prefix=prefix) as client:
+        with pytest.raises(ValueError, match=named):
+            await client.complete(three, status, observed=observed)
+        assert await aredis.hget(keys.state, "scaled_decision_id") is None
+        assert await client.complete(three, "applied", observed={"decode": 2})

@@ -83,7 +83,7 @@ class OrchestratorClient(abc.ABC):
 
 def _observed(decision: Decision, status: str, observed: Mapping[str, int] | None) -> dict:
     if observed is not None:
-        return {str(k): int(v) for k, v in observed.items()}
+        return {str(k): v for k, v in observed.items()}  # the ack's schema checks the counts, naming each
     return dict(decision.targets) if status == "applied" else {}
 
 

@@ -211,6 +211,7 @@ async def test_the_redis_client_yields_a_desired_decision_once(aredis, redis_key
     ("done", None, "status"),
     ("applied", {"decode": 2, "gpus": 8}, "observed.gpus"),
     ("applied", {"decode": -1}, "observed.decode"),
+    ("applied", {"decode": "x"}, "observed.decode"),  # was a bare int() error naming nothing
 ])
 async def test_the_redis_client_refuses_what_the_ack_schema_refuses(aredis, redis_key_prefix,
                                                                     status, observed, named):

@@ -52,6 +52,13 @@ class DailyProfile:
     fitted, only forgotten: its covariance grew by 1/forget a window and
     the coefficients diverged (1e19 after 1,000 windows; later a NaN the
     state cannot carry, or fsum raising).
+
+    The ensemble fits only busy windows, so a deployment idle part of the
+    day shows the fit fewer phases than it has coefficients whatever K is
+    (at 2-hour windows, busy 08:00-16:00: 4 phases of 7 coefficients, and
+    the fit diverged within a year). So no coefficient's variance grows
+    past ``P0`` times what a day of forgetting adds: a fitted direction's
+    stays far below that, one no window excites is held there.
     """
 
     P0 = 100.0  # initial covariance: the first day moves the coefficients freely
@@ -167,10 +174,24 @@ class DailyProfile:
                 v = (cov[i][j] - gain[i] * px[j]) / forget
                 cov[i][j] = v
                 cov[j][i] = v
+        self._bound_covariance(forget)
         # the running residual scale, a time constant of about a day
         rate = max(1.0 / self.windows_per_day, 1.0 / (self._updates + 1))
         self._abs_residual += rate * (abs(residual) - self._abs_residual)
         self._updates += 1
+
+    def _bound_covariance(self, forget: float) -> None:
+        """Scale down the rows and columns whose variance passed the bound (``D P D``: still
+        symmetric and positive semi-definite), so an unexcited direction stops growing."""
+        bound = self.P0 / forget ** self.windows_per_day
+        cov = self._cov
+        n = len(cov)
+        scale = [math.sqrt(bound / cov[i][i]) if cov[i][i] > bound else 1.0 for i in range(n)]
+        if all(s == 1.0 for s in scale):
+            return
+        for i in range(n):
+            for j in range(n):
+                cov[i][j] *= scale[i] * scale[j]
 
     # --- state ---------------------------------------------------------------
 

@@ -534,7 +534,7 @@ class ConnectorService:
                 observed = await self.applier.recover(decision)
             else:
                 observed = await self.applier.apply(decision)
-            outcome = Outcome("applied", {k: int(v) for k, v in observed.items() if k in ROLES})
+            outcome = Outcome("applied", _role_counts(decision, observed))
         except Superseded as err:
             outcome = Outcome("superseded", {}, str(err))
         except ApplyFailed as err:
@@ -646,3 +646,12 @@ class ConnectorService:
             done = offsets.committable()
             if high is not None and done is not None:
                 self.metrics.lag.labels(str(tp.partition)).set(max(0, high - done))
+
+
+def _role_counts(decision: Decision, observed) -> dict[str, int]:
+    """The observed counts an ack carries: those of roles; any other name is said, then dropped."""
+    others = sorted(str(k) for k in observed if k not in ROLES)
+    if others:
+        log.warning("%s decision %d: observed %s not a role (%s): left out of the ack", decision.deployment,
+                    decision.decision_id, ", ".join(others), ", ".join(ROLES))
+    return {k: int(v) for k, v in observed.items() if k in ROLES}

@@ -450,3 +450,19 @@ async def test_a_failed_ack_mark_is_retried_without_sending_or_counting_the_ack_
     assert metrics.registry.get_sample_value(
         "fleetplan_connector_decisions_total", {"backend": "log", "outcome": "applied"}) == 1
     assert metrics.registry.get_sample_value("fleetplan_connector_errors_total", {"component": "redis"}) == 1
+
+
+async def test_observed_counts_of_roles_the_ack_cannot_carry_are_dropped_with_a_warning(caplog):
+    """An orchestrator that reports {"gpus": 8} beside its roles (written straight into the
+    virtual backend's hash) had the count dropped from the ack without a word (until 2026-12-05)."""
+
+    class _Reporting(LogApplier):
+        async def apply(self, decision):
+            return {**decision.targets, "gpus": 8}
+
+    service = ConnectorService(_Reporting(), ledger=_AckMarkFailsLedger(), metrics=ConnectorMetrics("log"),
+                               settings=ServiceSettings("unused:1"))
+    with caplog.at_level(logging.WARNING, logger="fleetplan.connector"):
+        outcome = await service._apply(make_decision("llama", 1), recover=False)
+    assert outcome.status == "applied" and "gpus" not in outcome.observed
+    assert any("gpus" in r.getMessage() and "not a role" in r.getMessage() for r in caplog.records)

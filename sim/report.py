@@ -67,7 +67,7 @@ def write_report(
         ("sized_rps", "sized-for rps (planner)", "#d62728", "dash"),
         ("window_sized_rps", "window sized-for rps (prefill rate count)", "#ff7f0e", "dot"),
     ):
-        pts = [(t["t"], t[key]) for t in main.ticks if key in t]
+        pts = _series(main.ticks, key, "throughput_reason")
         if pts:
             fig.add_trace(_line(pts, name, color, dash, "load"), row=1, col=1)
 
@@ -104,7 +104,7 @@ def write_report(
 
     for role in main.timeline.roles:
         # the load loop alone keeps each role at or above what the measured traffic needs
-        floor = [(t["t"], t[f"{role}_measured_floor"]) for t in main.ticks if f"{role}_measured_floor" in t]
+        floor = _series(main.ticks, f"{role}_measured_floor", "load_reason")
         if floor:
             fig.add_trace(_line(floor, f"measured floor ({role})", "#9467bd", "dot", "estimates"), row=2, col=1)
     for d in main.retune or []:
@@ -115,7 +115,7 @@ def write_report(
                           annotation_text=text, annotation_position="top left")
     for key, row in (("est_ttft_ms", 3), ("est_itl_ms", 4)):
         for role in main.timeline.roles:
-            pts = [(t["t"], t[f"{role}_{key}"]) for t in main.ticks if f"{role}_{key}" in t]
+            pts = _series(main.ticks, f"{role}_{key}", "load_reason")
             if pts:
                 fig.add_trace(_line(pts, f"planner estimate ({role})", "#17becf", "dashdot", "estimates"), row=row, col=1)
     for value, row, label in ((ttft_ms, 3, "TTFT SLA"), (itl_ms, 4, "ITL SLA")):
@@ -132,6 +132,16 @@ def write_report(
     path = Path(path)
     fig.write_html(path, include_plotlyjs=True, full_html=True)
     return path
+
+
+def _series(ticks: list[dict], key: str, loop: str) -> list[tuple[float, float | None]]:
+    """``key`` at every tick where ``loop`` (the tick row's reason column) ran: None where it
+    ran and had no value (the load loop waiting on a decision in flight), so the line breaks
+    there; a line joining the ticks that had one drew minutes of estimates the planner never
+    made. Empty when no tick has one."""
+    idle = (None, "not_due", "disabled")
+    pts = [(t["t"], t.get(key)) for t in ticks if key in t or t.get(loop) not in idle]
+    return pts if any(v is not None for _, v in pts) else []
 
 
 def _line(points, name, color, dash, group):

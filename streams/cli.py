@@ -172,7 +172,7 @@ def worker(
     """
     from fleetplan.cli import ensure_output_dir
     from fleetplan.streams.app import WorkerSettings, default_store
-    from fleetplan.streams.topics import TopicMismatch
+    from fleetplan.streams.topics import TopicCreationError, TopicMismatch
     from fleetplan.streams.worker import run_worker
 
     _check_finite(batch_within=batch_within, idle_after=idle_after, session_timeout=session_timeout,
@@ -193,7 +193,7 @@ def worker(
     try:
         with _reaching_kafka(settings.bootstrap):
             run_worker(settings)
-    except (*_start_errors(), TopicMismatch) as err:
+    except (*_start_errors(), TopicMismatch, TopicCreationError) as err:
         _fail(str(err))
 
 
@@ -313,7 +313,7 @@ def bridge(
 
     from fleetplan.connectors.bridge import BridgeSettings, parse_endpoints, run_bridge
     from fleetplan.streams.gc_settings import tune_gc
-    from fleetplan.streams.topics import TopicMismatch
+    from fleetplan.streams.topics import TopicCreationError, TopicMismatch
 
     sub, pull = sub or [], pull or []
     if not sub and not pull:
@@ -336,7 +336,7 @@ def bridge(
     try:
         with _reaching_kafka(settings.bootstrap):
             asyncio.run(run_bridge(settings))
-    except TopicMismatch as err:
+    except (TopicMismatch, TopicCreationError) as err:
         _fail(str(err))
 
 

@@ -161,6 +161,10 @@ class TopicMismatch(RuntimeError):
     """An existing topic whose partition count or cleanup policy differs from the installation's."""
 
 
+class TopicCreationError(RuntimeError):
+    """The broker refused to create a topic: the user's to fix (``--replication``, its policies)."""
+
+
 async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: int | None = None) -> list[str]:
     """Create the missing topics; fail if an existing one has another partition count
     or cleanup policy.
@@ -209,8 +213,10 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: 
             for name, code, *rest in response.topic_errors:
                 if code == 0:
                     created.append(name)
+                elif code == _INVALID_REPLICATION_FACTOR:  # more replicas than brokers
+                    raise TopicCreationError(f"--replication {rf}: cannot create topic {name} ({rest[0] if rest else code})")
                 elif code != _TOPIC_ALREADY_EXISTS:  # a concurrent process won the race
-                    raise RuntimeError(f"cannot create topic {name}: error {code} {rest}")
+                    raise TopicCreationError(f"cannot create topic {name}: error {code} {rest}")
             again = await _partition_counts(admin, [s.name for s in missing])
             for spec in missing:
                 if again.get(spec.name, spec.partitions) != spec.partitions:
@@ -222,6 +228,7 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: 
 
 
 _TOPIC_ALREADY_EXISTS = 36
+_INVALID_REPLICATION_FACTOR = 38
 
 
 async def partition_counts(bootstrap: str, names: list[str]) -> dict[str, int]:

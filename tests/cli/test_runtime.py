@@ -252,3 +252,20 @@ def test_the_worker_snapshots_each_hour_by_default():
 
     default = inspect.signature(worker).parameters["snapshot_every"].default
     assert default == WorkerSettings().snapshot_every_s == SNAPSHOT_EVERY_SECONDS == 3600
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("command", ["worker", "bridge"])
+def test_a_replication_factor_the_cluster_cannot_hold_is_named(tmp_path, kafka_bootstrap, command):
+    """The broker refuses the topics; until 2026-12-05 that ended in a RuntimeError traceback, exit 1."""
+    import uuid
+
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    common = ["--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--partitions", "1", "--replication", "99"]
+    if command == "worker":
+        result = _run("worker", *common, "--store", "memory://", "--datadir", tmp_path / "state",
+                      "--app-id", f"{prefix}worker")
+    else:
+        result = _run("bridge", *common, "--pull", f"tcp://127.0.0.1:{_closed_port()}")
+    assert result.exit_code == 2
+    assert "--replication 99: cannot create topic " in _one_error_line(result)

@@ -114,6 +114,10 @@ class Endpoint:
         return f"zmq:{self.kind}:{self.address}"
 
 
+class EndpointError(ValueError):
+    """A ZMQ endpoint the bridge cannot bind or connect to, named by its option."""
+
+
 def parse_endpoints(sub: list[str], pull: list[str]) -> list[Endpoint]:
     """``--sub`` connects unless given as ``bind:ADDR``; ``--pull`` binds unless ``connect:ADDR``."""
     out: list[Endpoint] = []
@@ -137,9 +141,9 @@ _ZMQ_TRANSPORTS = ("tcp", "ipc", "inproc")
 def _address_problem(address: str, bind: bool) -> str | None:
     """What is wrong with a ZMQ address that can be told before binding, or None.
 
-    The sockets are opened after the Kafka topics are created; an address
-    ZMQ would refuse then (an unknown transport, a tcp address without a
-    port, a wildcard host to connect to) is refused here, at start.
+    An address ZMQ would take but never reach (a tcp address without a port,
+    a wildcard host to connect to) is refused here, before any connection;
+    one it refuses only when binding is named by ``Bridge.start``.
     """
     transport, sep, rest = address.partition("://")
     if not sep or transport not in _ZMQ_TRANSPORTS or not rest:
@@ -439,34 +443,58 @@ class Bridge:
         from fleetplan.streams.topics import MAX_RECORD_BYTES, ensure_topics, event_log_specs
 
         s = self.settings
-        if s.create_topics:
-            await ensure_topics(s.bootstrap, event_log_specs(self.topics, s.partitions), replication=s.replication)
-        if self.producer is None:
-            self.producer = AIOKafkaProducer(
-                bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
-                max_batch_size=s.max_batch_bytes, max_request_size=MAX_RECORD_BYTES,
-                request_timeout_ms=30_000, retry_backoff_ms=200,
-            )
-        await self.producer.start()
-        for ep in s.endpoints:
-            sock = self.ctx.socket(zmq.SUB if ep.kind == "sub" else zmq.PULL)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # larger messages are dropped by ZMQ
-            if ep.kind == "sub":
-                sock.setsockopt(zmq.SUBSCRIBE, b"")
-            if ep.bind:
-                sock.bind(ep.address)
-                self.bound.append(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
-            else:
-                sock.connect(ep.address)
-                self.bound.append(ep.address)
-            self.sockets.append((ep, sock))
+        self._open_sockets()  # first: an address ZMQ refuses stops it before the topics are created
+        try:
+            if s.create_topics:
+                await ensure_topics(s.bootstrap, event_log_specs(self.topics, s.partitions),
+                                    replication=s.replication)
+            if self.producer is None:
+                self.producer = AIOKafkaProducer(
+                    bootstrap_servers=s.bootstrap, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
+                    max_batch_size=s.max_batch_bytes, max_request_size=MAX_RECORD_BYTES,
+                    request_timeout_ms=30_000, retry_backoff_ms=200,
+                )
+            await self.producer.start()
+        except BaseException:
+            self._close_sockets()  # a later start (a test's) can bind them again
+            raise
         loop = asyncio.get_running_loop()
         for ep, sock in self.sockets:
             self._tasks.append(loop.create_task(self._receive(ep, sock), name=f"receive {ep.label}"))
         self._tasks.append(loop.create_task(self._send_loop(), name="send"))
         self._tasks.append(loop.create_task(self._tick_loop(), name="pack and heartbeat"))
         log.info("bridge up: %s -> %s", ", ".join(self.bound), s.bootstrap)
+
+    def _open_sockets(self) -> None:
+        """Bind or connect every endpoint; nothing is read from them until the receivers start.
+
+        An address ZMQ refuses only when it is bound (a port in use, an ipc path
+        without its directory, a host not this machine's) raises EndpointError naming it.
+        """
+        for ep in self.settings.endpoints:
+            sock = self.ctx.socket(zmq.SUB if ep.kind == "sub" else zmq.PULL)
+            self.sockets.append((ep, sock))
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # larger messages are dropped by ZMQ
+            if ep.kind == "sub":
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+            try:
+                if ep.bind:
+                    sock.bind(ep.address)
+                    self.bound.append(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+                else:
+                    sock.connect(ep.address)
+                    self.bound.append(ep.address)
+            except zmq.ZMQError as err:
+                self._close_sockets()
+                verb = "bind" if ep.bind else "connect to"
+                raise EndpointError(f"--{ep.kind}: cannot {verb} {ep.address} ({err.strerror})") from None
+
+    def _close_sockets(self) -> None:
+        for _, sock in self.sockets:
+            sock.close()
+        self.sockets.clear()
+        self.bound.clear()
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Stop reading, flush what was accepted (up to ``drain_timeout_s``), close."""

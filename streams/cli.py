@@ -311,7 +311,12 @@ def bridge(
     import asyncio
     import logging
 
-    from fleetplan.connectors.bridge import BridgeSettings, parse_endpoints, run_bridge
+    from fleetplan.connectors.bridge import (
+        BridgeSettings,
+        EndpointError,
+        parse_endpoints,
+        run_bridge,
+    )
     from fleetplan.streams.gc_settings import tune_gc
     from fleetplan.streams.topics import TopicCreationError, TopicMismatch
 
@@ -336,7 +341,7 @@ def bridge(
     try:
         with _reaching_kafka(settings.bootstrap):
             asyncio.run(run_bridge(settings))
-    except (TopicMismatch, TopicCreationError) as err:
+    except (TopicMismatch, TopicCreationError, EndpointError) as err:
         _fail(str(err))
 
 

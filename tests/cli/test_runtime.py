@@ -269,3 +269,14 @@ def test_a_replication_factor_the_cluster_cannot_hold_is_named(tmp_path, kafka_b
         result = _run("bridge", *common, "--pull", f"tcp://127.0.0.1:{_closed_port()}")
     assert result.exit_code == 2
     assert "--replication 99: cannot create topic " in _one_error_line(result)
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:{held}", "ipc:///nonexistent/dir/bridge.sock"])
+def test_bridge_names_an_endpoint_it_cannot_bind_before_kafka(endpoint):
+    """A port in use or a socket path without its directory: until 2026-12-05 a ZMQError traceback,
+    exit 1, after the topics were created."""
+    with _held_port() as held:
+        address = endpoint.format(held=held.getsockname()[1])
+        result = _run("bridge", "--bootstrap", f"127.0.0.1:{_closed_port()}", "--pull", address)
+    assert result.exit_code == 2
+    assert f"--pull: cannot bind {address} (" in _one_error_line(result)

@@ -24,6 +24,7 @@ from fleetplan.schemas.events import ROLES
 
 DEFAULT_BOOTSTRAP = "localhost:9092"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+MAX_KAFKA_INT32 = 2**31 - 1
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -137,9 +138,9 @@ def connector(
             raise ConnectorConfigError("--metrics-port", f"must be 0..65535, got {metrics_port}")
         check_seconds("--claim-lease", claim_lease)
         check_seconds("--completion-timeout", completion_timeout)
-        if session_timeout_ms <= 0:
-            raise ConnectorConfigError("--session-timeout-ms",
-                                       f"must be a positive number of milliseconds, got {session_timeout_ms}")
+        if not 0 < session_timeout_ms <= MAX_KAFKA_INT32:  # Kafka's wire field is a 32-bit int
+            raise ConnectorConfigError("--session-timeout-ms", f"must be a positive number of milliseconds "
+                                       f"up to {MAX_KAFKA_INT32}, got {session_timeout_ms}")
         if dgd and backend is not Backend.kubernetes:
             raise ConnectorConfigError("--dgd", "only applies to --backend kubernetes")
         if backend is Backend.kubernetes:
@@ -194,7 +195,7 @@ def connector(
 
 async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str, claim_lease: float) -> None:
     import redis.asyncio as aioredis
-    from aiokafka.errors import KafkaConnectionError
+    from aiokafka.errors import InvalidSessionTimeoutError, KafkaConnectionError
 
     from fleetplan.connectors.ledger import Ledger, connect
     from fleetplan.connectors.worker import ConnectorService
@@ -220,6 +221,11 @@ async def _serve(settings, make_applier, redis_url: str, ledger_prefix: str, cla
         except KafkaConnectionError as err:
             raise ConnectorConfigError(
                 "--bootstrap", f"cannot reach Kafka at {settings.bootstrap} ({err})"
+            ) from None
+        except InvalidSessionTimeoutError:  # its range is the broker's setting, known only at the join
+            raise ConnectorConfigError(
+                "--session-timeout-ms", f"the broker refuses {settings.session_timeout_ms} ms (outside its "
+                "group.min.session.timeout.ms..group.max.session.timeout.ms, 6000..1800000 by default)"
             ) from None
         except OSError as err:
             raise ConnectorConfigError("--metrics-port", f"cannot listen ({err})") from None

@@ -51,6 +51,9 @@ def run(*args: str):
     # a duration like the others: a broker refuses it only at the group join, after Redis and Kafka
     (["--backend", "log", "--session-timeout-ms", "-5", "--redis-url", "redis://127.0.0.1:1/0"],
      "--session-timeout-ms"),
+    # past a 32-bit int: aiokafka raised a KafkaError traceback at the group join
+    (["--backend", "log", "--session-timeout-ms", "99999999999", "--redis-url", "redis://127.0.0.1:1/0"],
+     "--session-timeout-ms"),
 ])
 def test_config_errors_name_the_option(args, field):
     result = run(*args)
@@ -80,3 +83,19 @@ async def test_a_missing_dgd_stops_the_connector_at_start(fake_k8s, tmp_path, re
     out, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert "fleetplan: error: --dgd: DynamoGraphDeployment default/llama" in out.decode()
+
+
+@pytest.mark.redis
+@pytest.mark.kafka
+@pytest.mark.parametrize("session_timeout_ms", ["100", "3600000"])
+def test_a_session_timeout_the_broker_refuses_is_named(kafka_bootstrap, redis_url, redis_key_prefix,
+                                                       kafka_topic_factory, session_timeout_ms):
+    """Outside the broker's group.min/max.session.timeout.ms (6 s..30 min by default): until
+    2026-12-05 an InvalidSessionTimeoutError traceback, exit 1."""
+    decisions = kafka_topic_factory("decisions")
+    result = run("--backend", "log", "--bootstrap", kafka_bootstrap, "--redis-url", redis_url,
+                 "--ledger-prefix", f"{redis_key_prefix}ledger", "--metrics-port", "0",
+                 "--decisions-topic", decisions, "--group-id", decisions,
+                 "--session-timeout-ms", session_timeout_ms)
+    assert result.exit_code == 2, result.output
+    assert "fleetplan: error: --session-timeout-ms: the broker refuses " in result.output

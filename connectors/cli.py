@@ -93,6 +93,24 @@ def default_namespace() -> str:
         return "default"
 
 
+MAX_NAME_LENGTH = 256
+"""The longest deployment name an event carries (``schemas.events.Name``)."""
+
+
+def redis_db_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL's database, if anything: redis-py reads a path that is not a
+    number as database 0, so the ledger would live where the operator did not put it."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    if parsed.scheme not in ("redis", "rediss"):  # unix://: the path is the socket's
+        return None
+    path = parsed.path.strip("/")
+    if path and not (path.isascii() and path.isdigit()):
+        return f"{url}: the database must be a number >= 0 (redis://HOST:PORT/DB), got {path!r}"
+    return None
+
+
 def connector(
     backend: Annotated[Backend, typer.Option(help="where decisions go")],
     bootstrap: Annotated[str, typer.Option(envvar="FLEETPLAN_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers")] = DEFAULT_BOOTSTRAP,
@@ -131,6 +149,12 @@ def connector(
                                 ("--deadletter-topic", topic_name_problem(deadletter_topic))):
             if problem is not None:
                 raise ConnectorConfigError(option, problem)
+        for name in deployments:
+            if not 1 <= len(name) <= MAX_NAME_LENGTH:  # the events' name bounds: no decision carries another
+                raise ConnectorConfigError("--deployment", f"a name of 1 to {MAX_NAME_LENGTH} characters, "
+                                                           f"got {len(name)}")
+        if (problem := redis_db_problem(redis_url)) is not None:
+            raise ConnectorConfigError("--redis-url", problem)
         if not group_id:
             # Kafka refuses an empty group at the join, after Redis and the broker were reached
             raise ConnectorConfigError("--group-id", "must not be empty")

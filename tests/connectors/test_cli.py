@@ -54,11 +54,30 @@ def run(*args: str):
     # past a 32-bit int: aiokafka raised a KafkaError traceback at the group join
     (["--backend", "log", "--session-timeout-ms", "99999999999", "--redis-url", "redis://127.0.0.1:1/0"],
      "--session-timeout-ms"),
+    # names no decision can carry: every decision was skipped and committed past (until 2026-12-05)
+    (["--backend", "log", "--deployment", "", "--redis-url", "redis://127.0.0.1:1/0"], "--deployment"),
+    (["--backend", "log", "--deployment", "d" * 257, "--redis-url", "redis://127.0.0.1:1/0"], "--deployment"),
 ])
 def test_config_errors_name_the_option(args, field):
     result = run(*args)
     assert result.exit_code == 2, result.output
     assert f"fleetplan: error: {field}:" in result.output
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/x", "redis://127.0.0.1:1/-1", "redis://127.0.0.1:1/0/1"])
+def test_a_redis_database_that_is_not_a_number_is_refused_before_redis_is_reached(url):
+    """redis-py took database 0 for such a URL without a word (until 2026-12-05), so the ledger
+    lived where the operator had not put it."""
+    result = run("--backend", "log", "--redis-url", url)
+    assert result.exit_code == 2, result.output
+    assert f"fleetplan: error: --redis-url: {url}: the database must be a number >= 0" in result.output
+
+
+def test_a_unix_socket_redis_url_is_not_read_as_a_database():
+    from fleetplan.connectors.cli import redis_db_problem
+
+    assert redis_db_problem("unix:///run/redis/redis.sock?db=2") is None
+    assert redis_db_problem("redis://127.0.0.1:6379/3") is None and redis_db_problem("redis://h") is None
 
 
 def test_role_and_dgd_mappings():

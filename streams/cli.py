@@ -172,7 +172,7 @@ def worker(
     """
     from fleetplan.cli import ensure_output_dir
     from fleetplan.streams.app import WorkerSettings, default_store
-    from fleetplan.streams.topics import TopicCreationError, TopicMismatch
+    from fleetplan.streams.topics import SessionTimeoutRefused, TopicCreationError, TopicMismatch
     from fleetplan.streams.worker import run_worker
 
     _check_finite(batch_within=batch_within, idle_after=idle_after, session_timeout=session_timeout,
@@ -193,7 +193,7 @@ def worker(
     try:
         with _reaching_kafka(settings.bootstrap):
             run_worker(settings)
-    except (*_start_errors(), TopicMismatch, TopicCreationError) as err:
+    except (*_start_errors(), TopicMismatch, TopicCreationError, SessionTimeoutRefused) as err:
         _fail(str(err))
 
 

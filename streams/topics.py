@@ -165,6 +165,48 @@ class TopicCreationError(RuntimeError):
     """The broker refused to create a topic: the user's to fix (``--replication``, its policies)."""
 
 
+class SessionTimeoutRefused(RuntimeError):
+    """The brokers' group settings refuse the consumer session timeout: the user's to fix."""
+
+
+async def check_session_timeout(bootstrap: str, session_timeout_s: float, option: str = "--session-timeout") -> None:
+    """Refuse a session timeout outside the brokers' ``group.min/max.session.timeout.ms``.
+
+    A consumer whose timeout the broker refuses cannot join its group. aiokafka
+    raises InvalidSessionTimeoutError at the join, but Faust logs it and retries
+    for good, so a worker started with ``--session-timeout 2`` (under the 6-s
+    default minimum) hung without a word of why. Read from the first broker's
+    configuration before anything starts.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        cluster = await admin.describe_cluster()
+        brokers = sorted(b["node_id"] for b in cluster.get("brokers", []))
+        if not brokers:
+            return
+        keys = ("group.min.session.timeout.ms", "group.max.session.timeout.ms")
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(brokers[0]), dict.fromkeys(keys))])
+        bounds: dict[str, int] = {}
+        for response in responses:
+            for error_code, _message, _type, _name, entries, *_ in response.resources:
+                for key, value, *_ in entries if error_code == 0 else ():
+                    if key in keys and value is not None:
+                        bounds[key] = int(value)
+    finally:
+        await admin.close()
+    low, high = bounds.get(keys[0]), bounds.get(keys[1])
+    ms = session_timeout_s * 1000.0
+    if (low is not None and ms < low) or (high is not None and ms > high):
+        raise SessionTimeoutRefused(
+            f"{option}: the brokers take {low / 1000:g} to {high / 1000:g} s "
+            f"(group.min/max.session.timeout.ms), got {session_timeout_s:g}")
+
+
 async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: int | None = None) -> list[str]:
     """Create the missing topics; fail if an existing one has another partition count
     or cleanup policy.

@@ -466,13 +466,19 @@ def run_worker(settings: WorkerSettings) -> None:
 
     from fleetplan.bootstrap import build_planner
     from fleetplan.streams.app import create_app
-    from fleetplan.streams.topics import changelog_specs, ensure_topics, event_log_specs
+    from fleetplan.streams.topics import (
+        changelog_specs,
+        check_session_timeout,
+        ensure_topics,
+        event_log_specs,
+    )
 
     planner = build_planner(settings.config, settings.profile)
     interval = planner.config.throughput_adjustment_interval_seconds
     specs = event_log_specs(settings.topics, settings.partitions) + changelog_specs(
         settings.app_id, settings.partitions, traffic_retention_ms=int(8 * interval * 1000),
     )
+    asyncio.run(check_session_timeout(settings.bootstrap, settings.session_timeout_s))
     asyncio.run(ensure_topics(settings.bootstrap, specs, replication=settings.replication))
     asyncio.set_event_loop(asyncio.new_event_loop())
     app = create_app(settings)

@@ -280,3 +280,20 @@ def test_bridge_names_an_endpoint_it_cannot_bind_before_kafka(endpoint):
         result = _run("bridge", "--bootstrap", f"127.0.0.1:{_closed_port()}", "--pull", address)
     assert result.exit_code == 2
     assert f"--pull: cannot bind {address} (" in _one_error_line(result)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("seconds", ["2", "4000"])
+def test_a_session_timeout_the_brokers_refuse_stops_the_worker_at_start(tmp_path, kafka_bootstrap, seconds):
+    """Under group.min.session.timeout.ms (6 s by default) or over the max (30 min): the worker's
+    Faust consumer logged InvalidSessionTimeoutError at the join and retried for good, a worker
+    hung without a word of why (until 2026-12-05); it now stops before anything starts."""
+    import uuid
+
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    result = _run("worker", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--partitions", "1",
+                  "--store", "memory://", "--datadir", tmp_path / "state", "--app-id", f"{prefix}worker",
+                  "--session-timeout", seconds, "--heartbeat", "0.5")
+    assert result.exit_code == 2
+    assert _one_error_line(result) == (f"fleetplan: error: --session-timeout: the brokers take 6 to 1800 s "
+                                       f"(group.min/max.session.timeout.ms), got {seconds}")

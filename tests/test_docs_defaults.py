@@ -83,12 +83,32 @@ def test_the_config_table_gives_each_fields_default(name):
         assert documented == pytest.approx(actual)
 
 
+CONFIG_INTRO = re.compile(r"^## Config\n(.*?)^Checked when", re.S | re.M)
 SIZING_BLOCK = re.compile(r"^### Sizing: where fleetplan's defaults leave the reference\n.*?^```yaml\n(.*?)^```", re.S | re.M)
+DEFAULTS_NOT_DYNAMOS = ("optimization_target", "load_predictor", "profile_results_dir")
+"""The fields outside ``REFERENCE_SIZING`` whose default is not Dynamo's 1.6.1 default
+(``throughput``, ``arima``, ``profiling_results``: /work/shared/reference/dynamo-planner-notes.md §3)."""
+
+
 def test_the_sizing_block_lists_every_sizing_default_that_is_not_dynamos():
     block = SIZING_BLOCK.search(PLANNER_MD.read_text()).group(1)
     listed = {line.split(":")[0] for line in block.splitlines() if line.strip()}
     differing = {f for f, v in REFERENCE_SIZING.items() if PlannerConfig.model_fields[f].default != v}
     assert listed == differing
+
+
+def test_the_config_section_names_every_default_that_is_not_dynamos():
+    """The section opens with "keeps Dynamo's field names and defaults": it must say which it does not keep.
+
+    Until 2026-12-05 it called ``optimization_target`` "the one deliberate
+    difference", beside ten sizing fields, the predictor and the profile
+    directory whose defaults are not Dynamo's either.
+    """
+    intro = CONFIG_INTRO.search(PLANNER_MD.read_text()).group(1)
+    missing = [f for f in DEFAULTS_NOT_DYNAMOS if f"`{f}`" not in intro]
+    assert not missing, f"planner.md's Config section says it keeps Dynamo's defaults, but does not name {missing}"
+    assert "#sizing-where-fleetplans-defaults-leave-the-reference" in intro
+    assert "one deliberate difference" not in intro
 
 
 # ---- the CLI's options ------------------------------------------------------------------

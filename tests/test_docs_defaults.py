@@ -174,3 +174,35 @@ def test_the_config_table_names_only_config_fields():
             break
         names.update(f for quoted in re.findall(r"`([^`]+)`", _cells(line)[0]) for f in _expand(quoted))
     assert not sorted(names - set(field_names()))
+
+
+RUNTIME_MD = ROOT / "docs" / "runtime.md"
+DEFAULTS_BEFORE = {
+    "target_utilization": "1.0", "hold_scale_down_until_floor": "false", "throughput_sizing": "point",
+    "capacity_mix": "mean", "prefill_sizing": "rate", "prefill_time_model": "linear",
+    "decode_scale_down": "absolute", "sizing_quantile_adapt_rate": "0",
+    "load_predictor": "arima", "queueing_arrivals": "measured", "decode_sizing": "rate", "load_floor": "none",
+    "calibrated_utilization": "null", "uncalibrated_headroom": "full", "burst_sizing": "both",
+    "discovered_engine_ttl_seconds": "0",
+}
+"""Each field whose default changed (or that arrived with a default that changed the fold) since the
+first recorded log (2026-11-30, examples/events/), with the value that gives the behaviour before
+(models/config.py's history; the "default until" notes in planner.md and sizing.md)."""
+
+
+def test_the_audit_section_names_every_default_that_changed():
+    """An audit re-folds with today's defaults, so runtime.md tells how to audit an older log.
+
+    Until 2026-12-05 it said one default had changed (``load_predictor``),
+    so a log recorded with ``burst_sizing`` or ``uncalibrated_headroom`` left
+    unset, followed that advice and still diverged.
+    """
+    text = RUNTIME_MD.read_text()
+    section = text[text.index("The audit recomputes with the config it is given"):]
+    section = section[:section.index("\n\n`--report DIR`")]
+    missing = [f"{f}: {v}" for f, v in DEFAULTS_BEFORE.items() if f"`{f}: {v}`" not in section]
+    assert not missing, f"runtime.md's audit section does not name {missing}"
+    noted = {f for line in PLANNER_MD.read_text().splitlines()
+             if line.startswith("| `") and "the default until" in line
+             for f in re.findall(r"`([a-z_]+)`", _cells(line)[0])}
+    assert noted <= set(DEFAULTS_BEFORE)

@@ -206,3 +206,21 @@ def test_the_audit_section_names_every_default_that_changed():
              if line.startswith("| `") and "the default until" in line
              for f in re.findall(r"`([a-z_]+)`", _cells(line)[0])}
     assert noted <= set(DEFAULTS_BEFORE)
+
+
+FIELD_WITH_NUMBER = re.compile(r"`([a-z_]+)`\s+\((-?[\d,]+(?:\.\d+)?)( s)?\)")
+
+
+def test_a_field_given_with_a_number_in_parentheses_is_given_its_default():
+    """The docs' shorthand "`field` (value)" states the default: the value must be the field's.
+
+    sizing.md gave ``load_scaling_down_sensitivity`` (0.8), a percentage whose
+    default is 80: a config copying it kept a 0.8 % margin.
+    """
+    wrong = []
+    for page in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        for match in FIELD_WITH_NUMBER.finditer(page.read_text()):
+            name, number = match.group(1), float(match.group(2).replace(",", ""))
+            if name in PlannerConfig.model_fields and number != PlannerConfig.model_fields[name].default:
+                wrong.append(f"{page.name}: {match.group(0)}")
+    assert not wrong

@@ -15,6 +15,7 @@ share one broker without reading each other's events.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from aiokafka.partitioner import murmur2
@@ -178,27 +179,16 @@ async def check_session_timeout(bootstrap: str, session_timeout_s: float, option
     default minimum) hung without a word of why. Read from the first broker's
     configuration before anything starts.
     """
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from aiokafka.admin.config_resource import ConfigResourceType
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
-    await admin.start()
-    try:
+    keys = ("group.min.session.timeout.ms", "group.max.session.timeout.ms")
+    async with _admin(bootstrap) as admin:
         cluster = await admin.describe_cluster()
         brokers = sorted(b["node_id"] for b in cluster.get("brokers", []))
         if not brokers:
             return
-        keys = ("group.min.session.timeout.ms", "group.max.session.timeout.ms")
-        responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.BROKER, str(brokers[0]), dict.fromkeys(keys))])
-        bounds: dict[str, int] = {}
-        for response in responses:
-            for error_code, _message, _type, _name, entries, *_ in response.resources:
-                for key, value, *_ in entries if error_code == 0 else ():
-                    if key in keys and value is not None:
-                        bounds[key] = int(value)
-    finally:
-        await admin.close()
+        found = await _config_values(admin, ConfigResourceType.BROKER, [str(brokers[0])], keys)
+    bounds = {k: int(v) for k, v in found.get(str(brokers[0]), {}).items() if v is not None}
     low, high = bounds.get(keys[0]), bounds.get(keys[1])
     ms = session_timeout_s * 1000.0
     if (low is not None and ms < low) or (high is not None and ms > high):
@@ -219,11 +209,9 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: 
     operator's to tune. Returns the names created. ``replication`` defaults
     to min(3, brokers).
     """
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
-    await admin.start()
-    try:
+    async with _admin(bootstrap) as admin:
         metadata = await admin.describe_cluster()
         brokers = len(metadata.get("brokers", [])) or 1
         rf = replication or min(3, brokers)
@@ -265,8 +253,6 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec], *, replication: 
                     raise TopicMismatch(f"topic {spec.name} was created concurrently with "
                                         f"{again[spec.name]} partitions, not {spec.partitions}")
         return created
-    finally:
-        await admin.close()
 
 
 _TOPIC_ALREADY_EXISTS = 36
@@ -275,14 +261,36 @@ _INVALID_REPLICATION_FACTOR = 38
 
 async def partition_counts(bootstrap: str, names: list[str]) -> dict[str, int]:
     """Partition counts of those of ``names`` that exist on the cluster."""
+    async with _admin(bootstrap) as admin:
+        return await _partition_counts(admin, names)
+
+
+@contextlib.asynccontextmanager
+async def _admin(bootstrap: str):
+    """An admin client, started, closed on the way out."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
     await admin.start()
     try:
-        return await _partition_counts(admin, names)
+        yield admin
     finally:
         await admin.close()
+
+
+async def _config_values(admin, kind, names: list[str], keys: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """``keys`` of each named resource (topics or brokers, ``kind``), as the cluster has them in
+    effect; a resource the cluster answers with an error is left out."""
+    from aiokafka.admin.config_resource import ConfigResource
+
+    responses = await admin.describe_configs([ConfigResource(kind, n, dict.fromkeys(keys)) for n in names])
+    out: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for error_code, _message, _type, name, entries, *_ in response.resources:
+            for key, value, *_ in entries if error_code == 0 else ():
+                if key in keys:
+                    out.setdefault(name, {})[key] = value
+    return out
 
 
 def _policy(value: str) -> frozenset[str]:
@@ -294,17 +302,10 @@ async def _cleanup_policies(admin, names: list[str]) -> dict[str, str]:
     """The effective ``cleanup.policy`` of each of ``names`` (existing topics only)."""
     if not names:
         return {}
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from aiokafka.admin.config_resource import ConfigResourceType
 
-    responses = await admin.describe_configs(
-        [ConfigResource(ConfigResourceType.TOPIC, n, {"cleanup.policy": None}) for n in names])
-    out: dict[str, str] = {}
-    for response in responses:
-        for error_code, _message, _type, name, entries, *_ in response.resources:
-            for key, value, *_ in entries if error_code == 0 else ():
-                if key == "cleanup.policy":
-                    out[name] = value
-    return out
+    found = await _config_values(admin, ConfigResourceType.TOPIC, names, ("cleanup.policy",))
+    return {name: values["cleanup.policy"] for name, values in found.items()}
 
 
 async def _partition_counts(admin, names: list[str]) -> dict[str, int]:

@@ -69,6 +69,7 @@ from fleetplan.schemas.codec import (
 )
 from fleetplan.schemas.events import (
     MAX_EVENT_TIME,
+    MAX_NAME_LENGTH,
     ClockEvent,
     DeadLetter,
     ForwardPassMetrics,
@@ -254,7 +255,7 @@ def _validate(item, raw: bytes | None):
     deployment = "unknown"
     if isinstance(item, dict):
         d = item.get("deployment")
-        if isinstance(d, str) and 0 < len(d) <= 256:
+        if isinstance(d, str) and 0 < len(d) <= MAX_NAME_LENGTH:
             deployment = d
     try:
         encoded = raw if raw is not None else orjson.dumps(item)

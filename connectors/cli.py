@@ -20,7 +20,7 @@ from fleetplan.connectors.base import Applier, ConnectorConfigError, check_secon
 from fleetplan.connectors.ledger import DEFAULT_LEASE_S
 from fleetplan.options import bootstrap_problem, log_level_problem, port_problem, topic_name_problem
 from fleetplan.schemas import topics
-from fleetplan.schemas.events import ROLES
+from fleetplan.schemas.events import MAX_NAME_LENGTH, ROLES
 
 DEFAULT_BOOTSTRAP = "localhost:9092"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -91,10 +91,6 @@ def default_namespace() -> str:
         return SA_NAMESPACE.read_text().strip() or "default"
     except OSError:
         return "default"
-
-
-MAX_NAME_LENGTH = 256
-"""The longest deployment name an event carries (``schemas.events.Name``)."""
 
 
 def redis_db_problem(url: str) -> str | None:

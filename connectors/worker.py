@@ -52,7 +52,7 @@ from fleetplan.connectors.ledger import Entry, Ledger, Outcome
 from fleetplan.connectors.metrics import ConnectorMetrics
 from fleetplan.schemas import topics
 from fleetplan.schemas.codec import SchemaError, decode_event, encode_event
-from fleetplan.schemas.events import ROLES, Ack, DeadLetter, Decision
+from fleetplan.schemas.events import MAX_NAME_LENGTH, ROLES, Ack, DeadLetter, Decision
 
 log = logging.getLogger("fleetplan.connector")
 
@@ -343,7 +343,7 @@ class ConnectorService:
     async def _dead_letter(self, record, reason: str, detail: str) -> None:
         self.metrics.deadlettered.labels(reason).inc()
         key = (record.key or b"").decode("utf-8", "replace")
-        deployment = key if 0 < len(key) <= 256 else "unknown"
+        deployment = key if 0 < len(key) <= MAX_NAME_LENGTH else "unknown"
         log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition,
                     record.offset, detail)
         letter = DeadLetter(

@@ -54,7 +54,9 @@ Tokens = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 RequestTokens = Annotated[int, Field(ge=0, le=MAX_REQUEST_TOKENS)]
 NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_NAME_LENGTH = 256
+"""The longest name an event carries (a deployment, a worker, a request id)."""
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 
 MAX_EVENT_TIME = 4_102_444_800.0
 """2100-01-01 in Unix seconds, the latest event time accepted. An event time in

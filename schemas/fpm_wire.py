@@ -34,6 +34,7 @@ from fleetplan.schemas.codec import MAX_EVENT_BYTES, decode_event
 from fleetplan.schemas.events import (
     MAX_COUNT,
     MAX_EVENT_TIME,
+    MAX_NAME_LENGTH,
     MAX_PASS_SECONDS,
     ForwardPassMetrics,
     FpmBatch,
@@ -50,7 +51,7 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Tokens = Count
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
 PassSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_PASS_SECONDS)]
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH)]
 EventTime = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_EVENT_TIME)]
 
 

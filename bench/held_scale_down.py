@@ -9,8 +9,11 @@ load levels, beside the default itself:
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/held_scale_down.py --data /work/shared/data \\
         --only code --scales 45,50,55        # and --only conv --scales 30.6,34,35.7,37.4
+    # the conv trace with its shape kept (docs/forecasting.md, "the traces with their shape kept"):
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/held_scale_down.py --data /work/shared/data \\
+        --only conv --scales 34 --rate-scale-shift 30
 
-(docs/forecasting.md, "A scale-down held for a tick"). The rule is a
+(docs/forecasting-history.md, "A scale-down held for a tick"). The rule is a
 patch of ``Planner._throughput_loop`` for the length of a run, not a
 config field: it was measured and not kept.
 """
@@ -55,12 +58,17 @@ def main() -> None:
     parser.add_argument("--scales", required=True, help="rate scales, comma-separated")
     parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
     parser.add_argument("--hold", type=int, default=1, help="ticks a scale-down waits for")
+    parser.add_argument("--rate-scale-shift", type=float, default=None, metavar="S",
+                        help="shift each rate-scale copy within S seconds either way, keeping the trace's "
+                             "shape (as bench/sizing.py's option). Default: anywhere in the window")
     args = parser.parse_args()
+    if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
+        parser.error(f"--rate-scale-shift: a finite number of seconds >= 0, got {args.rate_scale_shift}")
     sla = tuple(float(x) for x in args.sla.split(","))
     (base,) = [s for s in specs(args.data, {args.only}, 10, 10, 24.0, choose=False)]
     print("scale  policy    attainment_%  gpu_hours")
     for scale in (float(x) for x in args.scales.split(",")):
-        spec = replace(base, scale=scale)
+        spec = replace(base, scale=scale, shift=args.rate_scale_shift)
         workload = build_workload(spec)
         cfg, setup = make_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
         sizing = size_workload(workload, setup)

@@ -92,6 +92,14 @@ def test_the_one_trace_scripts_name_the_traces(script, args):
     assert "argument --only: invalid choice: 'cnov'" in line and "'mooncake-spread'" in line
 
 
+@pytest.mark.parametrize("shift", ["-1", "nan", "inf"])
+def test_held_scale_down_refuses_a_shift_that_is_not_seconds(shift):
+    """Its --rate-scale-shift, as bench/sizing.py's, is refused before any run, naming the option."""
+    line = _refused(_bench("held_scale_down.py", "--data", "/nonexistent", "--only", "conv", "--scales", "34",
+                           "--rate-scale-shift", shift))
+    assert line.endswith(f"--rate-scale-shift: a finite number of seconds >= 0, got {float(shift)}")
+
+
 def _runs(path: Path, *policies: str) -> Path:
     rows = [{"workload": "azure-code-30min", "scale": 1.0, "sla": [500.0, 50.0], "policy": p,
              "attainment": 0.5, "gpu_hours": 9.0} for p in policies]

@@ -92,7 +92,7 @@ def simulate(
     try:
         _check_numbers(start=start, duration=duration, warm_up=warm_up, rate_scale=rate_scale, speed=speed,
                        fpm_interval=fpm_interval, window=window, prefix_block_tokens=prefix_block_tokens,
-                       oracle_rounds=oracle_rounds, goal=goal, rate_scale_shift=rate_scale_shift)
+                       oracle_rounds=oracle_rounds, goal=goal, rate_scale_shift=rate_scale_shift, seed=seed)
         if out is not None:
             ensure_output_dir("--out", out)  # before the trace is read and the runs take minutes
         run = _prepare(
@@ -139,11 +139,14 @@ class _UserError(Exception):
 
 
 def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, prefix_block_tokens,
-                   oracle_rounds, goal, warm_up=None, rate_scale_shift=None) -> None:
+                   oracle_rounds, goal, warm_up=None, rate_scale_shift=None, seed=0) -> None:
     """Every numeric option in range, named, before anything is read.
 
     Written out rather than typer's ``min``/``max``: those let nan and inf
     through, and an open bound (``--goal`` in (0, 1]) reads better said.
+    ``--seed`` is >= 0: Python's ``random`` seeds with its absolute value
+    (``--seed -1`` replayed ``--seed 1``) and numpy's generator (ServeGen)
+    refuses a negative one with a traceback.
     """
     positive = {"--rate-scale": rate_scale, "--speed": speed, "--fpm-interval": fpm_interval,
                 "--window": window, "--prefix-block-tokens": prefix_block_tokens, "--duration": duration,
@@ -161,6 +164,8 @@ def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, 
         raise _UserError(f"--start: must be a finite number of seconds >= 0, got {start}")
     if rate_scale_shift is not None and not (rate_scale_shift >= 0 and math.isfinite(rate_scale_shift)):
         raise _UserError(f"--rate-scale-shift: a finite number of seconds >= 0, got {rate_scale_shift}")
+    if seed < 0:
+        raise _UserError(f"--seed: must be >= 0, got {seed}")
     if oracle_rounds < 0:
         raise _UserError(f"--oracle-rounds: must be >= 0, got {oracle_rounds}")
     if not 0 < goal <= 1:

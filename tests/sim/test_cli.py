@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from fleetplan.cli import _register_optional, app
 from fleetplan.sim import REVISION
-from tests.sim.sim_helpers import CODE, ROOT
+from tests.sim.sim_helpers import CODE, DATA, ROOT
 
 QUICKSTART = ROOT / "examples" / "configs" / "quickstart.yaml"
 runner = CliRunner()
@@ -137,6 +137,10 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         (["--trace", CODE, "--rate-scale", 4, "--rate-scale-shift", -1],
          "--rate-scale-shift: a finite number of seconds >= 0, got -1.0"),
         (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
+        # Python's random takes a seed's absolute value (-1 replayed --seed 1) and numpy's
+        # generator refuses it (a ServeGen run ended in a traceback)
+        (["--trace", CODE, "--seed", -1], "--seed: must be >= 0, got -1"),
+        (["--servegen", "SERVEGEN", "--servegen-model", "m-mid", "--seed", -1], "--seed: must be >= 0, got -1"),
         (["--trace", CODE, "--warm-up", 0], "--warm-up: must be > 0, got 0.0"),
         (["--trace", CODE, "--start", 60, "--warm-up", 120], "--warm-up: 120 s of traffic before --start, which is 60 s"),
         (["--trace", CODE, "--start", 240, "--warm-up", 100], "--warm-up: no full throughput window (180 s) of traffic"),
@@ -169,7 +173,7 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     tp8.write_text("decode_engine_num_gpu: 8\nmax_gpu_budget: -1\n")
     tp3 = tmp_path / "TP3.yaml"
     tp3.write_text("decode_engine_num_gpu: 3\nmax_gpu_budget: -1\n")
-    named = {"TP8": tp8, "TP3": tp3, "NOBUDGET": no_budget, "BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
+    named = {"SERVEGEN": DATA / "servegen_m-mid_30min_sample.csv", "TP8": tp8, "TP3": tp3, "NOBUDGET": no_budget, "BAD": bad_trace, "CFG": bad_config, "WARM": warm_config, "FILE": a_file, "FILE/sub": a_file / "sub",
              "NOPROF": no_profile}
     named["DIR"] = tmp_path
     message = message.replace("DIR_PATH", str(tmp_path))

@@ -164,6 +164,10 @@ def _check_numbers(*, start, duration, rate_scale, speed, fpm_interval, window, 
         raise _UserError(f"--start: must be a finite number of seconds >= 0, got {start}")
     if rate_scale_shift is not None and not (rate_scale_shift >= 0 and math.isfinite(rate_scale_shift)):
         raise _UserError(f"--rate-scale-shift: a finite number of seconds >= 0, got {rate_scale_shift}")
+    if rate_scale_shift is not None and rate_scale <= 1:
+        # at K <= 1 the trace is replayed itself (or thinned): there is no copy the shift could move
+        raise _UserError(f"--rate-scale-shift: shifts the copies a --rate-scale above 1 adds; "
+                         f"got --rate-scale {rate_scale:g}, which adds none")
     if seed < 0:
         raise _UserError(f"--seed: must be >= 0, got {seed}")
     if oracle_rounds < 0:

@@ -136,6 +136,9 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         (["--trace", CODE, "--speed", "1e-300"], "--speed: 1e-300 stretches"),
         (["--trace", CODE, "--rate-scale", 4, "--rate-scale-shift", -1],
          "--rate-scale-shift: a finite number of seconds >= 0, got -1.0"),
+        # no copy to shift: the run was the trace itself (or thinned), and summary.json said shifted
+        (["--trace", CODE, "--rate-scale-shift", 30], "--rate-scale-shift: shifts the copies a --rate-scale above 1"),
+        (["--trace", CODE, "--rate-scale", 0.5, "--rate-scale-shift", 30], "got --rate-scale 0.5"),
         (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
         # Python's random takes a seed's absolute value (-1 replayed --seed 1) and numpy's
         # generator refuses it (a ServeGen run ended in a traceback)

@@ -455,8 +455,12 @@ def _workload(trace, servegen, servegen_model, start, duration, rate_scale, spee
     if rate_scale != 1.0:
         # the copies wrap around the trace's own span: wrapped around a --duration past its
         # end they put part of the traffic in a tail the trace leaves empty, and less in it
+        sliced = len(requests)
         requests = scale_rate(requests, rate_scale, seed=seed, duration_s=min(window, covered),
                               max_shift_s=rate_scale_shift)
+        if not requests:  # thinned to nothing, as an empty slice: a replay of no traffic measures nothing
+            raise ValueError(f"--rate-scale: {rate_scale:g} kept none of the slice's {sliced:,} requests "
+                             f"(each is kept with probability {rate_scale:g})")
     if speed != 1.0:
         if window / speed > MAX_TRACE_SPAN_S:
             raise ValueError(f"--speed: {speed:g} stretches {window:g} s of trace to {window / speed:.3g} s, "

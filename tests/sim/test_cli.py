@@ -140,6 +140,9 @@ def test_names_in_the_table_are_printed_as_given(tmp_path):
         (["--trace", CODE, "--rate-scale-shift", 30], "--rate-scale-shift: shifts the copies a --rate-scale above 1"),
         (["--trace", CODE, "--rate-scale", 0.5, "--rate-scale-shift", 30], "got --rate-scale 0.5"),
         (["--trace", CODE, "--start", 99999, "--duration", 60], "--start/--duration: "),
+        # thinned to nothing: the run replayed no request and reported it as a result
+        (["--trace", CODE, "--duration", 60, "--rate-scale", "1e-9"],
+         "--rate-scale: 1e-09 kept none of the slice's "),
         # Python's random takes a seed's absolute value (-1 replayed --seed 1) and numpy's
         # generator refuses it (a ServeGen run ended in a traceback)
         (["--trace", CODE, "--seed", -1], "--seed: must be >= 0, got -1"),

@@ -139,9 +139,10 @@ def rate_scale(
             if keep < 1.0 and rng.random() >= keep:
                 continue
             t = r.arrival_s + offset
-            if c and t >= duration:
-                # a shifted copy wraps around; copy 0 is the trace itself, whose last requests
-                # can sit on the duration exactly (whole-second times: ceil(1797.0) = 1797)
+            if offset > 0.0 and t >= duration:
+                # a copy shifted forward wraps around; one not shifted (copy 0, the trace itself,
+                # or any copy at max_shift_s = 0) keeps its last requests on the duration, where
+                # whole-second times can end (ceil(1797.0) = 1797)
                 t -= duration
             elif t < 0.0:  # shifted back (max_shift_s): its start wraps to the window's end
                 t += duration

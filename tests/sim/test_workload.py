@@ -276,3 +276,13 @@ def test_rate_scale_with_a_bounded_shift_keeps_the_shape_over_time():
 def test_a_bad_rate_scale_shift_is_refused_naming_the_option(conv):
     with pytest.raises(ValueError, match=r"--rate-scale-shift: a finite number of seconds >= 0, got -1"):
         rate_scale(conv, 2, max_shift_s=-1)
+
+
+def test_copies_shifted_by_zero_keep_the_traces_last_requests_at_its_end():
+    """``--rate-scale-shift 0``: every copy sits on the trace's own times. A trace in whole
+    seconds ends on its duration (Mooncake: 1,797 s), and there the copies' last requests
+    were wrapped to t = 0, onto the first ones, while the trace's own stayed at the end."""
+    rows = [TraceRequest(0.0, 100, 10), TraceRequest(3.0, 100, 10), TraceRequest(6.0, 100, 10),
+            TraceRequest(6.0, 100, 10)]
+    times = [r.arrival_s for r in rate_scale(rows, 3, seed=0, max_shift_s=0)]
+    assert times == [0.0] * 3 + [3.0] * 3 + [6.0] * 6

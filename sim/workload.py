@@ -210,16 +210,20 @@ def spread_arrivals(requests: Sequence[TraceRequest], step_s: float, seed: int =
 
 
 def _private_blocks(rows: Sequence[TraceRequest]) -> tuple[set[int], int]:
-    """Blocks used by exactly one request, and a stride that renames them uniquely."""
+    """Blocks used by exactly one request, and a stride that renames them uniquely.
+
+    The stride is the span of the hashes, not the largest one: readers take any
+    integer (a u64 hash written as a signed i64 is negative), and ``h + c * stride``
+    must land past every hash of the trace and of the copies before ``c``.
+    """
     seen: dict[int, int] = {}
-    top = 0
+    top = bottom = 0
     for i, r in enumerate(rows):
         for h in set(r.hash_ids):
             seen[h] = -1 if h in seen and seen[h] != i else i
-            if h > top:
-                top = h
+            top, bottom = max(top, h), min(bottom, h)
     private = {h for h, owner in seen.items() if owner >= 0}
-    return private, top + 1
+    return private, top - bottom + 1
 
 
 def _moved(r: TraceRequest, arrival_s: float, hash_ids: tuple[int, ...] | None = None) -> TraceRequest:

@@ -286,3 +286,15 @@ def test_copies_shifted_by_zero_keep_the_traces_last_requests_at_its_end():
             TraceRequest(6.0, 100, 10)]
     times = [r.arrival_s for r in rate_scale(rows, 3, seed=0, max_shift_s=0)]
     assert times == [0.0] * 3 + [3.0] * 3 + [6.0] * 6
+
+
+def test_private_blocks_renamed_per_copy_stay_apart_with_negative_hashes():
+    """Trace readers take any integer as a block hash, and a u64 hash written as a signed
+    i64 is negative. The renaming stride counted only the largest hash, so copy 2's private
+    block -3 became -1, the block both requests share: a cache hit that is no user's prefix."""
+    shared = -1
+    rows = [TraceRequest(0.0, 1024, 10, (shared, -3)), TraceRequest(5.0, 1024, 10, (shared, 0))]
+    out = rate_scale(rows, 3, seed=0, duration_s=10)
+    assert all(r.hash_ids[0] == shared for r in out)
+    private = [r.hash_ids[1] for r in out]
+    assert len(set(private)) == 6 and shared not in private

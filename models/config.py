@@ -282,6 +282,13 @@ class PlannerConfig(BaseModel):
         square = bucket_size_problem(self.fpm_sample_bucket_size)
         if square is not None:
             raise ValueError(square)
+        if self.load_min_observations > self.max_num_fpm_samples:
+            # retention keeps at most max_num_fpm_samples: a model needing more is never ready,
+            # and every tick held (model_not_ready, insufficient_data) for as long as it ran
+            raise ValueError(
+                f"load_min_observations: {self.load_min_observations} is more than the "
+                f"max_num_fpm_samples ({self.max_num_fpm_samples}) a perf model keeps, so it would never be ready"
+            )
         if 0 <= self.max_gpu_budget < self.min_gpu_budget:
             raise ValueError("min_gpu_budget must not exceed max_gpu_budget")
         if self.optimization_target == "load" and None in (

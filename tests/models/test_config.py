@@ -82,6 +82,12 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"optimization_target": "throughput", "context_length": 8192}, None),
         ({"optimization_target": "throughput", "mode": "agg"}, None),  # agg's KV side still votes
         ({"max_gpu_budget": 2, "min_gpu_budget": 4}, "min_gpu_budget must not exceed"),
+        # the regressions keep at most max_num_fpm_samples samples: a model needing more was never
+        # ready, and the planner held every tick (model_not_ready, insufficient_data) for good
+        ({"load_min_observations": 65},
+         "load_min_observations: 65 is more than the max_num_fpm_samples (64) a perf model keeps"),
+        ({"load_min_observations": 20, "max_num_fpm_samples": 16}, "load_min_observations: 20 is more than"),
+        ({"load_min_observations": 64}, None),
         # bounds that keep a tick's work finite (a set_config past them stalled the worker)
         ({"startup_seconds": 1e300}, "startup_seconds: Input should be less than or equal to 86400"),
         ({"throughput_adjustment_interval_seconds": 10**9},

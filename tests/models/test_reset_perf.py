@@ -154,3 +154,15 @@ def test_more_fpm_samples_than_a_changelog_record_carries_are_refused():
     assert (change_problem(config, {"max_num_fpm_samples": 10**6}, "reset_perf")
             == "reset_perf: max_num_fpm_samples: Input should be less than or equal to 10000")
     assert change_problem(config, {"max_num_fpm_samples": 10_000}, "reset_perf") is None
+
+
+def test_a_reset_needing_more_samples_than_it_keeps_is_counted_and_changes_nothing():
+    # 100 observations against the 64 samples kept: the rebuilt models were never ready, and
+    # every tick after the reset held (model_not_ready) where it had sized the fleet
+    fleet = _fleet(enable_load_scaling=False)
+    fleet.run(_served(T0 + 600))
+    state = fleet.states["d"]
+    before = {r: m.to_state() for r, m in state.perf.items()}
+    fleet.planner.apply(state, _reset(T0 + 601, load_min_observations=100))
+    assert state.rejected_controls == 1 and state.config.load_min_observations == 5
+    assert {r: m.to_state() for r, m in state.perf.items()} == before

@@ -28,10 +28,14 @@ def _profile_covers(profile, role: str) -> bool:
 
 
 def make_perf_models(config: PlannerConfig, profile=None) -> dict:
+    # The profile's measured KV cache is every role's engine's, also where the profile cannot
+    # seed the role (agg from a profile without prompt rows): without it the threshold rules,
+    # which check_kv_capacity let through on the profile's word, had no cache to judge KV use by.
+    profile_kv = None if profile is None else profile.max_kv_tokens
     limits = EngineLimits(
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
-        max_kv_tokens=config.max_kv_tokens,
+        max_kv_tokens=config.max_kv_tokens if config.max_kv_tokens is not None else profile_kv,
         max_context_length=config.context_length,
     )
     settings = RegressionSettings(

@@ -211,3 +211,26 @@ def test_agg_threshold_modes_read_the_kv_with_queued_prompts_whatever_the_contex
     with_context = threshold_signal(cfg, "agg", engines, 8192, 100_000)
     assert (with_context.step, with_context.reason) == (-1, "scale_down")
     assert threshold_signal(cfg, "agg", engines, None, 100_000) == with_context
+
+
+def test_a_decode_only_profile_gives_agg_engines_their_kv_cache_size():
+    # check_kv_capacity takes a profile that measured the KV cache for a threshold target, but
+    # agg's perf model is seeded only from a profile with both row kinds, so the profile's KV
+    # size never reached its limits: every agg verdict was insufficient_data, however full
+    from dataclasses import replace
+
+    from fleetplan.models.fleet import Fleet
+    from fleetplan.models.perf_models import make_perf_models
+    from fleetplan.models.planner import Planner
+    from fleetplan.sim.profiles import load_profile
+    from tests.models.factories import T0, fpm, ready
+
+    decode_only = replace(load_profile("h200-llama3.1-8b"), prefill_isl=[], prefill_ttft_ms=[])
+    cfg = config_from_dict({"mode": "agg", "optimization_target": "latency", "max_gpu_budget": 64})
+    assert make_perf_models(cfg, decode_only)["agg"].limits.max_kv_tokens == decode_only.max_kv_tokens
+    fleet = Fleet(Planner(cfg, profile=decode_only))
+    half_full = decode_only.max_kv_tokens // 2  # over latency's 40 % up threshold
+    events = [ready("a0", "agg"), *(fpm("a0", "agg", T0 + t, counter=t, decode_reqs=64, decode_kv=half_full)
+                                    for t in range(1, 12))]
+    reports = [o for o in fleet.run(events) if getattr(o, "load_reasons", None)]
+    assert reports and reports[0].load_reasons["agg"] == "scale_up" and reports[0].targets["agg"] == 2

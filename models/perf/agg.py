@@ -16,8 +16,8 @@ from fleetplan.models.perf.capacity import Capacity, agg_capacity
 from fleetplan.models.perf.chunking import chunked_time, chunked_time_many
 from fleetplan.models.perf.columns import FpmColumns
 from fleetplan.models.perf.request_shape import (
-    clamp_kv_hit_rate,
     normalize_accept_length,
+    prefill_work_tokens,
     scaled_load,
 )
 from fleetplan.schemas import ForwardPassMetrics, ScheduledRequests
@@ -101,7 +101,7 @@ class AggPerfModel(RolePerfModel):
             return None
         queued = scaled_load(float(fpm.queued.sum_prefill_tokens), queue_scale)
         decode_kv = scaled_load(float(fpm.scheduled.sum_decode_kv_tokens), decode_scale)
-        tokens = (queued + self.avg_isl) * (1.0 - clamp_kv_hit_rate(kv_hit_rate))
+        tokens = prefill_work_tokens(queued, self.avg_isl, kv_hit_rate)
         return (
             chunked_time(
                 tokens, self.limits.max_num_batched_tokens, lambda chunk: fit.predict(chunk, decode_kv)
@@ -127,7 +127,7 @@ class AggPerfModel(RolePerfModel):
             queued = np.floor(queued * queue_scale)
         if decode_scale != 1.0:
             decode_kv = np.floor(decode_kv * decode_scale)
-        tokens = (queued + self.avg_isl) * (1.0 - clamp_kv_hit_rate(kv_hit_rate))
+        tokens = prefill_work_tokens(queued, self.avg_isl, kv_hit_rate)
         ttft_s = chunked_time_many(
             tokens, self.limits.max_num_batched_tokens, lambda chunk: fit.predict_many(chunk, decode_kv)
         )

@@ -14,7 +14,7 @@ from fleetplan.models.perf.capacity import Capacity, prefill_capacity
 from fleetplan.models.perf.chunking import chunked_time, chunked_time_many
 from fleetplan.models.perf.columns import FpmColumns
 from fleetplan.models.perf.regression import OnlineRegression
-from fleetplan.models.perf.request_shape import clamp_kv_hit_rate, scaled_load
+from fleetplan.models.perf.request_shape import prefill_work_tokens, scaled_load
 from fleetplan.schemas import ForwardPassMetrics, ScheduledRequests
 
 
@@ -56,7 +56,8 @@ class PrefillPerfModel(RolePerfModel):
     ) -> float | None:
         """Estimated TTFT (ms) of a request arriving now at this engine; None if not ready.
 
-        ``(queued·queue_scale + avg_isl)·(1 − kv_hit)`` tokens, chunked.
+        ``queued·queue_scale·(1 − kv_hit) + avg_isl`` tokens, chunked (``avg_isl`` is
+        learned from fresh tokens, already net of hits: ``prefill_work_tokens``).
         ``queue_scale=0`` gives the request's own time; ``N/(N−1)`` the time if
         the engine absorbed a removed peer's queue (consolidation check).
         """
@@ -64,7 +65,7 @@ class PrefillPerfModel(RolePerfModel):
         if fit is None:
             return None
         queued = scaled_load(float(fpm.queued.sum_prefill_tokens), queue_scale)
-        tokens = (queued + self.avg_isl) * (1.0 - clamp_kv_hit_rate(kv_hit_rate))
+        tokens = prefill_work_tokens(queued, self.avg_isl, kv_hit_rate)
         return chunked_time(tokens, self.limits.max_num_batched_tokens, fit.predict) * 1000.0
 
     def estimate_ttft_ms_many(
@@ -80,7 +81,7 @@ class PrefillPerfModel(RolePerfModel):
         queued = np.asarray(queued_prefill_tokens, dtype=np.float64)
         if queue_scale != 1.0:
             queued = np.floor(queued * queue_scale)
-        tokens = (queued + self.avg_isl) * (1.0 - clamp_kv_hit_rate(kv_hit_rate))
+        tokens = prefill_work_tokens(queued, self.avg_isl, kv_hit_rate)
         return chunked_time_many(tokens, self.limits.max_num_batched_tokens, fit.predict_many) * 1000.0
 
     def capacity_rps(

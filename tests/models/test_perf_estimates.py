@@ -69,12 +69,22 @@ def test_prefill_ttft_chunks_queue_plus_average_prompt(prefill):
 
 def test_prefill_ttft_kv_hit_discount_and_clamp(prefill):
     engine = fpm("prefill", queued={"sum_prefill_tokens": 20000})
-    # half the tokens: 11000 = 8192 + 2808 -> 0.09192 + 0.03808
-    assert prefill.estimate_ttft_ms(engine, kv_hit_rate=0.5) == pytest.approx(130.0)
-    # 0.99 is clamped to 0.95: 22000·0.05 = 1100 tokens -> 0.021 s
-    assert prefill.estimate_ttft_ms(engine, kv_hit_rate=0.99) == pytest.approx(21.0)
+    # the raw queue halved, the prompt's own 2000 fresh tokens kept:
+    # 12000 = 8192 + 3808 -> 0.09192 + 0.04808
+    assert prefill.estimate_ttft_ms(engine, kv_hit_rate=0.5) == pytest.approx(140.0)
+    # 0.99 is clamped to 0.95: 20000·0.05 + 2000 = 3000 tokens -> 0.04 s
+    assert prefill.estimate_ttft_ms(engine, kv_hit_rate=0.99) == pytest.approx(40.0)
     assert prefill.estimate_ttft_ms(engine, kv_hit_rate=-1.0) == pytest.approx(250.0)
     assert prefill.estimate_ttft_ms(engine, kv_hit_rate=float("nan")) == pytest.approx(250.0)
+
+
+def test_prefill_ttft_does_not_discount_the_prompts_own_fresh_tokens_twice(prefill):
+    """``avg_isl`` is learned from scheduled passes' fresh tokens (cache hits already
+    out); with the hit rate applied to it again, an idle engine at a 0.5 hit rate
+    estimated a 2,000-token prompt as 1,000: 20 ms where its pass takes 30."""
+    idle = fpm("prefill")
+    assert prefill.estimate_ttft_ms(idle, kv_hit_rate=0.5) == pytest.approx(30.0)
+    assert prefill.estimate_ttft_ms(idle, kv_hit_rate=0.5) == prefill.estimate_ttft_ms(idle)
 
 
 def test_prefill_ttft_queue_scale(prefill):
@@ -127,6 +137,15 @@ def test_agg_ttft_piggybacks_current_decode_kv(agg):
     assert agg.estimate_ttft_ms(engine, queue_scale=0.0, decode_scale=2.0) == pytest.approx(22.0)
     many = agg.estimate_ttft_ms_many(np.array([10_000.0]), np.array([100_000.0]))
     assert many.tolist() == [agg.estimate_ttft_ms(engine)]
+
+
+def test_agg_ttft_discounts_only_the_raw_queue_by_the_hit_rate(agg):
+    """As prefill's: the queue's raw 10,000 halved, the prompt's own 1,000 fresh tokens kept."""
+    engine = fpm("agg", sum_decode_kv_tokens=100_000, queued={"sum_prefill_tokens": 10_000})
+    # 6000 tokens in one chunk with 100000 decode KV: 0.01 + 0.06 + 0.001
+    assert agg.estimate_ttft_ms(engine, kv_hit_rate=0.5) == pytest.approx(71.0)
+    many = agg.estimate_ttft_ms_many(np.array([10_000.0]), np.array([100_000.0]), 0.5)
+    assert many.tolist() == [agg.estimate_ttft_ms(engine, kv_hit_rate=0.5)]
 
 
 def test_agg_itl_uses_learned_prefill_mix(agg):

@@ -126,8 +126,9 @@ def silent_through(state: DeploymentState, now: float, watermark: float) -> floa
     """The last tick of a silence that the ticks from ``now`` on can skip, or None.
 
     A tick sees the events before it, so in a stretch with no event the ticks only
-    replay the timers (the ack timeout, a stuck startup, forgetting silent engines) and
-    feed the forecaster empty windows. Once the deployment has been silent longer than
+    replay the timers (the ack timeout, a stuck startup, forgetting silent engines, the
+    measured floors of windows closed before it running out of ``load_floor_memory_seconds``)
+    and feed the forecaster empty windows. Once the deployment has been silent longer than
     any of those timers, nothing is left for them to do, and firing them all was a
     hang: one event dated 1970 ahead of a 2023 log (an engine on a monotonic clock)
     made 340 million 5-s ticks due. The ticks are skipped up to the next buffered
@@ -136,8 +137,10 @@ def silent_through(state: DeploymentState, now: float, watermark: float) -> floa
     """
     last = state.last_input
     cfg = state.config
+    # the floor memory too: each silent window's empty floor pushes an older one out, and a
+    # skip before they all had kept a busy window's floor to hold the fleet when traffic came back
     quiet = max(SILENCE_SKIPPED_AFTER_SECONDS, cfg.ack_timeout_seconds, cfg.discovered_engine_ttl_seconds,
-                MAX_STARTUP_SECONDS)
+                MAX_STARTUP_SECONDS, cfg.floor_memory_windows * cfg.throughput_adjustment_interval_seconds)
     # and a throughput window and a tick more, so that each timer's own tick has fired
     if last is None or now - last <= quiet + cfg.throughput_adjustment_interval_seconds + cfg.tick_interval_seconds:
         return None

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import random
 
+from fleetplan.models import sequencer
 from fleetplan.models.sequencer import SILENCE_SKIPPED_AFTER_SECONDS, advance, offer, watermark_of
 from fleetplan.schemas.events import ClockEvent
-from tests.models.factories import T0, fpm, requests
+from tests.models.factories import T0, fpm, ready, requests
 from tests.models.test_fold_ahead import EVENTS, _compare
 from tests.models.test_sequencer import SCENARIO
 
@@ -87,3 +88,34 @@ def test_a_silence_is_skipped_the_same_folded_ahead_and_at_the_tick(make_fleet):
         offer(state, event)
         advance(planner, state, watermark_of(state))
     assert state.silent_ticks_skipped > 0
+
+
+def _busy_then_light_after(silence: float):
+    """Ten busy minutes (40 req/s, queued prompts), ``silence`` seconds of nothing, then light traffic."""
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(40, T0 + 1, T0 + 600)]
+    back = T0 + silence
+    evs += requests(0.5, back, back + 600, tag="z")
+    for k in range(1, 120):
+        evs.append(fpm("p0", "prefill", T0 + 5 * k + 0.5, queued_prefill=2000, counter=k))
+        evs.append(fpm("d0", "decode", T0 + 5 * k + 0.5, decode_reqs=40, decode_kv=40_000, counter=k))
+        evs.append(fpm("p0", "prefill", back + 5 * k + 0.5, counter=1000 + k))
+        evs.append(fpm("d0", "decode", back + 5 * k + 0.5, decode_reqs=1, decode_kv=500, counter=1000 + k))
+    return sorted(evs, key=lambda e: e.time)
+
+
+def test_a_floor_memory_longer_than_a_day_is_waited_out_before_the_skip(make_fleet, monkeypatch):
+    """The load loop alone holds the fleet at the floors measured over ``load_floor_memory_seconds``;
+    the silent windows' empty floors push a busy window's out. With a memory of three days, a
+    skip after one day kept the busy floor, and light traffic five days later was met with a
+    scale-up to it (prefill 1 -> 4) where firing every silent tick changed nothing."""
+    day = 86_400.0
+    config = dict(sizing="fleetplan", enable_throughput_scaling=False, enable_load_scaling=True,
+                  load_adjustment_interval_seconds=60, load_floor_memory_seconds=int(3 * day))
+    events = _busy_then_light_after(5 * day)
+    skipped = make_fleet(**config)
+    after = [r.to_dict() for r in skipped.run(events) if r.time > T0 + 5 * day]
+    assert skipped.state("d").silent_ticks_skipped > 0
+    monkeypatch.setattr(sequencer, "SILENCE_SKIPPED_AFTER_SECONDS", 1e12)  # every silent tick fired
+    fired = make_fleet(**config)
+    assert after == [r.to_dict() for r in fired.run(events) if r.time > T0 + 5 * day]
+    assert fired.state("d").silent_ticks_skipped == 0

@@ -18,7 +18,13 @@ import typer
 
 from fleetplan.connectors.base import Applier, ConnectorConfigError, check_seconds
 from fleetplan.connectors.ledger import DEFAULT_LEASE_S
-from fleetplan.options import bootstrap_problem, log_level_problem, port_problem, topic_name_problem
+from fleetplan.options import (
+    PATH,
+    bootstrap_problem,
+    log_level_problem,
+    port_problem,
+    topic_name_problem,
+)
 from fleetplan.schemas import topics
 from fleetplan.schemas.events import MAX_NAME_LENGTH, ROLES
 
@@ -123,7 +129,7 @@ def connector(
     session_timeout_ms: Annotated[int, typer.Option(help="Kafka group session timeout")] = 10_000,
     virtual_prefix: Annotated[str, typer.Option(rich_help_panel="virtual backend", help="Redis key prefix of desired state")] = "fleetplan:virtual",
     completion_timeout: Annotated[float, typer.Option(rich_help_panel="virtual backend", help="seconds to wait for the orchestrator")] = 1800.0,
-    kubeconfig: Annotated[Path | None, typer.Option(rich_help_panel="kubernetes backend", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(**PATH, rich_help_panel="kubernetes backend", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")] = None,
     context: Annotated[str | None, typer.Option(rich_help_panel="kubernetes backend", help="kubeconfig context")] = None,
     namespace: Annotated[str | None, typer.Option(rich_help_panel="kubernetes backend", help="namespace of the DGDs (default: the pod's, else default)")] = None,
     dgd: Annotated[list[str] | None, typer.Option("--dgd", rich_help_panel="kubernetes backend", help="DEPLOYMENT=DGD (repeat), or DGD with one deployment; default: the deployment name, or $DYN_PARENT_DGD_K8S_NAME")] = None,

@@ -16,6 +16,8 @@ from typing import Annotated
 import orjson
 import typer
 
+from fleetplan.options import PATH
+
 app = typer.Typer(
     name="fleetplan",
     help="SLA-driven autoscaling planner for LLM inference fleets.",
@@ -124,12 +126,12 @@ def fold_log(fleet, events: Iterable, emit: Callable[[object], None]) -> ValueEr
 
 @app.command()
 def plan(
-    events: Annotated[Path, typer.Option("--events", help="JSONL event log to fold")],
-    config: Annotated[Path | None, typer.Option("--config", help="planner config, YAML or JSON")] = None,
+    events: Annotated[Path, typer.Option("--events", **PATH, help="JSONL event log to fold")],
+    config: Annotated[Path | None, typer.Option("--config", **PATH, help="planner config, YAML or JSON")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="profile name or NPZ/JSON path")] = None,
-    reports: Annotated[Path | None, typer.Option("--reports", help="also write every tick report here (JSONL)")] = None,
+    reports: Annotated[Path | None, typer.Option("--reports", **PATH, help="also write every tick report here (JSONL)")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="skip invalid lines instead of stopping")] = False,
-    seed_out: Annotated[Path | None, typer.Option("--seed-out", help="also write, per deployment, a seed_traffic control of the windows its forecaster was fed, to start another planner from (JSONL)")] = None,
+    seed_out: Annotated[Path | None, typer.Option("--seed-out", **PATH, help="also write, per deployment, a seed_traffic control of the windows its forecaster was fed, to start another planner from (JSONL)")] = None,
 ) -> None:
     """Fold an event log with the planning core and print its decisions as JSONL.
 

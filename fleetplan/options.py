@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 import socket
+from pathlib import Path
+
+import typer
 
 
 def bootstrap_problem(value: str) -> str | None:
@@ -55,3 +58,23 @@ def port_problem(port: int | None) -> str | None:
         except OSError as err:
             return f"cannot listen on port {port} ({err.strerror})"
     return None
+
+
+def path_value(value: str | Path) -> Path:
+    """A path option's value, refused when empty (typer's ``parser`` for every ``Path`` option).
+
+    Typer turns ``""`` into ``Path("")``, which is ``Path(".")``: the working
+    directory. So ``--out "$DIR"`` with ``DIR`` unset wrote the run's files
+    into wherever the command was started, and ``--events ""`` read a
+    directory. An empty value is a mistake to name, not a place; ``.`` still
+    says the working directory.
+    """
+    if isinstance(value, Path):  # a default, already a path
+        return value
+    if not value.strip():
+        raise typer.BadParameter("an empty path; give a file or directory (. for the working directory)")
+    return Path(value)
+
+
+PATH = {"parser": path_value, "metavar": "PATH"}
+"""The keywords of a ``typer.Option`` taking a path: ``typer.Option("--out", **PATH, help=...)``."""

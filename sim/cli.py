@@ -16,6 +16,8 @@ from typing import Annotated
 import orjson
 import typer
 
+from fleetplan.options import PATH
+
 POLICIES = "planner|static-peak|static-mean|oracle|MODULE:CLASS"
 DEFAULT_PROFILE = "h200-llama3.1-8b"
 """The engine profile a run uses when neither --profile nor the config's profile_results_dir names one."""
@@ -54,11 +56,11 @@ def _is_number(text: str | None) -> bool:
 
 
 def simulate(
-    trace: Annotated[Path | None, typer.Option("--trace", help="request trace: Azure CSV, Mooncake or dynamo.request.trace.v1 JSONL (.gz ok)")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", **PATH, help="request trace: Azure CSV, Mooncake or dynamo.request.trace.v1 JSONL (.gz ok)")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="engine profile: bundled name (h200-llama3.1-8b, h100-llama3.3-70b), NPZ/JSON path, splitwise:FILE:MODEL:HW:TP or distserve:FILE:MODEL:TP; default: the config's profile_results_dir, else h200-llama3.1-8b")] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="planner config, YAML or JSON (its SLA, mode and engine limits define the fleet)")] = None,
+    config: Annotated[Path | None, typer.Option("--config", **PATH, help="planner config, YAML or JSON (its SLA, mode and engine limits define the fleet)")] = None,
     policy: Annotated[str, typer.Option("--policy", help=f"who scales the fleet: {POLICIES}")] = "planner",
-    out: Annotated[Path | None, typer.Option("--out", help="directory for events.jsonl, summary.json and report.html")] = None,
+    out: Annotated[Path | None, typer.Option("--out", **PATH, help="directory for events.jsonl, summary.json and report.html")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON instead of a table")] = False,
     start: Annotated[float, typer.Option("--start", help="slice: first second of the trace to replay")] = 0.0,
     duration: Annotated[float | None, typer.Option("--duration", help="slice: seconds of the trace to replay (default: all)")] = None,
@@ -68,7 +70,7 @@ def simulate(
     spread: Annotated[str, typer.Option("--spread-arrivals", help="arrival times the trace rounded to a step (Mooncake: 3 s): auto (find the step, spread each request uniformly over it), off, or the step in seconds")] = "auto",
     speed: Annotated[float, typer.Option("--speed", help="play the trace this many times faster")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="seed of rate scaling, startup draws and generators")] = 0,
-    servegen: Annotated[Path | None, typer.Option("--servegen", help="generate the workload from ServeGen clients_rate_10min CSV(.gz) instead of --trace")] = None,
+    servegen: Annotated[Path | None, typer.Option("--servegen", **PATH, help="generate the workload from ServeGen clients_rate_10min CSV(.gz) instead of --trace")] = None,
     servegen_model: Annotated[str, typer.Option("--servegen-model", help="ServeGen model column (m-large, m-mid, ...)")] = "m-large",
     router: Annotated[str, typer.Option("--router", help="round-robin | least-loaded | prefix")] = "least-loaded",
     prefix_block_tokens: Annotated[int | None, typer.Option("--prefix-block-tokens", help="tokens per prompt hash block (default: the trace's own, a Dynamo trace's replay.trace_block_size, else 512 as in Mooncake)")] = None,
@@ -84,7 +86,7 @@ def simulate(
     deployment: Annotated[str, typer.Option("--deployment", help="deployment name on every event (the Kafka key when published)")] = "sim",
     publish: Annotated[str | None, typer.Option("--publish", help="send the fleet's FPMs and request events to a fleetplan bridge over ZMQ: tcp://HOST:PORT (PUSH, the bridge's --pull), pub:tcp://HOST:PORT (PUB, its --sub bind:...)")] = None,
     realtime: Annotated[float | None, typer.Option("--realtime", help="hold the virtual clock to the wall clock; --realtime alone is speed 1, --realtime 10 runs 10x faster than real time")] = None,
-    retune: Annotated[Path | None, typer.Option("--retune", help="retune spec, YAML or JSON: replay each past window against a grid of planner settings and apply the best (docs/retune.md)")] = None,
+    retune: Annotated[Path | None, typer.Option("--retune", **PATH, help="retune spec, YAML or JSON: replay each past window against a grid of planner settings and apply the best (docs/retune.md)")] = None,
 ) -> None:
     """Replay a trace against a simulated fleet driven by the planner (or another policy)."""
     from fleetplan.cli import ensure_output_dir, fail

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from fleetplan.options import bootstrap_problem, log_level_problem, port_problem
+from fleetplan.options import PATH, bootstrap_problem, log_level_problem, port_problem
 
 BOOTSTRAP_ENV = "FLEETPLAN_KAFKA_BOOTSTRAP"
 _UNABLE_CONNECT = re.compile(r'^Unable connect to "[^"]*": ')  # aiokafka's prefix; the address is in ours
@@ -139,7 +139,7 @@ def _store(value: str) -> str:
 Bootstrap = Annotated[str | None, typer.Option("--bootstrap", help=f"Kafka bootstrap host:port (default ${BOOTSTRAP_ENV})")]
 Prefix = Annotated[str, typer.Option("--topic-prefix", help="namespace prepended to every topic name")]
 Partitions = Annotated[int, typer.Option("--partitions", min=1, help="partitions of every topic (a contract: keep it)")]
-Config = Annotated[Path | None, typer.Option("--config", help="planner config, YAML or JSON")]
+Config = Annotated[Path | None, typer.Option("--config", **PATH, help="planner config, YAML or JSON")]
 Profile = Annotated[str | None, typer.Option("--profile", help="profile name or NPZ/JSON path")]
 
 
@@ -152,7 +152,7 @@ def worker(
     partitions: Partitions = 8,
     replication: Annotated[int | None, typer.Option(min=1, help="replication factor of created topics (default min(3, brokers))")] = None,
     store: Annotated[str | None, typer.Option(help="table store URL: rocksdb:// (default when rocksdict is installed) or memory://")] = None,
-    datadir: Annotated[Path, typer.Option(help="local state directory")] = Path("/tmp/fleetplan-worker"),
+    datadir: Annotated[Path, typer.Option(**PATH, help="local state directory")] = Path("/tmp/fleetplan-worker"),
     batch_max: Annotated[int, typer.Option(min=1, help="records per batch at most")] = 2000,
     batch_within: Annotated[float, typer.Option(min=0.001, help="seconds to wait to fill a batch")] = 0.05,
     idle_after: Annotated[float, typer.Option(min=0.1, help="seconds of silence after which a source stops holding the watermark")] = 30.0,
@@ -200,14 +200,14 @@ def worker(
 def audit(
     deployment: Annotated[str, typer.Option("--deployment", help="the deployment to audit")],
     bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=f"read the topics of this Kafka cluster (default ${BOOTSTRAP_ENV} when --log is not given)")] = None,
-    log: Annotated[Path | None, typer.Option("--log", help="read a local JSONL event log instead (fleetplan simulate)")] = None,
+    log: Annotated[Path | None, typer.Option("--log", **PATH, help="read a local JSONL event log instead (fleetplan simulate)")] = None,
     config: Config = None,
     profile: Profile = None,
     topic_prefix: Prefix = "",
     partitions: Annotated[int | None, typer.Option("--partitions", min=1, help="partitions of the topics (default: read from the cluster)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every decision checked")] = False,
-    report: Annotated[Path | None, typer.Option("--report", help="also write DIR/report.html (not there yet): the simulator's report of the recorded run")] = None,
-    seed_out: Annotated[Path | None, typer.Option("--seed-out", help="also write a seed_traffic control of the windows the re-fold fed its forecaster, to start another planner from (JSONL)")] = None,
+    report: Annotated[Path | None, typer.Option("--report", **PATH, help="also write DIR/report.html (not there yet): the simulator's report of the recorded run")] = None,
+    seed_out: Annotated[Path | None, typer.Option("--seed-out", **PATH, help="also write a seed_traffic control of the windows the re-fold fed its forecaster, to start another planner from (JSONL)")] = None,
     since: Annotated[float | None, typer.Option("--since", help="Kafka only: start from the worker's first state snapshot at or after this event time (Unix seconds), for a deployment older than its FPMs' retention (a day)")] = None,
 ) -> None:
     """Re-fold a deployment's inputs with the core and check every recorded decision.

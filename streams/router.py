@@ -14,7 +14,8 @@ did with each record:
 * a record is *released* once it can never be needed again (folded and
   saved, late and dead-lettered, invalid, or a replay of one already folded);
 * a deployment is *dirty* when its stored record must be rewritten (a tick
-  fired, a late event was counted, its first tick was scheduled).
+  fired, a late event was counted, its first tick was scheduled, a record of
+  a topic that does not move the clock was buffered).
 """
 
 from __future__ import annotations
@@ -327,7 +328,10 @@ class Router:
             dep.outbox.append(self._late_letter(rec, event, state.last_tick))
             return
         dep.held.append((event.time, rec.handle, rec.topic, rec.offset))
-        if state.next_tick != next_tick:
+        if state.next_tick != next_tick or rec.topic not in self.watermarks.sources:
+            # a record of a topic that does not move the clock (a control, an ack, an
+            # inventory event) is saved as awaited (``stored``): after a crash the clock
+            # topics' backlog can come back first and would fire its tick without it
             dep.dirty = True
         if kind in ("request", "arrival"):  # the mirror counts demand by arrival once the core does
             batch.mirror.append(MirrorAdd(dep.name, rec.partition, rec.offset, event))

@@ -609,6 +609,43 @@ def test_a_record_refused_at_intake_leaves_no_deployment_behind():
     assert {(canonical.CONTROL, r.offset) for r in bad} <= h.acked
 
 
+def test_a_record_buffered_after_the_last_save_is_folded_however_the_topics_come_back():
+    """As above, but the control record is read in a batch after the deployment's last
+    save (its tick at T0+20 fired in an earlier batch, and no tick fires before the crash),
+    so no saved record names it as awaited. Between ticks nothing made the deployment
+    dirty: after the crash the FPM and request backlog fired T0+25 without it, and the
+    control, read next, was dead-lettered late (it had been folded in the run without
+    the crash). A buffered record of a topic that does not drive the clock (a control,
+    an ack, an inventory event) now saves its deployment, so the stored record awaits it."""
+    control = ControlEvent.model_validate({"deployment": "a", "time": T0 + 22.1,
+                                           "body": {"command": "set_min_endpoints", "minimums": {"agg": 6}}})
+    log = _with_control(60, control)
+    reference = Harness(deciding_planner())
+    _deliver(reference, log.records)
+
+    h = Harness(deciding_planner())
+    at = next(i for i, r in enumerate(log.records) if r.topic == canonical.CONTROL)
+    cut = next(i for i, r in enumerate(log.records) if r.topic == FPM and orjson.loads(r.value)["time"] >= T0 + 24)
+    _deliver(h, log.records[:at])
+    assert h.router.deployments["a"].state.last_tick == T0 + 20
+    _deliver(h, log.records[at:cut], n=1)  # the control, then records that fire no tick
+    assert h.router.deployments["a"].state.last_tick == T0 + 20
+    survivor = Harness(deciding_planner(), h.table)
+    survivor.sent, survivor.acked = h.sent, h.acked
+    survivor.recover_outboxes()
+    committed = survivor.committed(log)
+    pending = [r for r in log.records if r.offset >= committed[r.topic]]
+    dense = [r for r in pending if r.topic != canonical.CONTROL]
+    sparse = [r for r in pending if r.topic == canonical.CONTROL]
+    survivor.route(dense[:200])  # the backlog first: the clock passes the control's tick
+    _deliver(survivor, sparse + dense[200:])
+
+    dep = survivor.router.deployments["a"]
+    assert dep.state.late_events == 0 and dep.state.min_overrides == {"agg": 6}
+    assert not [v for t, v in survivor.sent if t == canonical.DEADLETTER]
+    assert survivor.decisions("a") == reference.decisions("a")
+
+
 def test_a_deployment_does_not_wait_for_a_buffered_record_that_retention_deleted():
     """The record a recovered deployment waits for (``awaiting``) is gone from its topic
     (retention: a control event buffered for a week, a worker down longer than that). It

@@ -143,6 +143,51 @@ def test_decisions_do_not_depend_on_arrival_order_or_batching(planner):
         assert [d["decision_id"] for d in da] == list(range(len(da)))
 
 
+def test_a_deployment_decides_alone_as_beside_another_whatever_the_other_sends():
+    """The promise of one worker for many deployments: each one's outputs depend on its own
+    events only. Beta changes its grace period, tick interval and engines, floors and
+    advisory mode, sends a control intake refuses and one its tick refuses; alpha's and
+    beta's decisions, tick reports and dead letters, interleaved in one partition and one
+    router, equal each routed alone (all but the clock and watermark a tick fired under,
+    which follow how records fall into batches)."""
+    def control(t, body):
+        return t, canonical.CONTROL, ControlEvent.model_validate({"deployment": "beta", "time": t, "body": body})
+
+    def tagged(dep, extra=()):
+        fpms, reqs = traffic(dep, 90)
+        return [(e.time, FPM, e) for e in fpms] + [(e.time, REQ, e) for e in reqs] + list(extra)
+
+    beta = tagged("beta", [
+        control(T0 + 3.0, {"command": "set_config", "changes": {"grace_seconds": 6}}),
+        control(T0 + 30.0, {"command": "set_config", "changes": {"load_adjustment_interval_seconds": 7}}),
+        control(T0 + 40.0, {"command": "reset_perf", "changes": {"max_num_seqs": 64}}),
+        control(T0 + 50.0, {"command": "set_min_endpoints", "minimums": {"agg": 3}}),
+        control(T0 + 55.0, {"command": "set_advisory", "advisory": True}),
+        control(T0 + 60.0, {"command": "set_config", "changes": {"max_gpu_budget": 0}}),
+        control(T0 + 61.0, {"command": "set_config", "changes": {"ttft_msx": 1}}),
+    ])
+
+    def routed(*deployments):
+        rng = random.Random(7)
+        log = Log()
+        for _, topic, event in sorted((x for d in deployments for x in d), key=lambda x: x[0] + rng.uniform(0, 0.9)):
+            log.append(topic, event)  # out of order within alpha's 1 s grace
+        return run(deciding_planner(), log, seed=8)
+
+    def outputs(h, dep):
+        return [(t, {k: v for k, v in value.items() if k not in ("clock", "watermark")})
+                for t, value in h.sent if value["deployment"] == dep]
+
+    alpha = tagged("alpha")
+    together = routed(alpha, beta)
+    for dep, alone in (("alpha", routed(alpha)), ("beta", routed(beta))):
+        assert outputs(together, dep) == outputs(alone, dep)
+    letters = {(v["deployment"], v["reason"]) for t, v in together.sent if t == canonical.DEADLETTER}
+    assert letters == {("beta", "invalid")}
+    assert together.router.deployments["beta"].state.rejected_controls == 1
+    assert len(together.decisions("alpha")) >= 8
+
+
 def test_worker_decisions_equal_the_audit_replay(planner):
     log = interleaved(["alpha"], 90, seed=5)
     h = run(planner, log, seed=6)

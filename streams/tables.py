@@ -211,6 +211,25 @@ class TrafficMirror:
         )
         self.table = table
         self.windows = table.tumbling(interval_s).relative_to(self._at)
+        # window starts per deployment, read from the table's keys when first needed after
+        # a recovery (``reindex``), then kept by ``add`` and ``close``
+        self._starts: dict[str, set[float]] | None = None
+
+    def reindex(self) -> None:
+        """Read the open windows from the table's keys again at the next use.
+
+        Called once partitions are recovered: the table may then hold windows
+        written before a restart, or by another worker before a rebalance.
+        """
+        self._starts = None
+
+    def _open_starts(self) -> dict[str, set[float]]:
+        if self._starts is None:
+            starts: dict[str, set[float]] = {}
+            for name, rng in list(self.table.keys()):
+                starts.setdefault(name, set()).add(float(rng[0]))
+            self._starts = starts
+        return self._starts
 
     def window_start(self, event_time: float) -> float:
         return math.floor(event_time / self.interval_s) * self.interval_s
@@ -224,17 +243,21 @@ class TrafficMirror:
         current.merge(delta)
         self._at.at = window_start
         self.windows[deployment] = current.to_bytes()
+        self._open_starts().setdefault(deployment, set()).add(self.window_start(window_start))
 
     def close(self, deployment: str, until: float) -> int:
         """Delete ``deployment``'s windows that end by ``until`` (event time); how many.
 
-        Read from the table's keys, not an index of its own, so windows a
-        recovered table holds (written before a restart) are found too; the
-        table holds only the few open windows of each deployment.
+        The windows are found in an index of the table's keys, read from the
+        table after each recovery (so windows written before a restart are
+        found too) and kept since. Scanning the table's keys at every close
+        made each throughput tick cost every deployment's windows: a batch of
+        ticks grew with the square of the deployments a worker owns.
         """
-        starts = sorted({float(rng[0]) for name, rng in list(self.table.keys())
-                         if name == deployment and rng[0] + self.interval_s <= until})
+        open_starts = self._open_starts().get(deployment, set())
+        starts = sorted(s for s in open_starts if s + self.interval_s <= until)
         for start in starts:
             self._at.at = start
             del self.windows[deployment]
+            open_starts.discard(start)
         return len(starts)

@@ -310,6 +310,7 @@ class PlannerWorker:
             self.positions.forget(set(self.positions_partitions()))
             self.owned = owned
             self.watermarks.assign(owned, time.monotonic())
+            self.traffic.reindex()  # the recovered table may hold windows this process did not write
             pending = []
             for key, raw in list(self.states.items()):
                 if not raw:

@@ -209,6 +209,9 @@ class Engine:
             self._seg_k = 0
             self._seg_b = 0
             self._seg_d = 0.0
+            # what a sample at this instant reports: no pass yet, so the idle engine's (no)
+            # KV, not what its last batch started with
+            self._seg_kv0 = self.kv
             self._chunk = []
             self._chunk_tokens = 0
             self._version += 1

@@ -191,3 +191,18 @@ def test_a_queued_prompt_hits_the_blocks_cached_while_it_waited(make_engine, tim
     assert second.cached == 4096
     assert second.prefill_end == pytest.approx(timing.prefill_s(4096) + timing.prefill_s(512))
     assert engine.prefill_backlog == 0 and engine.prefill_load() == 0
+
+
+@pytest.mark.parametrize("role", ["agg", "decode"])
+def test_a_sample_as_an_idle_engine_takes_work_reports_no_decode_kv(make_engine, role):
+    # A sample at the instant a request reaches an idle engine (integer arrival times meet
+    # the sampler's whole seconds) comes before the engine's first pass: nothing decodes.
+    # It reported the KV the engine's last batch started with, which the load loop read as
+    # decode load on an engine holding none.
+    engine, clock, _ = make_engine(role)
+    engine.enqueue(decode_req(0, isl=3000, osl=20))
+    run_all(clock)
+    assert engine.kv == 0
+    engine.enqueue(decode_req(1, isl=3000, osl=20, t=clock.now))
+    _, _, _, n_dec, dec_kv = engine.sample(clock.now)["sched"]
+    assert (n_dec, dec_kv) == (0, 0)

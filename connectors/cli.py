@@ -69,7 +69,11 @@ def parse_services(engine: str, overrides: list[str]) -> dict[str, str]:
 
 
 def parse_dgds(deployments: list[str], dgds: list[str]) -> dict[str, str]:
-    """deployment -> DGD name. ``--dgd NAME`` works alone when there is one deployment."""
+    """deployment -> DGD name. ``--dgd NAME`` works alone when there is one deployment.
+
+    Two deployments on one DGD are refused: each has its own planner, and
+    both would write the same DGD's replica counts, each undoing the other.
+    """
     mapping = {d: d for d in deployments}
     env_name = os.environ.get("DYN_PARENT_DGD_K8S_NAME")
     if not dgds and env_name and len(deployments) == 1:
@@ -87,6 +91,15 @@ def parse_dgds(deployments: list[str], dgds: list[str]) -> dict[str, str]:
         if not name:
             raise ConnectorConfigError("--dgd", f"empty DGD name in {item!r}")
         mapping[deployment] = name
+    scaled_by: dict[str, list[str]] = {}
+    for deployment, name in mapping.items():
+        scaled_by.setdefault(name, []).append(deployment)
+    for name, names in scaled_by.items():
+        if len(names) > 1:  # each planner would overwrite the other's replica counts
+            raise ConnectorConfigError(
+                "--dgd", f"deployments {', '.join(map(repr, names))} would all scale DGD {name!r}; "
+                "give each its own (DEPLOYMENT=DGD)",
+            )
     return mapping
 
 

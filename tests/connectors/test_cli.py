@@ -11,6 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from fleetplan.connectors.base import ConnectorConfigError
 from fleetplan.connectors.cli import parse_dgds, parse_services, register
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +86,17 @@ def test_role_and_dgd_mappings():
                                                        "agg": "Worker"}
     assert parse_dgds(["a", "b"], ["b=dgd-b"]) == {"a": "a", "b": "dgd-b"}
     assert parse_dgds(["a"], ["dgd-a"]) == {"a": "dgd-a"}
+
+
+@pytest.mark.parametrize(("deployments", "dgds", "named"), [
+    (["a", "b"], ["a=llama", "b=llama"], "'a', 'b' would all scale DGD 'llama'"),
+    (["a", "b"], ["a=b"], "'a', 'b' would all scale DGD 'b'"),  # b keeps its own name
+])
+def test_two_deployments_on_one_dgd_are_refused(deployments, dgds, named):
+    """Each deployment has its own planner; on one DGD each undid the other's replica counts."""
+    with pytest.raises(ConnectorConfigError) as refused:
+        parse_dgds(deployments, dgds)
+    assert refused.value.field == "--dgd" and named in str(refused.value)
 
 
 @pytest.mark.redis

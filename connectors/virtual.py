@@ -45,6 +45,8 @@ log = logging.getLogger("fleetplan.connector.virtual")
 
 DEFAULT_PREFIX = "fleetplan:virtual"
 STREAM_MAXLEN = 1000
+STREAM_SUFFIXES = (":desired", ":completed")
+"""A deployment's two streams: its state hash's key with these appended."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,23 @@ class VirtualKeys:
 
     @classmethod
     def of(cls, deployment: str, prefix: str = DEFAULT_PREFIX) -> VirtualKeys:
+        """The keys, refused for a name whose hash key is another deployment's stream.
+
+        Names may hold ``:``, so deployment ``x:desired`` would write its
+        hash at ``x``'s desired stream (and ``x:completed`` at its completion
+        stream): whichever wrote second got Redis' WRONGTYPE, retried
+        without end. The layout is the orchestrators' contract, so such
+        names are refused rather than the keys changed.
+        """
+        for suffix in STREAM_SUFFIXES:
+            if deployment.endswith(suffix):
+                owner = deployment[: -len(suffix)]
+                raise ValueError(
+                    f"deployment {deployment!r}: the virtual backend cannot key a name ending in "
+                    f"{suffix!r}, whose state hash would be deployment {owner!r}'s {suffix[1:]} stream"
+                )
         base = f"{prefix}:{deployment}"
-        return cls(base, f"{base}:desired", f"{base}:completed")
+        return cls(base, f"{base}{STREAM_SUFFIXES[0]}", f"{base}{STREAM_SUFFIXES[1]}")
 
 
 @dataclass(frozen=True)
@@ -181,7 +198,10 @@ class VirtualApplier(Applier):
 
     async def apply(self, decision: Decision) -> Observed:
         """Write the desired state (once per decision_id) and wait for completion."""
-        keys = VirtualKeys.of(decision.deployment, self._prefix)
+        try:
+            keys = VirtualKeys.of(decision.deployment, self._prefix)
+        except ValueError as err:
+            raise ApplyFailed(str(err)) from None
         after = await last_stream_id(self._redis, keys.completed)
         current = _int(await self._redis.hget(keys.state, "decision_id"))
         if current > decision.decision_id:

@@ -227,3 +227,26 @@ async def test_the_redis_client_refuses_what_the_ack_schema_refuses(aredis, redi
             await client.complete(three, status, observed=observed)
         assert await aredis.hget(keys.state, "scaled_decision_id") is None
         assert await client.complete(three, "applied", observed={"decode": 2})
+
+
+@pytest.mark.parametrize(("name", "owner", "stream"), [("x:desired", "x", "desired"),
+                                                      ("a:b:completed", "a:b", "completed")])
+def test_a_name_whose_hash_key_is_another_deployments_stream_is_refused(name, owner, stream):
+    """Deployment ``x:desired`` wrote its hash at ``x``'s desired stream; the second writer got WRONGTYPE
+    and its lane retried it without end."""
+    with pytest.raises(ValueError, match=f"deployment '{owner}''s {stream} stream"):
+        VirtualKeys.of(name)
+    assert VirtualKeys.of("x:desired-v2").state == "fleetplan:virtual:x:desired-v2"  # a suffix only
+
+
+async def test_the_virtual_backend_fails_such_a_decision_with_the_reason():
+    """The decision is acked failed, naming the collision, before Redis is touched."""
+    from fleetplan.connectors.base import ApplyFailed
+
+    class Unreachable:  # a client it must not reach
+        def register_script(self, script):
+            return None
+
+    applier = VirtualApplier(Unreachable(), poll_s=0.1)
+    with pytest.raises(ApplyFailed, match="whose state hash would be deployment 'llama''s desired stream"):
+        await applier.apply(make_decision("llama:desired", 0, decode=1))

@@ -282,7 +282,8 @@ def distserve_curve(data: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--md", type=Path, default=None)
+    parser.add_argument("--md", type=Path, default=None,
+                        help="also write the tables (not the page: docs/calibration.md quotes them) to this file")
     args = parser.parse_args()
     parts = [
         "### Profile points\n",

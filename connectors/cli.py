@@ -143,7 +143,7 @@ def connector(
     virtual_prefix: Annotated[str, typer.Option(rich_help_panel="virtual backend", help="Redis key prefix of desired state")] = "fleetplan:virtual",
     completion_timeout: Annotated[float, typer.Option(rich_help_panel="virtual backend", help="seconds to wait for the orchestrator")] = 1800.0,
     kubeconfig: Annotated[Path | None, typer.Option(**PATH, rich_help_panel="kubernetes backend", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")] = None,
-    context: Annotated[str | None, typer.Option(rich_help_panel="kubernetes backend", help="kubeconfig context")] = None,
+    context: Annotated[str | None, typer.Option(rich_help_panel="kubernetes backend", help="kubeconfig context ($KUBECONFIG or ~/.kube/config without --kubeconfig), taken over the in-cluster account")] = None,
     namespace: Annotated[str | None, typer.Option(rich_help_panel="kubernetes backend", help="namespace of the DGDs (default: the pod's, else default)")] = None,
     dgd: Annotated[list[str] | None, typer.Option("--dgd", rich_help_panel="kubernetes backend", help="DEPLOYMENT=DGD (repeat), or DGD with one deployment; default: the deployment name, or $DYN_PARENT_DGD_K8S_NAME")] = None,
     engine: Annotated[Engine, typer.Option(rich_help_panel="kubernetes backend", help="Dynamo backend, for default service names")] = Engine.vllm,

@@ -95,12 +95,17 @@ class KubernetesSettings:
 
 
 def load_configuration(kubeconfig: Path | None = None, context: str | None = None) -> k8s.Configuration:
-    """Client configuration: the given kubeconfig, else in-cluster, else ~/.kube/config."""
+    """Client configuration: the given kubeconfig or context, else in-cluster, else ~/.kube/config.
+
+    A context names a cluster of a kubeconfig ($KUBECONFIG, else ~/.kube/config): given one,
+    the service account of the pod the connector runs in is not the cluster it was told.
+    """
     cfg = k8s.Configuration()
     try:
-        if kubeconfig is not None:
+        if kubeconfig is not None or context is not None:
             k8s_config.load_kube_config(
-                config_file=str(kubeconfig), context=context, client_configuration=cfg
+                config_file=None if kubeconfig is None else str(kubeconfig), context=context,
+                client_configuration=cfg,
             )
             return cfg
         try:

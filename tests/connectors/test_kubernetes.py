@@ -383,3 +383,32 @@ def _refuse_once_after(applier, method: str, server, operation: str) -> None:
         server.fail_next(operation, 403)
 
     setattr(applier, method, then_refuse)
+
+
+def test_a_context_picks_the_cluster_even_inside_a_pod(tmp_path, monkeypatch):
+    """connectors.md: the cluster comes from --kubeconfig/--context, else the in-cluster service
+    account. A connector run in a pod with --context (and ~/.kube/config or $KUBECONFIG) took
+    the in-cluster account and dropped the context: it scaled the DGDs of the cluster it runs
+    in, not of the one it was told."""
+    from kubernetes import config as k8s_config
+
+    from fleetplan.connectors.kubernetes import load_configuration
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: here\n"
+        "clusters:\n- name: here\n  cluster: {server: 'https://here:6443'}\n"
+        "- name: remote\n  cluster: {server: 'https://remote:6443'}\n"
+        "contexts:\n- name: here\n  context: {cluster: here, user: u}\n"
+        "- name: remote\n  context: {cluster: remote, user: u}\n"
+        "users:\n- name: u\n  user: {token: t}\n"
+    )
+    # the client reads $KUBECONFIG (else ~/.kube/config) once, at import
+    monkeypatch.setattr(k8s_config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+
+    def in_cluster(client_configuration):
+        client_configuration.host = "https://in-cluster:443"
+
+    monkeypatch.setattr(k8s_config, "load_incluster_config", in_cluster)
+    assert load_configuration(None, "remote").host == "https://remote:6443"
+    assert load_configuration(None, None).host == "https://in-cluster:443"

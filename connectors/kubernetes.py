@@ -11,8 +11,8 @@ It does what Dynamo's KubernetesConnector does, with the official client:
 - check at start that every DGD exists and has the services the roles map to;
 - wait until the DGD is Ready before a change that raises a role (one that
   only lowers roles goes at once: it may be what clears a Pending replica)
-  and until the changed services are stable after (desired == updated ==
-  available), like Dynamo's blocking mode;
+  and until the services the decision moves are stable after (desired ==
+  updated == available), like Dynamo's blocking mode;
 - retry 409, 429 and 5xx answers and connection errors with exponential
   backoff; anything else fails the decision with the API's message.
 
@@ -246,6 +246,7 @@ class KubernetesApplier(Applier):
             obj = await self._wait(dgd, lambda o: is_ready(o), "Ready")
             desired = await self._desired(dgd, obj, roles, decision)
         patched: list[str] = []
+        moved = {r for r, n in decision.targets.items() if decision.previous.get(r) != n}
         # cuts first: a decision moving GPUs between roles fits the budget only as a whole,
         # so if a later patch is refused, what landed leaves the fleet under it (Dynamo #12428)
         for role, count in sorted(decision.targets.items(),
@@ -263,9 +264,10 @@ class KubernetesApplier(Applier):
                     raise ApplyFailed(problem) from None
                 raise ApplyFailed(f"{problem}; already patched: {', '.join(patched)}") from None
             patched.append(f"{role}={count}")
+            moved.add(role)
             log.info("%s: %s %s -> %d (decision %d)", decision.deployment, dgd, service,
                      count, decision.decision_id)
-        return await self._settle(dgd, roles, decision)
+        return await self._settle(dgd, roles, decision, moved)
 
     async def recover(self, decision: Decision) -> Observed:
         """Settled if the fleet is already headed for every target; in doubt otherwise."""
@@ -277,7 +279,8 @@ class KubernetesApplier(Applier):
                 f"{dgd} spec has {spec}, the decision wanted {dict(decision.targets)}; "
                 f"not applied again"
             )
-        return await self._settle(dgd, roles, decision)
+        moved = {r for r, n in decision.targets.items() if decision.previous.get(r) != n}
+        return await self._settle(dgd, roles, decision, moved)
 
     def _target(self, decision: Decision) -> tuple[str, dict[Role, str]]:
         dgd = self.settings.dgds.get(decision.deployment)
@@ -289,14 +292,22 @@ class KubernetesApplier(Applier):
             raise ApplyFailed(f"DGD {dgd} has no service for role(s) {', '.join(missing)}")
         return dgd, roles
 
-    async def _settle(self, dgd: str, roles: dict[Role, str], decision: Decision) -> Observed:
-        targets = {roles[r]: n for r, n in decision.targets.items()}
+    async def _settle(self, dgd: str, roles: dict[Role, str], decision: Decision,
+                      moved: set[Role]) -> Observed:
+        """Wait until the roles the decision moves are stable; report what every role serves.
+
+        ``moved``: the roles whose target is not the planner's previous count, and those patched.
+        A role the decision keeps is not waited for, nor is the DGD's Ready condition: a replica
+        Pending with no GPU keeps both from settling for as long as it stays (Dynamo #14251),
+        and a decision that does not touch it would wait out the whole ``ready_timeout_s``.
+        """
+        targets = {roles[r]: n for r, n in decision.targets.items() if r in moved}
 
         def stable(obj: Mapping[str, Any]) -> bool:
             # the spec must hold the target too: a scaling adapter's replicas reach the DGD
             # spec only when the operator reconciles it, and until then the old spec and the
             # old status agree with each other
-            return is_ready(obj) and all(
+            return all(
                 spec_replicas(obj, s) == n and serving_replicas(obj, s)[1] for s, n in targets.items()
             )
 

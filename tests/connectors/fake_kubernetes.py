@@ -45,6 +45,9 @@ class FakeKubernetes:
         self._lag: dict[str, int] = {}
         self.unready_polls: dict[str, int] = {}
         """dgd -> GETs for which its Ready condition is still False."""
+        self.pending: dict[tuple[str, str], int] = {}
+        """(dgd, component) -> replicas whose pods stay Pending (no GPU): never ready or available,
+        and the DGD not Ready while there are any, as Dynamo's operator reports them."""
         self.reorder_before_patch: str | None = None
         """Swap the components of this DGD right before the next JSON patch lands."""
         self.adapter_polls = 0
@@ -242,17 +245,25 @@ class FakeKubernetes:
             self._lag[name] -= 1
             if self._lag[name] == 0:
                 self._sync_status(name)
-        ready = "False" if self.unready_polls.get(name) else "True"
+        ready = "False" if self.unready_polls.get(name) or self._stuck(name) else "True"
         self.dgds[name]["status"]["conditions"] = [{"type": "Ready", "status": ready}]
+
+    def _stuck(self, name: str) -> dict[str, int]:
+        """component -> its Pending replicas (no more than its spec's)."""
+        return {c["name"]: min(self.pending.get((name, c["name"]), 0), c["replicas"])
+                for c in self.dgds[name]["spec"]["components"]
+                if self.pending.get((name, c["name"]), 0) and c["replicas"]}
 
     def _sync_status(self, name: str) -> None:
         obj = self.dgds[name]
+        stuck = self._stuck(name)
+        serving = {c["name"]: c["replicas"] - stuck.get(c["name"], 0) for c in obj["spec"]["components"]}
         obj["status"] = {
             "observedGeneration": obj["metadata"]["generation"],
-            "conditions": [{"type": "Ready", "status": "True"}],
+            "conditions": [{"type": "Ready", "status": "False" if stuck else "True"}],
             "components": {
-                c["name"]: {"replicas": c["replicas"], "readyReplicas": c["replicas"],
-                            "availableReplicas": c["replicas"], "updatedReplicas": c["replicas"]}
+                c["name"]: {"replicas": c["replicas"], "readyReplicas": serving[c["name"]],
+                            "availableReplicas": serving[c["name"]], "updatedReplicas": c["replicas"]}
                 for c in obj["spec"]["components"]
             },
         }

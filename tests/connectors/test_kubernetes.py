@@ -324,6 +324,27 @@ async def test_a_decision_that_only_lowers_roles_does_not_wait_for_ready(fake_k8
     assert observed == {"prefill": 1, "decode": 2}
 
 
+async def test_a_decision_waits_only_for_the_roles_it_moves(fake_k8s):
+    """A decode replica stays Pending (no GPU, Dynamo #14251): decode never settles and the DGD
+    is not Ready. A decision that lowers prefill and keeps decode must be acked once prefill
+    serves it; it waited out --ready-timeout for the decode it did not touch (and the DGD's
+    Ready), holding the deployment's lane and the planner's loop for 30 minutes."""
+    import asyncio
+
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 2, "VllmDecodeWorker": 4})
+    fake_k8s.pending[("llama-dgd", "VllmDecodeWorker")] = 1
+    fake_k8s._sync_status("llama-dgd")
+    applier = applier_for(fake_k8s, ready_timeout_s=60.0)
+    await applier.start()
+    decision = make_decision(prefill=1, decode=4).model_copy(update={"previous": {"prefill": 2, "decode": 4}})
+    try:
+        observed = await asyncio.wait_for(applier.apply(decision), 10)
+    finally:
+        await applier.stop()
+    assert observed == {"prefill": 1, "decode": 3}
+    assert fake_k8s.replicas("llama-dgd") == {"VllmPrefillWorker": 1, "VllmDecodeWorker": 4}
+
+
 async def test_a_json_patch_refused_as_invalid_fails_with_the_apis_message(fake_k8s):
     """A 422 is also the API server's answer to a value it refuses (schema, CEL rules), not only
     to a failed ``test`` op: when the component has not moved, patching again cannot help, and

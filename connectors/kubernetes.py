@@ -340,6 +340,8 @@ class KubernetesApplier(Applier):
         The operator copies an adapter's replicas into the DGD spec when it
         reconciles, so until then the spec holds the count before the last
         change: a decision compared with it would skip a patch it needs.
+        A Scale's replicas are omitempty: one that has none is at 0 (a custom
+        resource without the replicas field answers the GET with an error).
         """
         name = adapter_name(dgd, service)
         try:
@@ -351,7 +353,7 @@ class KubernetesApplier(Applier):
             if err.status != 404:
                 raise ApplyFailed(f"reading {name}: {_api_error(err)}") from None
             return spec_replicas(obj, service)
-        replicas = (scale.get("spec") or {}).get("replicas") if isinstance(scale, Mapping) else None
+        replicas = (scale.get("spec") or {}).get("replicas", 0) if isinstance(scale, Mapping) else None
         return replicas if isinstance(replicas, int) else spec_replicas(obj, service)
 
     async def _wait(self, dgd: str, done: Callable[[Mapping[str, Any]], bool], what: str) -> dict:

@@ -217,10 +217,11 @@ class FakeKubernetes:
             return _status(404, "NotFound", f"{name!r} not found")
         dgd, component = self.adapters[name]
         n = self._adapter_replicas.get(name, self.replicas(dgd)[component])
+        # autoscaling/v1 Scale's replicas are omitempty: 0 is left out of spec and status
         return web.json_response({
             "apiVersion": "autoscaling/v1", "kind": "Scale",
             "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {"replicas": n}, "status": {"replicas": n},
+            "spec": {"replicas": n} if n else {}, "status": {"replicas": n} if n else {},
         })
 
     # --- status ---------------------------------------------------------------------------

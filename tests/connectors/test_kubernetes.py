@@ -215,6 +215,23 @@ async def test_a_change_the_operator_has_not_copied_into_the_spec_is_not_skipped
     assert [w.body for w in fake_k8s.writes] == [{"spec": {"replicas": 3}}, {"spec": {"replicas": 1}}]
 
 
+async def test_an_adapter_at_zero_is_read_as_zero_not_as_the_stale_spec(fake_k8s):
+    """The API server leaves 0 out of a Scale (autoscaling/v1 replicas are omitempty), so an
+    adapter scaled to 0 read as "no count" and the DGD spec was taken instead: before the
+    operator copied the 0 there, a decision back to 1 found the spec's 1 and skipped the patch,
+    leaving the role at 0 engines while the planner counted 1."""
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1})
+    fake_k8s.adapter_polls = 10_000
+    applier = applier_for(fake_k8s, ready_timeout_s=0.1)
+    await applier.start()
+    try:
+        await applier.apply(make_decision(decision_id=1, prefill=0, decode=1))
+        await applier.apply(make_decision(decision_id=2, prefill=1, decode=1))
+    finally:
+        await applier.stop()
+    assert [w.body for w in fake_k8s.writes] == [{"spec": {"replicas": 0}}, {"spec": {"replicas": 1}}]
+
+
 async def test_an_api_server_lost_after_the_patch_still_reports_the_decision_applied(started):
     """Every target is patched: a failed wait afterwards must not ack "failed" (the planner
     would keep counts the fleet has left); what serves is reported unknown instead."""

@@ -22,6 +22,7 @@ The client is synchronous, so every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -166,6 +167,19 @@ def serving_replicas(dgd_obj: Mapping[str, Any], service: str) -> tuple[int, boo
     return serving, spec_replicas(dgd_obj, service) == updated == serving
 
 
+def missing_object(err: k8s.ApiException, name: str) -> bool:
+    """Whether a 404 says that object is missing, not that its resource is not served.
+
+    The API server names the object in a NotFound Status; a group, version or resource it
+    does not serve (the CRD not installed, another version) gets a 404 without that name.
+    """
+    try:
+        status = json.loads(err.body or "")
+    except ValueError:
+        return False
+    return isinstance(status, dict) and (status.get("details") or {}).get("name") == name
+
+
 def _api_error(err: k8s.ApiException) -> str:
     body = (err.body or "")[:300]
     return f"HTTP {err.status} {err.reason or ''}: {body}".strip()
@@ -196,6 +210,11 @@ class KubernetesApplier(Applier):
             try:
                 obj = await self._get_dgd(dgd)
             except k8s.ApiException as err:
+                if err.status == 404 and not missing_object(err, dgd):
+                    raise ConnectorConfigError(
+                        "--kubeconfig", f"the API server does not serve {GROUP}/{VERSION} {DGD_PLURAL} "
+                        f"(is Dynamo's operator installed, with {VERSION}?): {_api_error(err)}"
+                    ) from None
                 if err.status == 404:
                     raise ConnectorConfigError(
                         "--dgd", f"DynamoGraphDeployment {self.settings.namespace}/{dgd} "

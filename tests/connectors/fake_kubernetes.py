@@ -26,10 +26,18 @@ class Seen:
     body: object
 
 
-def _status(code: int, reason: str, message: str) -> web.Response:
+def _status(code: int, reason: str, message: str, details: dict | None = None) -> web.Response:
     body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
             "reason": reason, "code": code}
+    if details:
+        body["details"] = details
     return web.json_response(body, status=code)
+
+
+def _not_found(plural: str, name: str) -> web.Response:
+    """The API server's NotFound for a missing object names it in ``details``."""
+    return _status(404, "NotFound", f"{plural}.nvidia.com {name!r} not found",
+                   {"name": name, "group": "nvidia.com", "kind": plural})
 
 
 class FakeKubernetes:
@@ -138,8 +146,9 @@ class FakeKubernetes:
         return None
 
     def _check_ns(self, request: web.Request) -> web.Response | None:
-        if request.match_info["ns"] != self.namespace:
-            return _status(404, "NotFound", f"namespace {request.match_info['ns']} not found")
+        if request.match_info["ns"] != self.namespace:  # as the API server: the object is not found
+            plural = request.path.split("/")[6]
+            return _not_found(plural, request.match_info["name"])
         return None
 
     async def _get_dgd(self, request: web.Request) -> web.Response:
@@ -148,7 +157,7 @@ class FakeKubernetes:
             return bad
         name = request.match_info["name"]
         if name not in self.dgds:
-            return _status(404, "NotFound", f"dynamographdeployments {name!r} not found")
+            return _not_found("dynamographdeployments", name)
         self._tick(name)
         return web.json_response(self.dgds[name])
 
@@ -158,7 +167,7 @@ class FakeKubernetes:
             return bad
         name = request.match_info["name"]
         if name not in self.dgds:
-            return _status(404, "NotFound", f"dynamographdeployments {name!r} not found")
+            return _not_found("dynamographdeployments", name)
         if seen.content_type != "application/json-patch+json":
             return _status(415, "UnsupportedMediaType", f"got {seen.content_type}")
         if self.reorder_before_patch == name:
@@ -194,7 +203,7 @@ class FakeKubernetes:
             return bad
         name = request.match_info["name"]
         if name not in self.adapters:
-            return _status(404, "NotFound", f"dynamographdeploymentscalingadapters {name!r} not found")
+            return _not_found("dynamographdeploymentscalingadapters", name)
         if seen.content_type != "application/merge-patch+json":
             return _status(415, "UnsupportedMediaType", f"got {seen.content_type}")
         self._adapter_replicas[name] = seen.body["spec"]["replicas"]
@@ -214,7 +223,7 @@ class FakeKubernetes:
 
     def _scale_reply(self, name: str) -> web.Response:
         if name not in self.adapters:
-            return _status(404, "NotFound", f"{name!r} not found")
+            return _not_found("dynamographdeploymentscalingadapters", name)
         dgd, component = self.adapters[name]
         n = self._adapter_replicas.get(name, self.replicas(dgd)[component])
         # autoscaling/v1 Scale's replicas are omitempty: 0 is left out of spec and status

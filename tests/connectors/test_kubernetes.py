@@ -166,6 +166,20 @@ async def test_start_checks_the_dgd_and_its_services(fake_k8s):
     assert services.value.field == "--service" and "Frontend" in str(services.value)
 
 
+async def test_start_tells_an_api_not_served_from_a_missing_dgd(fake_k8s, monkeypatch):
+    """A 404 is also the answer for a resource the API server does not serve (Dynamo's operator
+    not installed, or one without nvidia.com/v1beta1): that is not "the DGD does not exist",
+    which sent the operator looking at a DGD ``kubectl get dgd`` shows."""
+    from fleetplan.connectors import kubernetes
+
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "VllmDecodeWorker": 1})
+    monkeypatch.setattr(kubernetes, "VERSION", "v1alpha1")  # a version this server does not serve
+    with pytest.raises(ConnectorConfigError) as err:
+        await applier_for(fake_k8s).start()
+    assert "does not exist" not in str(err.value)
+    assert "nvidia.com/v1alpha1 dynamographdeployments" in str(err.value)
+
+
 async def test_start_reports_an_unreachable_api_server(fake_k8s):
     url = fake_k8s.url
     await fake_k8s.stop()

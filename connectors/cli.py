@@ -148,7 +148,7 @@ def connector(
     dgd: Annotated[list[str] | None, typer.Option("--dgd", rich_help_panel="kubernetes backend", help="DEPLOYMENT=DGD (repeat), or DGD with one deployment; default: the deployment name, or $DYN_PARENT_DGD_K8S_NAME")] = None,
     engine: Annotated[Engine, typer.Option(rich_help_panel="kubernetes backend", help="Dynamo backend, for default service names")] = Engine.vllm,
     service: Annotated[list[str] | None, typer.Option("--service", rich_help_panel="kubernetes backend", help="ROLE=SERVICE override (repeat)")] = None,
-    ready_timeout: Annotated[float, typer.Option(rich_help_panel="kubernetes backend", help="seconds to wait for Ready / stable")] = 1800.0,
+    ready_timeout: Annotated[float, typer.Option(rich_help_panel="kubernetes backend", help="seconds each wait may take: for Ready before a raise, and for the moved roles to settle after the patch (a raise may take both)")] = 1800.0,
     ready_poll: Annotated[float, typer.Option(rich_help_panel="kubernetes backend", help="seconds between readiness polls")] = 10.0,
     max_attempts: Annotated[int, typer.Option(rich_help_panel="kubernetes backend", help="attempts per API call on 409/429/5xx")] = 6,
     request_timeout: Annotated[float, typer.Option(rich_help_panel="kubernetes backend", help="seconds per API request")] = 10.0,

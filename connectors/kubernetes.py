@@ -136,6 +136,23 @@ def spec_replicas(dgd_obj: Mapping[str, Any], service: str) -> int | None:
     return None
 
 
+OTHER_ROLE: dict[str, str] = {"prefill": "decode", "decode": "prefill"}
+
+
+def named_roles(dgd_obj: Mapping[str, Any], services: Mapping[Role, str]) -> dict[Role, str]:
+    """role -> the component named as the role's service, unless its ``type`` is the other role.
+
+    A component named ``VllmPrefillWorker`` whose v1beta1 ``type`` says
+    ``decode`` is a decode worker: taken by name it scaled prefill with
+    decode's engines. Dynamo takes a name only where the type is empty,
+    ``worker`` or the role itself; here only the contradiction is refused,
+    so an agg worker of any type keeps its name.
+    """
+    types = {c.get("name"): c.get("type") for c in components(dgd_obj)}
+    return {role: name for role, name in services.items()
+            if name in types and not (role in OTHER_ROLE and types[name] == OTHER_ROLE[role])}
+
+
 def typed_roles(dgd_obj: Mapping[str, Any], skip: Mapping[Role, str]) -> dict[Role, str]:
     """prefill/decode -> the one component whose v1beta1 ``type`` is that role.
 
@@ -232,7 +249,7 @@ class KubernetesApplier(Applier):
                 raise ConnectorConfigError(
                     "--dgd", f"{dgd} has no v1beta1 spec.components list"
                 )
-            roles = {r: s for r, s in self.settings.services.items() if s in names}
+            roles = named_roles(obj, self.settings.services)
             roles.update(typed_roles(obj, skip=roles))
             if not roles:
                 mapped = ", ".join(f"{r}={s}" for r, s in self.settings.services.items())

@@ -425,6 +425,21 @@ async def test_a_role_is_found_by_its_component_type_when_no_component_has_its_n
     assert fake_k8s.replicas("llama-dgd")["prefill-worker"] == 2
 
 
+async def test_a_component_named_for_one_role_but_typed_the_other_is_not_taken_by_name(fake_k8s):
+    """VllmPrefillWorker typed ``decode`` is a decode worker: taken by its name it scaled prefill
+    with decode's engines. The component typed ``prefill`` is prefill's, as in Dynamo."""
+    fake_k8s.add_dgd("llama-dgd", {"VllmPrefillWorker": 1, "p": 1},
+                     types={"VllmPrefillWorker": "decode", "p": "prefill"})
+    applier = applier_for(fake_k8s)
+    await applier.start()
+    try:
+        observed = await applier.apply(make_decision(prefill=3, decode=2))
+    finally:
+        await applier.stop()
+    assert observed == {"prefill": 3, "decode": 2}
+    assert fake_k8s.replicas("llama-dgd") == {"VllmPrefillWorker": 2, "p": 3}
+
+
 def _refuse_once_after(applier, method: str, server, operation: str) -> None:
     """After each call of the applier's ``method``, the API server refuses its next
     ``operation`` with a 403: a refusal that lands once part of the decision was patched."""

@@ -222,6 +222,10 @@ class Score:
     under: float
     ms_mean: float
     ms_max: float
+    # each scored window's loss, in order: a script that scores fewer of the windows
+    # (bench/forecast_bound.py's "sees the next window" cannot score the last) compares
+    # with the kinds on the windows it scored
+    losses: tuple[float, ...] = ()
 
 
 def score(kind: str, series: Series) -> Score:
@@ -249,6 +253,7 @@ def score(kind: str, series: Series) -> Score:
         under=100.0 * math.fsum(unders) / len(unders),
         ms_mean=statistics.fmean(costs),
         ms_max=max(costs),
+        losses=tuple(losses),
     )
 
 

@@ -8,13 +8,16 @@ best predictor keeps only the innovation: sqrt(1 - phi^2) of the change).
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 
 import numpy as np
 import pytest
 
-from bench.forecast import Series
-from bench.forecast_bound import SPECTRAL_MIN_WINDOWS, spectral_bound
+from bench import forecast_bound
+from bench.forecast import Series, score
+from bench.forecast_bound import SPECTRAL_MIN_WINDOWS, sees_next, spectral_bound
 from fleetplan.models.forecast import TrafficObservation
 
 WINDOWS = 4_001
@@ -69,3 +72,40 @@ def test_the_token_series_can_be_steadier_than_its_parts():
 
 def test_too_short_a_series_has_no_spectrum():
     assert spectral_bound(_series(np.full(SPECTRAL_MIN_WINDOWS, 8.0))) is None
+
+
+def _jump_at_the_end() -> Series:
+    """Five warm-up windows, then five scored: four steady, and a jump in the last."""
+    counts = [100.0] * 9 + [5000.0]
+    windows = tuple(TrafficObservation(180.0, n, 1000.0, 200.0) for n in counts)
+    return Series("synthetic-180s", 180.0, windows, warm=5)
+
+
+def test_the_benchmark_keeps_each_scored_windows_loss():
+    series = _jump_at_the_end()
+    scored = score("constant", series)
+    assert len(scored.losses) == scored.windows == 5
+    assert math.fsum(scored.losses) / 5 == scored.loss
+    assert scored.losses[-1] > 1.0 > max(scored.losses[:-1])
+
+
+def test_the_next_window_is_compared_on_the_windows_it_scores(tmp_path, monkeypatch, capsys):
+    # the last scored window has no next one, so "sees the next window" scores one window
+    # fewer than bench/forecast.py; its ratios are to the references' losses on those windows,
+    # not to their means over a window it never faced
+    series = _jump_at_the_end()
+    losses = [0.1, 0.1, 0.1, 0.1, 2.0]  # the jump costs the references what it costs anyone
+    rows = [
+        {"series": series.name, "kind": kind, "loss": math.fsum(losses) / 5, "losses": losses}
+        for kind in ("arima_frozen", "constant")
+    ]
+    scores = tmp_path / "forecast.json"
+    scores.write_text(json.dumps({"scores": rows}))
+    monkeypatch.setattr(forecast_bound, "test_series", lambda data: [series])
+    monkeypatch.setattr(sys, "argv", ["forecast_bound.py", "--data", str(tmp_path), "--scores", str(scores)])
+    forecast_bound.main()
+    cells = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].split("|")]
+    nxt = sees_next(series)
+    assert cells[7] == f"{nxt / 0.1:.2f} / {nxt / 0.1:.2f}"  # over the first four windows' 0.1
+    hindsight = float(cells[3])
+    assert cells[5] == f"{hindsight / 0.48:.2f} / {hindsight / 0.48:.2f}"  # all five: 0.48

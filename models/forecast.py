@@ -123,7 +123,14 @@ class TrafficForecaster:
             return
         self._num_req.add_data_point(0.0)
         if self._num_req.is_skipping_idle:
-            return  # idle start: the zero was dropped, drop the lengths too
+            # idle start: the zero was dropped, and the lengths drop theirs too. They are
+            # still fed it: a predictor that counts windows (the ensemble's daily clock,
+            # without window starts) moves its clock on a dropped zero, and the lengths'
+            # cycle fell behind the count's by every idle window of a live start.
+            for predictor in (self._isl, self._osl):
+                if predictor.is_skipping_idle:
+                    predictor.add_data_point(0.0)
+            return
         # a series with no length known yet is still in its idle start: its 0 is dropped too
         self._isl.add_data_point(self._last_isl or 0.0)
         self._osl.add_data_point(self._last_osl or 0.0)

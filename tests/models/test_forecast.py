@@ -106,6 +106,19 @@ def test_warm_then_idle_live_start_is_skipped():
     assert f.forecast() == (0.0, 300.0, 30.0)
 
 
+def test_an_idle_live_start_moves_the_lengths_daily_clock_with_the_counts():
+    """Windows without a start are counted, idle ones included (docs/forecasting.md): an idle
+    live start moved the count's ensemble clock but fed the lengths nothing, so their daily
+    cycle fell behind by every idle window (clocks 14, 11, 11 after 10 busy, 3 idle, 1 busy)."""
+    f = TrafficForecaster("ensemble")
+    f.warm([window(5 + i, 100.0, 10.0) for i in range(10)])
+    for _ in range(3):
+        f.observe(window(0))
+    f.observe(window(7, 120.0, 12.0))
+    assert [p._clock for p in f.predictors] == [14, 14, 14]
+    assert points(f) == (11, 11, 11)  # the idle start's zeros were dropped by all three
+
+
 def test_kv_hit_rate_and_accept_length_are_last_values():
     f = TrafficForecaster("constant")
     assert (f.kv_hit_rate, f.accept_length) == (0.0, 1.0)  # cold start: no discount

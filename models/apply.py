@@ -315,6 +315,10 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
     state.traffic_history = history
     state.config = config
     state.min_overrides = minimums
+    if "advisory" in (body.changes or {}):
+        # the later word is the mode, as for a floor: an earlier set_advisory's shadowed the
+        # change for good, the config said false and every decision stayed advisory
+        state.advisory_override = None
     if not config.throughput_enabled:
         state.lower_bound = {}  # a floor from a loop that no longer runs must not hold the fleet
     if not measures_floor(config):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
 from fleetplan.models.fleet import Fleet
 from fleetplan.models.planner import Planner
-from fleetplan.schemas import ClockEvent, ControlEvent, SetConfig, SetMinEndpoints
+from fleetplan.schemas import ClockEvent, ControlEvent, SetAdvisory, SetConfig, SetMinEndpoints
 from fleetplan.sim.profiles import load_profile
 from tests.models.factories import T0, fpm, ready, requests
 
@@ -98,6 +98,21 @@ def test_a_floor_set_by_set_config_replaces_an_earlier_set_min_endpoints():
     state = fleet.states["d"]
     assert state.rejected_controls == 0 and state.min_overrides == {}
     assert not [r.decision for r in reports if r.decision]
+
+
+def test_a_set_config_of_advisory_replaces_an_earlier_set_advisory():
+    """set_advisory put the deployment in advisory mode; a later set_config of advisory: false was
+    taken (config_version counted it, the config said false) but never used: the control's word
+    shadowed it for good, and every decision after it was still advisory, never applied. The later
+    word is the mode, as for a floor."""
+    fleet = _fleet()
+    events = [ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 400),
+              ControlEvent(deployment="d", time=T0 + 5, body=SetAdvisory(advisory=True)), _set(T0 + 6, advisory=False)]
+    reports = fleet.run(sorted(events, key=lambda e: e.time))
+    state = fleet.states["d"]
+    assert state.config.advisory is False and state.advisory is False
+    decided = [r.decision for r in reports if r.decision]
+    assert decided and not any(d.advisory for d in decided)
 
 
 def test_a_replica_ceiling_wins_over_the_floor_budget():

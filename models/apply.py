@@ -10,7 +10,13 @@ letters) map to ``None``.
 
 from __future__ import annotations
 
-from fleetplan.models.config import ConfigError, check_kv_capacity, check_profile_budget
+from fleetplan.models.config import (
+    ConfigError,
+    check_gpu_budget,
+    check_kv_capacity,
+    check_profile_budget,
+)
+from fleetplan.models.constraints import engine_gpus
 from fleetplan.models.measured_floor import measures_floor
 from fleetplan.models.mix import LengthMix
 from fleetplan.models.perf import FpmColumns
@@ -293,8 +299,13 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         # a switch to a threshold target (or a reset_perf dropping max_kv_tokens) is held to the
         # KV-capacity rule a config file meets when the planner is built: without it decode never scaled
         check_kv_capacity(config, None if profile is None else profile.max_kv_tokens)
-        # and the budget to one of the profile's engines of each role, as at start too
-        check_profile_budget(config, None if profile is None else profile.engine_gpus)
+        # and the budget to one of the profile's engines of each role, as at start too, and to one
+        # of each role's engines as the tick prices them: the inventory's may be larger than the
+        # profile's (2-GPU engines under a budget of 3 checked against the 1-GPU profile, and the
+        # budget, which wins over the floors, cut prefill to 0)
+        profile_gpus = None if profile is None else profile.engine_gpus
+        check_profile_budget(config, profile_gpus)
+        _check_budget_as_priced(config, state, profile_gpus)
         # a ceiling under a set_min_endpoints floor is the contradiction refused the other way
         # round (until 2026-12-05 it was taken, and the clamp cut the role below its floor)
         minimums = _minimums_kept(config, body.changes or {}, state.min_overrides)
@@ -336,6 +347,25 @@ def _change_config(state: DeploymentState, body: SetConfig | ResetPerf, profile)
         state.mix_factor.clear()
         state.down_since.clear()
     return True
+
+
+def _check_budget_as_priced(config, state: DeploymentState, profile_gpus: int | None) -> None:
+    """``check_gpu_budget`` with each role's engine priced as the tick will price it under ``config``.
+
+    Only a change that breaks it is refused: a budget the inventory outgrew before the change
+    (engines larger than the profile's reported after it was set) is not the change's doing,
+    and a change of something else (``ttft_ms``) is not refused for it.
+    """
+    def problem(cfg) -> str | None:
+        try:
+            check_gpu_budget(cfg, engine_gpus(cfg, state.workers, profile_gpus))
+        except ValueError as err:
+            return str(err)
+        return None
+
+    new = problem(config)
+    if new is not None and problem(state.config) is None:
+        raise ConfigError(new)
 
 
 def _minimums_kept(config, changes: dict, minimums: dict[Role, int]) -> dict[Role, int]:

@@ -41,6 +41,27 @@ def clamp_to_bounds(
     return out, reason
 
 
+def engine_gpus(config, workers: Mapping, profile_gpus: int | None = None) -> dict[Role, int]:
+    """GPUs an engine of each of ``config``'s roles costs: the config's, else the largest its
+    workers report (a budget priced at the smallest could be overrun by the next engine started),
+    else the profile's engine (``engine_gpus``), else 1.
+
+    An engine known only from its FPMs reports no GPUs (the live stack writes no inventory),
+    so it is priced as the profile's: priced at 1, a TP2 fleet ran at twice ``max_gpu_budget``.
+    The tick fits the budget at these prices, and a ``set_config`` is checked at them
+    (models/apply.py).
+    """
+    out: dict[Role, int] = {}
+    for role in config.roles:
+        configured = config.gpus_per_engine(role)
+        if configured is not None:
+            out[role] = configured
+            continue
+        seen = [w.gpus for w in workers.values() if w.role == role and not w.discovered]
+        out[role] = max(seen) if seen else profile_gpus or 1
+    return out
+
+
 def gpu_total(counts: Mapping[Role, int], gpus: Mapping[Role, int]) -> int:
     return sum(n * gpus[r] for r, n in counts.items())
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from fleetplan.models.apply import apply_event, engines_beyond_decided, forget_silent_engines
 from fleetplan.models.config import PlannerConfig
-from fleetplan.models.constraints import clamp_to_bounds, fit_gpu_budget
+from fleetplan.models.constraints import clamp_to_bounds, engine_gpus, fit_gpu_budget
 from fleetplan.models.forecast import TrafficObservation
 from fleetplan.models.load import (
     EngineLoads,
@@ -228,7 +228,7 @@ class Planner:
                     scratch.load_reasons[role] = (
                         "reconcile_clamped_to_floor" if proposed[role] > reconciled[role]
                         else "reconcile_clamped_to_ceiling")
-        gpus = _gpus_per_role(state, roles, None if self.profile is None else self.profile.engine_gpus)
+        gpus = engine_gpus(cfg, state.workers, None if self.profile is None else self.profile.engine_gpus)
         proposed, budget_reason = fit_gpu_budget(
             baseline, proposed, gpus, cfg.max_gpu_budget, cfg.min_gpu_budget, minimums, maximums
         )
@@ -613,25 +613,6 @@ def _starting_within(state: DeploymentState, now: float, timeout: float) -> bool
     pending replicas at once; a startup that is only slow keeps holding here.
     """
     return any(w.state == "starting" and now - w.since < timeout for w in state.workers.values())
-
-
-def _gpus_per_role(state: DeploymentState, roles, profile_gpus: int | None = None) -> dict[Role, int]:
-    """GPUs an engine of each role costs: the config's, else the largest its workers report
-    (a budget priced at the smallest could be overrun by the next engine started), else the
-    profile's engine (``engine_gpus``), else 1.
-
-    An engine known only from its FPMs reports no GPUs (the live stack writes no inventory),
-    so it is priced as the profile's: priced at 1, a TP2 fleet ran at twice ``max_gpu_budget``.
-    """
-    out: dict[Role, int] = {}
-    for role in roles:
-        configured = state.config.gpus_per_engine(role)
-        if configured is not None:
-            out[role] = configured
-            continue
-        seen = [w.gpus for w in state.workers.values() if w.role == role and not w.discovered]
-        out[role] = max(seen) if seen else profile_gpus or 1
-    return out
 
 
 def _engines_of(state: DeploymentState, role: Role) -> tuple[list[ForwardPassMetrics], bool]:

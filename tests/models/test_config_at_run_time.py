@@ -196,6 +196,32 @@ def test_a_budget_that_cannot_hold_one_of_the_profiles_engines_a_role_is_refused
     assert all(r.decision.targets["prefill"] >= 1 for r in reports if r.decision)
 
 
+def test_a_budget_that_cannot_hold_one_of_the_inventorys_engines_a_role_is_refused():
+    """The same with engines whose size only the inventory gives (2 GPUs each, the profile's 1):
+    the tick prices them at 2, and a set_config to a budget of 3 was checked against the
+    profile's 1-GPU engines, taken, and then cut prefill to 0 at the next throughput tick."""
+    fleet = _fleet(max_gpu_budget=16)
+    events = [ready("p0", "prefill", gpus=2), ready("d0", "decode", gpus=2), *requests(2, T0 + 1, T0 + 400),
+              _set(T0 + 10, max_gpu_budget=3)]
+    for t in range(1, 400, 5):
+        events += [fpm("p0", "prefill", T0 + t, counter=t),
+                   fpm("d0", "decode", T0 + t, counter=t, decode_reqs=2, decode_kv=1000)]
+    reports = fleet.run(sorted(events, key=lambda e: e.time))
+    state = fleet.states["d"]
+    assert state.rejected_controls == 1 and state.config.max_gpu_budget == 16
+    assert all(r.decision.targets["prefill"] >= 1 for r in reports if r.decision)
+
+
+def test_a_budget_the_inventory_outgrew_before_a_change_does_not_refuse_it():
+    """A budget of 3 passed at start (the profile's engines take 1 GPU) and the inventory then
+    reported 2-GPU engines: a set_config of another field is not the budget's change, and is taken."""
+    fleet = _fleet(max_gpu_budget=3)
+    fleet.run([ready("p0", "prefill", gpus=2), ready("d0", "decode", gpus=2), _set(T0 + 10, ttft_ms=300),
+               ClockEvent(deployment="d", time=T0 + 200)])
+    state = fleet.states["d"]
+    assert state.rejected_controls == 0 and state.config.ttft_ms == 300
+
+
 def test_a_shorter_floor_memory_forgets_the_older_windows_floors_at_its_tick():
     """A busy first window, then idle ones, its floor remembered 900 s: a set_config to 0 s (the last
     closed window alone) at 370 s kept the busy window's three prefill engines until the next window

@@ -200,8 +200,13 @@ def _apply_fpm_batch(state: DeploymentState, batch: FpmBatch | WireFpmBatch) -> 
 
 
 def _note_traffic(state: DeploymentState, arrival_s: float) -> None:
-    """The deployment has traffic; the first request's arrival dates its first window."""
-    if state.first_traffic is None:
+    """The deployment has traffic; the first request's arrival dates its first window.
+
+    The earliest arrival, not the first folded: finished requests fold in the order they
+    end, and a short request that ended first dated the traffic after a long one that had
+    arrived before it (a seed ending between the two was taken as the deployment's past).
+    """
+    if state.first_traffic is None or arrival_s < state.first_traffic:
         state.first_traffic = arrival_s
     state.seen_traffic = True
 

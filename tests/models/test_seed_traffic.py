@@ -294,3 +294,27 @@ def test_a_seed_gives_the_planner_the_kv_hit_rate_and_accept_length_it_measured(
     moved = seeded.state("d")
     assert moved.rejected_controls == 0
     assert (moved.last_kv_hit_rate, moved.last_accept_length) == (0.5, 2.5)
+
+
+def test_the_traffic_began_with_the_earliest_arrival_not_the_first_request_to_finish(make_fleet, live):
+    """Finished requests fold in the order they end: a short request that arrived at T0 + 905 and
+    ended first dated the deployment's traffic, though a long one had arrived at T0 + 850 and ended
+    after it. A seed ending at T0 + 900 then passed as the deployment's past, while the request of
+    T0 + 850 is in its last window and in the first live one too."""
+    from fleetplan.schemas import ClockEvent, RequestRecord
+
+    _, history = live
+
+    def record(rid: str, arrival: float, end: float) -> RequestRecord:
+        return RequestRecord(deployment="d", time=end, request_id=rid, input_tokens=2000, output_tokens=150,
+                             request_received_ms=arrival * 1000)
+
+    events = [ready("p0", "prefill"), ready("d0", "decode"),
+              record("short", T0 + 905, T0 + 906), record("long", T0 + 850, T0 + 950),
+              _seed(T0 + 951, history[:5]),  # the five windows end at T0 + 900
+              ClockEvent(deployment="d", time=T0 + 1100)]
+    fleet = make_fleet(load_predictor="ensemble")
+    fleet.run(sorted(events, key=lambda e: e.time))
+    state = fleet.state("d")
+    assert state.first_traffic == T0 + 850
+    assert state.rejected_controls == 1 and state.config_version == 0

@@ -305,7 +305,7 @@ class DeploymentState:
     # the windows the forecaster was fed, last predictor_history_windows of them:
     # [start_s, duration_s, num_req, isl, osl, kv_hit_rate, accept_length, peak] (models/predictor_swap.py)
     traffic_history: list[list] = field(default_factory=list)
-    rejected_controls: int = 0  # control events (set_config, seed_traffic) refused when their tick applied them
+    rejected_controls: int = 0  # control events (set_config, reset_perf, set_min_endpoints, seed_traffic) refused when their tick applied them
     last_input: float | None = None  # time of the latest event applied (models/sequencer.py skips long silences)
     silent_ticks_skipped: int = 0  # ticks of such silences not fired
 

@@ -102,6 +102,7 @@ class WorkerMetrics:
             registry=r)
         self._engines: dict[str, set[tuple[str, str]]] = {}
         self._reasoned: set[str] = set()  # deployments whose loop reasons were set: a first not_due is too
+        self._sized: set[str] = set()  # deployments with throughput-loop series exported
         # the gauges that describe one deployment as its owner last saw it, by their label names
         self._per_deployment = (
             (self.replica_target, ("deployment", "role")), (self.replicas_ready, ("deployment", "role")),
@@ -131,6 +132,7 @@ class WorkerMetrics:
         for name in names:
             self._engines.pop(name, None)
         self._reasoned -= names
+        self._sized -= names
         gone = {str(p) for p in partitions}
         _remove_series(self.lag, ("topic", "partition"), lambda s: s["partition"] in gone)
 
@@ -150,8 +152,12 @@ class WorkerMetrics:
             self.replica_target.labels(dep, role).set(n)
         for role, n in report.ready.items():
             self.replicas_ready.labels(dep, role).set(n)
-        for role, n in report.lower_bound.items():
-            self.lower_bound.labels(dep, role).set(n)
+        for role in report.targets:
+            # a floor the state dropped (a set_config turned the throughput loop off) is not
+            # exported: it no longer holds the fleet
+            _set_or_remove(self.lower_bound, (dep, role), report.lower_bound.get(role))
+        if report.throughput_reason == "disabled" and dep in self._sized:
+            self._forget_throughput(dep)
         for role, est in report.estimates.items():
             if est.ttft_ms is not None:
                 self.ttft.labels(dep, role).set(est.ttft_ms)
@@ -173,7 +179,21 @@ class WorkerMetrics:
             self.decisions.labels(dep).inc()
         self._observe_queues(dep, state)
 
+    def _forget_throughput(self, dep: str) -> None:
+        """Stop exporting what the throughput loop sized, once it no longer runs.
+
+        Its series are those of its last run, but a loop a set_config turned off has
+        none to come: kept, its last forecast and counts would read as what sizes the
+        fleet now.
+        """
+        for gauge, labels in ((self.predicted, ("deployment", "quantity")), (self.sizing, ("deployment", "role", "by")),
+                              (self.utilization, ("deployment", "role")), (self.horizon, ("deployment",)),
+                              (self.calibrated, ("deployment",)), (self.exceeded, ("deployment", "count"))):
+            _remove_series(gauge, labels, lambda s: s["deployment"] == dep)
+        self._sized.discard(dep)
+
     def _observe_predicted(self, dep: str, predicted) -> None:
+        self._sized.add(dep)
         for name in PREDICTED_FIELDS:
             self.predicted.labels(dep, name).set(getattr(predicted, name))
         # the upper quantiles beside the point's rps: the busiest burst's, and the window's

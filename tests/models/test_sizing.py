@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fleetplan.models.mix import LengthMix, bucket_of, mix_capacity, mix_factor
 from fleetplan.models.state import DeploymentState
-from fleetplan.schemas import Ack, ClockEvent, InventoryEvent
+from fleetplan.schemas import Ack, ClockEvent, ControlEvent, InventoryEvent, SetConfig
 from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
 INTERVAL = 180
@@ -747,3 +747,31 @@ def test_each_loops_reason_gauge_holds_what_its_last_run_said(make_fleet):
              for labels, value in ((s.labels, s.value) for m in metrics.registry.collect()
                                    for s in m.samples if s.name == "fleetplan_throughput_reason")}
     assert state[sized.throughput_reason] == 1.0 and state["not_due"] == 0.0
+
+
+def test_a_deployment_whose_throughput_loop_was_turned_off_exports_none_of_its_series(make_fleet):
+    """A set_config of ``enable_throughput_scaling: false`` drops the loop's floor from the state (it
+    must not hold the fleet), and its ticks size nothing: the floor, the sized counts and the forecast
+    of its last run stayed exported for good, a throughput floor drawn that no longer held the fleet."""
+    from fleetplan.streams.metrics import WorkerMetrics
+
+    fleet = make_fleet(enable_load_scaling=True, max_throughput_scaling_replicas=20)
+    metrics = WorkerMetrics()
+    for tick in _steady_ticks(fleet, 26, 3):
+        metrics.observe_tick(tick, _state(fleet))
+    throughput_series = ("fleetplan_throughput_lower_bound", "fleetplan_sizing_replicas", "fleetplan_predicted_load",
+                         "fleetplan_sizing_utilization")
+
+    def exported() -> set[str]:
+        return {s.name for m in metrics.registry.collect() for s in m.samples if s.name in throughput_series}
+
+    assert exported() == set(throughput_series)
+    t = T0 + 5 * INTERVAL
+    off = ControlEvent(deployment="d", time=t + 1, body=SetConfig(changes={"enable_throughput_scaling": False}))
+    ticks = [r for r in fleet.run([off, _clock(t + INTERVAL + 10)]) if hasattr(r, "predicted")]
+    state = _state(fleet)
+    assert ticks[-1].throughput_reason == "disabled" and ticks[-1].lower_bound == {}
+    metrics.observe_tick(ticks[-1], state)
+    assert exported() == set()
+    assert metrics.registry.get_sample_value("fleetplan_throughput_reason", {
+        "deployment": "d", "fleetplan_throughput_reason": "disabled"}) == 1.0

@@ -9,17 +9,21 @@ and a user can fix the producer.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import get_args
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from fleetplan.schemas.events import EVENT_MODELS, Event
+from fleetplan.schemas.events import EVENT_MODELS, ControlCommand, Event
 
 MAX_EVENT_BYTES = 1 << 20
 """Largest encoded event accepted (1 MiB); bigger ones are dead-lettered as oversize."""
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
-_COMMANDS = ("set_min_endpoints", "set_advisory", "set_config", "seed_traffic")
+_COMMANDS = tuple(model.model_fields["command"].default for model in get_args(get_args(ControlCommand)[0]))
+"""Every control command's tag, read from the union so that none is left out: a list written
+by hand lacked ``reset_perf``, so a bad command was told the others only, and a bad
+``reset_perf`` field was named ``body.reset_perf.<name>`` instead of ``body.<name>``."""
 
 
 class SchemaError(ValueError):

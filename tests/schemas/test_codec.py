@@ -95,6 +95,12 @@ def _fpm_json(**overrides) -> bytes:
         (_fpm_json(surprise=1), "surprise", "Extra inputs"),
         (b'{"type":"fpm","deployment":"d","time":1,"role":"prefill"}', "worker_id", "required"),
         (b'{"type":"control","deployment":"d","time":1,"body":{"command":"reboot"}}', "body.command", "set_min_endpoints"),
+        # reset_perf is a command too: the list of them names it, and its fields are body.<name>
+        (b'{"type":"control","deployment":"d","time":1,"body":{"command":"reboot"}}', "body.command", "reset_perf"),
+        (b'{"type":"control","deployment":"d","time":1,"body":{"command":"reset_perf","chnages":{}}}',
+         "body.chnages", "Extra inputs"),
+        (b'{"type":"control","deployment":"d","time":1,"body":{"command":"reset_perf",'
+         b'"changes":{"namespace":[99999999999999999999]}}}', "body.changes", "integers within 64 bits"),
         # one request is not a million million tokens: a unit or parsing error (MAX_REQUEST_TOKENS)
         (b'{"type":"request","deployment":"d","time":5,"request_id":"r","input_tokens":1000000000000000000,'
          b'"output_tokens":1,"request_received_ms":1}', "input_tokens", "less than or equal to 10000000"),

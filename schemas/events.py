@@ -9,6 +9,7 @@ negative counts, so anything the core sees is already well formed.
 
 from __future__ import annotations
 
+import math
 from operator import attrgetter
 from typing import Annotated, Literal
 
@@ -267,7 +268,27 @@ class _ConfigChanges(_Model):
             orjson.dumps(changes)
         except orjson.JSONEncodeError as err:
             raise ValueError(f"values JSON can carry (integers within 64 bits): {err}") from None
+        where = _non_finite(changes)
+        if where is not None:
+            raise ValueError(f"finite numbers (JSON writes NaN and infinities as null): {where[0]} is {where[1]!r}")
         return changes
+
+
+def _non_finite(value: object, path: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinity in a JSON-like value, with its dotted path; None when there is none.
+
+    The event is stored and sorted by its encoding, where orjson writes one
+    as null: a change of a Dynamo runtime field to NaN (accepted and ignored)
+    was taken, and its own record said null.
+    """
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 class SetConfig(_ConfigChanges):

@@ -123,6 +123,12 @@ def _fpm_json(**overrides) -> bytes:
          b'"decision_id":99999999999999999999}', "decision_id", "less than or equal to"),
         (b'{"type":"control","deployment":"d","time":1,"body":{"command":"set_config",'
          b'"changes":{"namespace":{"a":[99999999999999999999]}}}}', "body.changes", "integers within 64 bits"),
+        # JSON writes NaN and infinity as null: a change holding one would be stored as another
+        (b'{"type":"control","deployment":"d","time":1,"body":{"command":"set_config",'
+         b'"changes":{"request_timeout_seconds":NaN}}}', "body.changes",
+         "finite numbers (JSON writes NaN and infinities as null): request_timeout_seconds is nan"),
+        (b'{"type":"control","deployment":"d","time":1,"body":{"command":"reset_perf",'
+         b'"changes":{"scheduling":{"weights":[1,-Infinity]}}}}', "body.changes", "scheduling.weights.1 is -inf"),
         (b'{"type":"control","deployment":"d","time":5,"body":{"command":"seed_traffic","windows":'
          b'[{"start_s":0,"duration_s":1,"num_req":1e19,"isl":1,"osl":1}]}}', "body.windows.0.num_req",
          "less than or equal to 1000000000000"),
@@ -143,6 +149,15 @@ def test_non_finite_numbers_rejected():
         with pytest.raises(SchemaError) as info:
             decode_event(raw)
         assert info.value.field == "time" and "finite number" in str(info.value)
+
+
+def test_a_config_change_round_trips_exactly():
+    """What the worker folds is what its encoding says: a change is stored and sorted by it."""
+    raw = (b'{"type":"control","deployment":"d","time":1,"body":{"command":"set_config",'
+           b'"changes":{"request_timeout_seconds":1e-7,"namespace":{"a":[9223372036854775807,0.5]}}}}')
+    event = decode_event(raw)
+    assert decode_event(encode_event(event)) == event
+    assert encode_event(decode_event(encode_event(event))) == encode_event(event)
 
 
 def test_python_side_rejects_non_finite():

@@ -429,7 +429,7 @@ class PredictedLoad(_Model):
         "busiest burst (burst_sizing: queueing): the window count's quantile, where sized_rps is the burst's; "
         "null otherwise",
     )
-    horizon_windows: Annotated[int, Field(ge=1)] | None = Field(
+    horizon_windows: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = Field(
         None, description="throughput windows the sized rate covers (startup horizon)"
     )
     quantile_calibrated: bool | None = Field(

@@ -123,6 +123,11 @@ def _fpm_json(**overrides) -> bytes:
          b'"decision_id":99999999999999999999}', "decision_id", "less than or equal to"),
         (b'{"type":"control","deployment":"d","time":1,"body":{"command":"set_config",'
          b'"changes":{"namespace":{"a":[99999999999999999999]}}}}', "body.changes", "integers within 64 bits"),
+        # a decision read back (the audit, the connectors) is encoded again: 10**23 windows cannot be
+        (b'{"type":"decision","deployment":"d","time":5,"decision_id":0,"targets":{"prefill":1},"previous":{},'
+         b'"throughput_reason":"scale","load_reason":"disabled","predicted":{"num_req":1,"isl":1,"osl":1,'
+         b'"rps":1,"horizon_windows":100000000000000000000000}}', "predicted.horizon_windows",
+         "less than or equal to 9223372036854775807"),
         # JSON writes NaN and infinity as null: a change holding one would be stored as another
         (b'{"type":"control","deployment":"d","time":1,"body":{"command":"set_config",'
          b'"changes":{"request_timeout_seconds":NaN}}}', "body.changes",

@@ -450,10 +450,13 @@ class Planner:
                 if scratch.load_reasons.get(role) == "scale_down":
                     scratch.load_reasons[role] = "scale_down_capped_by_throughput"
                     capped = True
-                elif floor > baseline[role] and role in scratch.load_reasons:
+                elif floor > baseline[role] and (role in scratch.load_reasons or state.pending is None):
                     # the floor grows the role past the loop's verdict (a floor set while a
                     # decision was in flight, applied at a later tick whose throughput loop is
-                    # not due): Dynamo's scale_up; the decision said no_change / not_due
+                    # not due): Dynamo's scale_up; the decision said no_change / not_due. Also
+                    # where the loop held for engines still starting: the floor goes through
+                    # the hold, and its decision said scaling_in_progress (a pending decision
+                    # makes none, and the tick keeps saying why)
                     scratch.load_reasons[role] = "scale_up"
                     raised = True
                 proposed[role] = floor

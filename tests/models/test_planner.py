@@ -254,6 +254,26 @@ def test_a_raise_to_the_throughput_floor_after_its_tick_says_scale_up(make_fleet
     assert tick.load_reasons == {"prefill": "scale_up", "decode": "scale_up"}
 
 
+def test_a_raise_to_the_throughput_floor_while_engines_start_says_scale_up(make_fleet):
+    """As above, with the inventory an orchestrator writes: the scale-up acked at T0 + 183 has its
+    engine starting, so the load loop holds (scaling_in_progress) at T0 + 185, but the floor still
+    grows the fleet. That decision said throughput ``not_due`` and load ``scaling_in_progress``, a
+    hold, for a decision that scales up two roles."""
+    fleet = make_fleet(enable_load_scaling=True)
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(60, T0 + 1, T0 + 199), ack(0, T0 + 183),
+           ready("p1", "prefill", T0 + 183, state="starting")]
+    for t in range(1, 200, 5):
+        evs += [fpm("p0", "prefill", T0 + t, wall=0.0, counter=t, queued_prefill=30_000 if 170 < t < 180 else 0),
+                fpm("d0", "decode", T0 + t, wall=0.0, counter=t, decode_reqs=4, decode_kv=12_000)]
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    first, raised = decisions(out)
+    assert first.time == T0 + 175 and first.load_reason == "scale_up"
+    assert raised.time == T0 + 185 and raised.targets == {"prefill": 4, "decode": 2}
+    assert raised.throughput_reason == "not_due" and raised.load_reason == "scale_up"
+    tick = next(o for o in out if o.time == T0 + 185)
+    assert tick.load_reasons == {"prefill": "scale_up", "decode": "scale_up"}
+
+
 def test_a_scale_down_held_at_the_replica_floor_is_not_reported_as_one(make_fleet):
     """Two idle prefill engines at prefill_min_endpoint 2: the load loop's release is undone by the
     floor, so no tick may say scale_down while the fleet stays (Dynamo: no_change)."""

@@ -237,6 +237,12 @@ class Planner:
                 reason_l = budget_reason
             if scratch.throughput_targets is not None:
                 reason_t = budget_reason
+        for role in roles:
+            if proposed[role] < baseline[role]:
+                # the next release needs a run of its own; one the floors or the budget undid
+                # did not happen, and its run goes on (restarted, it held the release a whole
+                # wait more once the floor came down, though the verdicts never broke)
+                state.down_since.pop(role, None)
 
         decision = None
         if proposed != baseline:
@@ -402,8 +408,6 @@ class Planner:
                 continue
             if signal.step:
                 targets[role] = max(baseline[role] + signal.step, 0)
-                if signal.step < 0:
-                    state.down_since.pop(role, None)  # the next release needs a run of its own
         reasons = list(scratch.load_reasons.values())
         for code in ("scale_up", "scale_up_to_measured_rate", "scale_down"):
             if code in reasons:

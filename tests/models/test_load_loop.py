@@ -97,6 +97,24 @@ def test_the_wait_starts_again_after_each_release(make_fleet):
     assert not fleet.state("d").down_since
 
 
+def test_a_release_the_replica_floor_undid_does_not_restart_the_wait(make_fleet):
+    """Spare verdicts from T0 + 5 on, the release held at prefill_min_endpoint 3 until a
+    set_min_endpoints lowers it at T0 + 62: the run is 57 s long, past the 30 s wait, so the
+    engine goes at the next tick. The release the floor undid at T0 + 35 restarted the run, as
+    if it had happened, and the engine waited 5 s more, each tick between saying
+    scale_down_stabilizing and reconcile_clamped_to_floor by turns."""
+    from fleetplan.schemas import ControlEvent, SetMinEndpoints
+
+    fleet = _load_only(make_fleet, load_scale_down_stabilization_seconds=30, prefill_min_endpoint=3)
+    evs = [*_idle_fleet(T0 + 100),
+           ControlEvent(deployment="d", time=T0 + 62, body=SetMinEndpoints(minimums={"prefill": 1}))]
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    (first,) = decisions(out)
+    assert first.time == T0 + 65 and first.targets["prefill"] == 2
+    held = [o for o in out if T0 + 35 <= o.time < T0 + 65]
+    assert all(o.load_reasons["prefill"] == "reconcile_clamped_to_floor" for o in held)
+
+
 def test_down_verdicts_round_trip_and_old_state_restores(make_fleet):
     from fleetplan.models.state import DeploymentState
 

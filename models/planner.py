@@ -229,12 +229,18 @@ class Planner:
                         "reconcile_clamped_to_floor" if proposed[role] > reconciled[role]
                         else "reconcile_clamped_to_ceiling")
         gpus = engine_gpus(cfg, state.workers, None if self.profile is None else self.profile.engine_gpus)
+        bounded = proposed
         proposed, budget_reason = fit_gpu_budget(
             baseline, proposed, gpus, cfg.max_gpu_budget, cfg.min_gpu_budget, minimums, maximums
         )
         if budget_reason:
             if scratch.load_targets is not None:
                 reason_l = budget_reason
+                # a role the budget moved says so, as one the bounds moved does (a scale-up
+                # the budget held kept saying scale_up)
+                for role in roles:
+                    if proposed[role] != bounded[role] and role in scratch.load_reasons:
+                        scratch.load_reasons[role] = budget_reason
             if scratch.throughput_targets is not None:
                 reason_t = budget_reason
         for role in roles:

@@ -289,6 +289,20 @@ def test_a_scale_down_held_at_the_replica_floor_is_not_reported_as_one(make_flee
     assert all(o.load_reasons["prefill"] == "reconcile_clamped_to_floor" for o in out)
 
 
+def test_a_scale_up_held_by_the_gpu_budget_is_not_reported_as_one(make_fleet):
+    """One prefill and one decode engine fill max_gpu_budget 2: prefill's scale-up is held, and
+    its own reason says so, as a move the replica bounds undo does (it said scale_up)."""
+    fleet = _load_fleet(make_fleet, max_gpu_budget=2)
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    for t in range(1, 12, 5):
+        evs += _engines(T0 + t, "prefill", 1, queued_prefill=100_000)
+        evs += _engines(T0 + t, "decode", 1, decode_reqs=4, decode_kv=12_000)
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    assert out and decisions(out) == []
+    assert all(o.load_reason == "gpu_budget_guard_hold" for o in out)
+    assert all(o.load_reasons == {"prefill": "gpu_budget_guard_hold", "decode": "no_change"} for o in out)
+
+
 def test_threshold_mode_needs_no_profile(make_fleet):
     fleet = make_fleet(profile=False, optimization_target="throughput", max_kv_tokens=100_000,
                        context_length=8192)

@@ -79,6 +79,9 @@ def _admit_fpm(state: DeploymentState, fpm) -> bool:
     if state.perf.get(role) is None:
         return False  # a role this mode does not plan (e.g. prefill FPMs in agg mode)
     worker = state.workers.get(fpm.worker_id)
+    gone_at = state.gone_workers.get(fpm.worker_id)
+    if worker is None and gone_at is not None and fpm.time >= gone_at:
+        return False  # a gone engine's last passes: not a discovery (see GONE_MEMORY_SECONDS)
     if worker is None:
         # Discovery: an engine that reports metrics exists, even before inventory says so.
         gpus = state.config.gpus_per_engine(role) or 1
@@ -90,6 +93,19 @@ def _admit_fpm(state: DeploymentState, fpm) -> bool:
 
 GONE_AFTER_SILENCE_SECONDS = 30.0
 """Silence after which an engine beyond its role's decided count is taken for gone."""
+
+GONE_MEMORY_SECONDS = 600.0
+"""How long an engine inventory said is gone stays gone to its own FPMs.
+
+An inventory ``gone`` forgets the engine, and an FPM it sent at or after
+that time (its last passes, the FPM topic behind the inventory's) found no
+worker and discovered it again: a ready engine known only from its FPMs,
+counted in the role's ready engines and the load loop's N, for
+``discovered_engine_ttl_seconds`` (a day), since with inventory written
+nothing prunes such engines. Its FPMs dated at or after the ``gone`` are
+refused for this long after it; an inventory ``starting`` or ``ready`` of
+the same id (a restart) ends it at once.
+"""
 
 
 def forget_silent_engines(state: DeploymentState, now: float) -> None:
@@ -115,6 +131,9 @@ def forget_silent_engines(state: DeploymentState, now: float) -> None:
       its ack, and are no scale-down's leftovers. Not where inventory is
       written: its ``gone`` events say who left.
     """
+    for worker_id, gone_at in list(state.gone_workers.items()):
+        if now - gone_at > GONE_MEMORY_SECONDS:
+            del state.gone_workers[worker_id]
     last = _last_heard(state)
     ttl = state.config.discovered_engine_ttl_seconds
     if ttl > 0:
@@ -238,7 +257,9 @@ def _apply_inventory(state: DeploymentState, ev: InventoryEvent) -> None:
     state.inventory_seen = True  # its ready events time the startups from now on, not the acks
     if ev.state == "gone":
         _forget(state, ev.worker_id)
+        state.gone_workers[ev.worker_id] = ev.time
         return
+    state.gone_workers.pop(ev.worker_id, None)  # back (a restart under the same id)
     previous = state.workers.get(ev.worker_id)
     if ev.state == "ready" and (previous is None or previous.state == "starting"):
         startup_sample(state, ev, previous)

@@ -294,6 +294,7 @@ class DeploymentState:
     scale_up_times: list[list[float]] = field(default_factory=list)  # [decision_id, time]
     startup_samples: list[float] = field(default_factory=list)
     inventory_seen: bool = False  # whether an orchestrator writes inventory (else acks time startups)
+    gone_workers: dict[str, float] = field(default_factory=dict)  # inventory's gone engines: when (apply.py)
     arrival_dispersion: float = 1.0  # the last window's (Poisson until measured)
     dispersion_curve: list[list[float]] = field(default_factory=list)  # the last window's [[tau, I]]
     # event time
@@ -348,6 +349,7 @@ class DeploymentState:
             "scale_up_times": [list(p) for p in self.scale_up_times],
             "startup_samples": list(self.startup_samples),
             "inventory_seen": self.inventory_seen,
+            "gone_workers": dict(self.gone_workers),
             "arrival_dispersion": self.arrival_dispersion,
             "dispersion_curve": [list(p) for p in self.dispersion_curve],
             "buffer": [event_to_dict(e) for e in self.buffer],
@@ -394,6 +396,7 @@ class DeploymentState:
             scale_up_times=[list(p) for p in data["scale_up_times"]],
             startup_samples=list(data["startup_samples"]),
             inventory_seen=data.get("inventory_seen", False),
+            gone_workers={str(k): float(v) for k, v in data.get("gone_workers", {}).items()},
             arrival_dispersion=data.get("arrival_dispersion", 1.0),
             dispersion_curve=[list(p) for p in data.get("dispersion_curve", [])],
             buffer=[decode_dict(e) for e in data["buffer"]],

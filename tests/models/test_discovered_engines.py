@@ -189,3 +189,32 @@ def test_a_pending_scale_down_does_not_count_an_engine_gone_before_its_ack():
     fleet.run(_busy(["p0", "p1", "d0"], T0 + 185, T0 + 380))
     assert state.last_tick == T0 + 360 and state.pending is not None
     assert "p2" in state.workers
+
+
+def test_a_gone_engines_last_fpm_does_not_bring_it_back():
+    """An inventory ``gone`` forgot the engine; its FPM dated at (or after) that time then found
+    no worker and discovered it again: a ready engine for a day, counted in the role's ready
+    engines, never pruned where inventory is written. Its FPMs are refused while its gone is
+    remembered, and an inventory ready of the same id (a restart) takes it back at once."""
+    fleet = _fleet()
+    fleet.run([ready("p0", "prefill"), ready("p1", "prefill"), ready("d0", "decode"),
+               fpm("p1", "prefill", T0 + 5), ready("p1", "prefill", T0 + 12, state="gone"),
+               fpm("p1", "prefill", T0 + 12), fpm("p1", "prefill", T0 + 12.5),
+               fpm("d0", "decode", T0 + 20, decode_reqs=1, decode_kv=100),
+               fpm("d0", "decode", T0 + 190, decode_reqs=1, decode_kv=100)])  # past the tick at 180
+    state = fleet.state("d")
+    assert state.last_tick == T0 + 180
+    assert "p1" not in state.workers and "p1/0" not in state.latest_fpm
+    assert state.gone_workers == {"p1": T0 + 12}
+    restored = DeploymentState.from_data(orjson.loads(orjson.dumps(state.to_data())))
+    assert restored.gone_workers == state.gone_workers
+    fleet.run([ready("p1", "prefill", T0 + 200), fpm("p1", "prefill", T0 + 201),  # restarted
+               fpm("d0", "decode", T0 + 370, decode_reqs=1, decode_kv=100)])
+    assert fleet.state("d").workers["p1"].state == "ready" and fleet.state("d").gone_workers == {}
+
+
+def test_a_gone_engine_is_remembered_for_a_while_only():
+    fleet = _fleet()
+    fleet.run([ready("p0", "prefill"), ready("d0", "decode"), ready("p1", "prefill", T0 + 1, state="gone")])
+    fleet.run([fpm("d0", "decode", T0 + 700 + s, decode_reqs=1, decode_kv=100) for s in range(0, 200, 5)])
+    assert fleet.state("d").gone_workers == {}  # pruned at a tick more than 600 s after it

@@ -53,7 +53,7 @@ def test_every_field_survives_the_round_trip(make_fleet):
         "timed_out": PendingDecision(5, T0 + 9, {"prefill": 4, "decode": 1}),
         "desired": {"prefill": 2, "decode": 1}, "advised": {"prefill": 5, "decode": 2},
         "mix_factor": {"prefill": 0.9}, "scale_up_times": [[5, T0 + 9]], "startup_samples": [90.0],
-        "inventory_seen": True, "arrival_dispersion": 3.5, "dispersion_curve": [[1.0, 3.5], [2.0, 4.0]],
+        "inventory_seen": True, "gone_workers": {"p9": T0 + 4.5}, "arrival_dispersion": 3.5, "dispersion_curve": [[1.0, 3.5], [2.0, 4.0]],
         "buffer": [latest], "max_time": T0 + 11, "next_tick": T0 + 15, "last_tick": T0 + 10, "late_events": 2,
         "traffic_history": [[T0, 180, 10.0, 300.0, 30.0, None, None, 12.0]], "rejected_controls": 4,
         "last_input": T0 + 7.5, "silent_ticks_skipped": 17,

@@ -90,6 +90,16 @@ FIXED_FIELDS = frozenset({
 """PlannerConfig fields a retune grid may not search."""
 
 
+def _ended_by(row: list, t: float) -> bool:
+    """Whether a kept window (``remember_window``'s row) had ended by ``t``.
+
+    A ``load_predictor_warmup_trace``'s windows have no start time: they are
+    taken to end where the live ones begin, so they ended by any window's
+    start (read as a number, their ``None`` stopped the run at its first sweep).
+    """
+    return row[0] is None or row[0] + row[1] <= t + 1e-9
+
+
 class RetuneError(ValueError):
     """A retune spec that cannot run; the message names the field."""
 
@@ -363,7 +373,7 @@ class Retuner:
         if not requests:
             record["outcome"] = "empty_window"
             return _Pending(lands_at, record, None)
-        before = [w for w in history if w[0] + w[1] <= start + 1e-9]  # kept windows ended by the start
+        before = [w for w in history if _ended_by(w, start)]  # kept windows ended by the start
         winner = self._presweep(history, before, start, end, record) if self.predictors else {}
         candidates = self._candidates(winner)
         scores = [self._replay(c, window, requests, start, end, before) for c in candidates]
@@ -398,7 +408,7 @@ class Retuner:
         its first forecast, of nothing, would decide (Dynamo fails a swap
         that has no warm-up traffic the same way).
         """
-        scored = [w for w in history if w[0] >= start - 1e-9 and w[0] + w[1] <= end + 1e-9]
+        scored = [w for w in history if w[0] is not None and w[0] >= start - 1e-9 and _ended_by(w, end)]
         losses = []
         for fields in self.predictors:
             forecaster = rebuild_forecaster(self.setup.config.with_changes(fields), before)

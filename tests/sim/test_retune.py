@@ -486,3 +486,20 @@ def test_a_retune_line_shows_what_its_objective_ranks_by():
     assert goodput.endswith("(score 3,900.0 against the current 4,000.0)")
     at_goal = retune_lines([{**record, "objective": "gpu_hours_at_goal"}])[0]
     assert at_goal.endswith("(99.10% at 1.900 GPU-hours against the current 99.50% at 2.000 GPU-hours)")
+
+
+def test_a_run_warmed_by_a_warmup_trace_retunes_with_those_windows_before_its_first(workload, h200):
+    """``load_predictor_warmup_trace``'s windows carry no start time: they come before the live
+    ones. The first sweep took their start for a number and the run stopped with a TypeError."""
+    from fleetplan.bootstrap import load_warmup
+
+    cfg = config_from_dict({**RUN_CONFIG, "load_predictor_warmup_trace": str(CONV)})
+    warm = load_warmup(cfg)
+    assert warm["warmup"] and all(obs.start_s is None for obs in warm["warmup"])
+    setup = make_setup(cfg, h200, SimOptions(seed=5))
+    rt = Retuner(load_retune({**SPEC, "load_predictor": PREDICTORS}), setup, h200)
+    result = run_planner(workload, setup, Planner(cfg, profile=h200, **warm), {"prefill": 2, "decode": 2}, retune=rt)
+    first = result.retune[0]
+    # the warm-up windows warm the pre-sweep's candidates, so the first window has a winner
+    assert first["predictor_presweep"]["warm_windows"] == len(warm["warmup"])
+    assert first["predictor_presweep"]["scored_windows"] == 2 and first["predictor_presweep"]["winner"] is not None

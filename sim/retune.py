@@ -68,6 +68,7 @@ from fleetplan.models.config import (
 )
 from fleetplan.models.forecast import window_loss
 from fleetplan.models.predictor_swap import rebuild_forecaster, window_of
+from fleetplan.models.quantiles import asked_requests
 from fleetplan.sim.metrics import sla_met
 from fleetplan.sim.traces import TraceRequest
 from fleetplan.sim.workload import Workload
@@ -455,8 +456,10 @@ class Retuner:
         workload = Workload(f"retune window [{start:g}, {end:g})", end, lambda: requests)
         forecaster = window.forecaster
         if any(getattr(cand.config, n) != v for n, v in window.predictor.items()):
-            # another predictor: the one a swap at the window start would have built
-            forecaster = rebuild_forecaster(cand.config, list(before)).to_state()
+            # another predictor: the one a swap at the window start would have built, which makes
+            # the quantile requests of that tick again (models/apply.py), as the levels move on them
+            asked = asked_requests(window.forecaster.get("asked", []))
+            forecaster = rebuild_forecaster(cand.config, list(before), asked=asked).to_state()
         controller = PlannerController(Planner(cand.config, profile=self.profile), forecaster_state=forecaster)
         result = ClosedLoop(workload, setup, controller, window.ready, start_s=start).run()
         a = result.requests.arrays()

@@ -503,3 +503,36 @@ def test_a_run_warmed_by_a_warmup_trace_retunes_with_those_windows_before_its_fi
     # the warm-up windows warm the pre-sweep's candidates, so the first window has a winner
     assert first["predictor_presweep"]["warm_windows"] == len(warm["warmup"])
     assert first["predictor_presweep"]["scored_windows"] == 2 and first["predictor_presweep"]["winner"] is not None
+
+
+def test_a_candidate_with_another_predictor_replays_the_forecaster_a_swap_at_the_window_start_builds(h200, monkeypatch):
+    """A swap (``set_config``, models/apply.py) replays the kept windows and then the quantile
+    requests made since the last of them: the sizing of the tick that closed it. The candidate's
+    rebuild left those out, so its first replayed window moved no adaptive level."""
+    from fleetplan.models.forecast import TrafficObservation
+    from fleetplan.models.predictor_swap import rebuild_forecaster, remember_window
+    from fleetplan.sim import runner
+    from fleetplan.sim.retune import _Window
+
+    rt = retuner(h200, {**SPEC, "load_predictor": PREDICTORS})
+    cfg = rt.setup.config
+    history: list[list] = []
+    for i, n in enumerate((300, 420, 360, 480)):
+        remember_window(history, TrafficObservation(60.0, n, 900.0, 200.0, start_s=60.0 * i), None, 10)
+    run_forecaster = rebuild_forecaster(cfg, history)
+    run_forecaster.quantile(cfg.sizing_quantile, 2)  # the window start's tick sized after the window closed
+    assert run_forecaster.asked
+    window = _Window(2, {"prefill": 1, "decode": 1}, run_forecaster.to_state(), rt._predictor_now())
+    cand = rt._candidate({"target_utilization": 0.8, **PREDICTORS[0]}, "kalman")
+
+    class Stop(Exception):
+        pass
+
+    def capture(self, workload, setup, controller, initial, start_s=0.0):
+        raise Stop(controller._forecaster_state)
+
+    monkeypatch.setattr(runner.ClosedLoop, "__init__", capture)
+    with pytest.raises(Stop) as stopped:
+        rt._replay(cand, window, [], 240.0, 360.0, history)
+    swapped = rebuild_forecaster(cand.config, history, asked=run_forecaster.asked)
+    assert stopped.value.args[0] == swapped.to_state()

@@ -264,6 +264,12 @@ class Retuner:
             check_gpu_budget(config, self.setup.gpus)
         except ValueError as err:  # ConfigError is one
             raise RetuneError(f"{where}: {err}") from None
+        # the windows are cut on the run's tick: a threshold target switches the loops as their
+        # own switches do, and applied, a longer tick skipped the windows starting between its ticks
+        tick, new_tick = self.setup.config.tick_interval_seconds, config.tick_interval_seconds
+        if new_tick != tick:
+            raise RetuneError(f"{where}: it moves the planner's tick from {tick} s to {new_tick} s, "
+                              "which the windows are cut on")
         return Candidate(dict(point), config)
 
     # --- fed by the run --------------------------------------------------------

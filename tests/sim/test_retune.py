@@ -536,3 +536,19 @@ def test_a_candidate_with_another_predictor_replays_the_forecaster_a_swap_at_the
         rt._replay(cand, window, [], 240.0, 360.0, history)
     swapped = rebuild_forecaster(cand.config, history, asked=run_forecaster.asked)
     assert stopped.value.args[0] == swapped.to_state()
+
+
+def test_a_grid_point_that_moves_the_planners_tick_is_refused(h200):
+    """A threshold target runs the load loop alone, the SLA target (here) the throughput loop:
+    ``optimization_target`` switches the loops as their own switches do. Applied, it moved the
+    run's tick from 30 s to 60 s, and every other 90-s window's start fell between ticks: the
+    window was never swept nor listed."""
+    threshold = {"optimization_target": "load", "prefill_scale_up_queue_tokens": 4, "prefill_scale_down_queue_tokens": 1,
+                 "decode_scale_up_kv_rate": 0.9, "decode_scale_down_kv_rate": 0.3, "context_length": 8192,
+                 "load_adjustment_interval_seconds": 30}
+    spec = {"interval_seconds": 90, "grace_seconds": 0, "planner": {"optimization_target": ["load", "sla"]}}
+    with pytest.raises(RetuneError) as err:
+        retuner(h200, spec, **threshold)
+    assert str(err.value).startswith("retune.planner point 1 {'optimization_target': 'sla'}: it moves the "
+                                     "planner's tick from 30 s to 60 s"), str(err.value)
+    retuner(h200, {**spec, "planner": {"optimization_target": ["load"]}}, **threshold)  # the same tick: searched

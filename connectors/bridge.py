@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import signal
@@ -208,7 +209,7 @@ def decode_message(frames: list[bytes]) -> tuple[list, list[Rejected]]:
     first = stripped[0]
     try:
         if first in b"{[":
-            obj = orjson.loads(payload)
+            obj = _json_loads(payload)
         elif first in _MSGPACK_FIRST:
             obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
         else:
@@ -241,6 +242,26 @@ def decode_message(frames: list[bytes]) -> tuple[list, list[Rejected]]:
             "invalid", f"message: {more} more bad events in this array of {len(items)}, not dead-lettered "
             f"one by one (the first {MAX_REJECTED_PER_MESSAGE} were)", "unknown", payload[:PAYLOAD_LIMIT]))
     return events, rejected
+
+
+def _json_loads(payload: bytes):
+    """The JSON payload's value; NaN and Infinity read as floats for the events to refuse.
+
+    orjson refuses the whole text over one ``NaN`` (which Python's
+    ``json.dumps`` writes by default), so an array was dead-lettered whole,
+    as "not valid JSON", where wire-format.md promises its good events are
+    kept and the bad one dead-lettered naming its field. Only a text orjson
+    refuses is read again, by the standard library's parser, which takes
+    them; the schemas then refuse the non-finite field by name.
+    """
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(payload)
+        except (ValueError, RecursionError):
+            pass
+        raise
 
 
 def _shown(item) -> bytes:

@@ -81,6 +81,25 @@ def test_a_bad_event_in_an_array_does_not_reject_its_neighbours():
     assert rejected[0].deployment == "alpha" and "counter_id" in rejected[0].detail
 
 
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_a_nan_in_one_event_of_a_json_array_rejects_that_event_only(token):
+    """Python's json.dumps writes NaN and Infinity; orjson refused the whole text over one, so the
+    array was dead-lettered whole as "not valid JSON", its good events lost and no field named."""
+    import json
+
+    good = fpm("alpha", T0, 1)
+    bad = {**as_dict(fpm("alpha", T0, 2)), "wall_time": 0.5}
+    text = json.dumps([as_dict(good), bad]).replace("0.5", token).encode()
+    events, rejected = decode_message([text])
+    assert events == [good]
+    assert len(rejected) == 1 and rejected[0].deployment == "alpha" and "wall_time" in rejected[0].detail
+
+
+def test_text_that_is_not_json_is_still_refused_whole():
+    events, rejected = decode_message([b'[{"type": "fpm", "deployment": "a",'])
+    assert events == [] and len(rejected) == 1 and rejected[0].detail.startswith("payload: valid JSON")
+
+
 @pytest.mark.parametrize("encode", [orjson.dumps, msgpack.packb], ids=["json", "msgpack"])
 def test_an_array_of_junk_gives_a_bounded_number_of_dead_letters(encode):
     """A 16 MiB message holds millions of one-byte items: each a dead letter of its own (with

@@ -235,17 +235,24 @@ def test_a_capped_scale_down_does_not_relabel_a_scale_up(make_fleet):
     assert tick.load_reasons == {"prefill": "scale_down_capped_by_throughput", "decode": "scale_up"}
 
 
+
+def _a_queue_then_the_floor(make_fleet, *extra):
+    """One prefill and one decode engine; a queue at T0 + 175 scales prefill up (acked at
+    T0 + 183), and the throughput floor at T0 + 180 asks for more of both."""
+    fleet = make_fleet(enable_load_scaling=True)
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(60, T0 + 1, T0 + 199), ack(0, T0 + 183), *extra]
+    for t in range(1, 200, 5):
+        evs += [fpm("p0", "prefill", T0 + t, wall=0.0, counter=t, queued_prefill=30_000 if 170 < t < 180 else 0),
+                fpm("d0", "decode", T0 + t, wall=0.0, counter=t, decode_reqs=4, decode_kv=12_000)]
+    return fleet.run(sorted(evs, key=lambda e: e.time))
+
+
 def test_a_raise_to_the_throughput_floor_after_its_tick_says_scale_up(make_fleet):
     """The floor set at T0 + 180 while a scale-up was in flight raises the fleet at the first
     load tick after the ack. That decision said throughput ``not_due`` and load ``no_change``,
     nothing that explained it; as in Dynamo (the target above the current count), it is a
     ``scale_up``, for each role the floor raised."""
-    fleet = make_fleet(enable_load_scaling=True)
-    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(60, T0 + 1, T0 + 199), ack(0, T0 + 183)]
-    for t in range(1, 200, 5):
-        evs += [fpm("p0", "prefill", T0 + t, wall=0.0, counter=t, queued_prefill=30_000 if 170 < t < 180 else 0),
-                fpm("d0", "decode", T0 + t, wall=0.0, counter=t, decode_reqs=4, decode_kv=12_000)]
-    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    out = _a_queue_then_the_floor(make_fleet)
     first, raised = decisions(out)
     assert first.time == T0 + 175 and first.load_reason == "scale_up"
     assert raised.time == T0 + 185 and raised.targets == {"prefill": 4, "decode": 2}
@@ -259,13 +266,7 @@ def test_a_raise_to_the_throughput_floor_while_engines_start_says_scale_up(make_
     engine starting, so the load loop holds (scaling_in_progress) at T0 + 185, but the floor still
     grows the fleet. That decision said throughput ``not_due`` and load ``scaling_in_progress``, a
     hold, for a decision that scales up two roles."""
-    fleet = make_fleet(enable_load_scaling=True)
-    evs = [ready("p0", "prefill"), ready("d0", "decode"), *requests(60, T0 + 1, T0 + 199), ack(0, T0 + 183),
-           ready("p1", "prefill", T0 + 183, state="starting")]
-    for t in range(1, 200, 5):
-        evs += [fpm("p0", "prefill", T0 + t, wall=0.0, counter=t, queued_prefill=30_000 if 170 < t < 180 else 0),
-                fpm("d0", "decode", T0 + t, wall=0.0, counter=t, decode_reqs=4, decode_kv=12_000)]
-    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    out = _a_queue_then_the_floor(make_fleet, ready("p1", "prefill", T0 + 183, state="starting"))
     first, raised = decisions(out)
     assert first.time == T0 + 175 and first.load_reason == "scale_up"
     assert raised.time == T0 + 185 and raised.targets == {"prefill": 4, "decode": 2}

@@ -546,16 +546,22 @@ def _deliver(h: Harness, records, n: int = 10) -> None:
         h.route(records[i:i + n])
 
 
-def test_a_record_buffered_before_a_crash_is_folded_however_the_topics_come_back():
-    """Kafka orders records within a partition only: after a restart a busy topic's
-    backlog can come back before a sparse topic's record that the saved state had
-    buffered. No tick fires before that record is read again, so it is folded as in
-    the run without the crash, not dropped (it was, silently, before 2026-12-05)."""
+def _a_floor_control_folded():
+    """A log with a set_min_endpoints control at T0 + 22.1, and a harness that routed it all."""
     control = ControlEvent.model_validate({"deployment": "a", "time": T0 + 22.1,
                                            "body": {"command": "set_min_endpoints", "minimums": {"agg": 6}}})
     log = _with_control(60, control)
     reference = Harness(deciding_planner())
     _deliver(reference, log.records)
+    return log, reference
+
+
+def test_a_record_buffered_before_a_crash_is_folded_however_the_topics_come_back():
+    """Kafka orders records within a partition only: after a restart a busy topic's
+    backlog can come back before a sparse topic's record that the saved state had
+    buffered. No tick fires before that record is read again, so it is folded as in
+    the run without the crash, not dropped (it was, silently, before 2026-12-05)."""
+    log, reference = _a_floor_control_folded()
 
     h = Harness(deciding_planner())
     cut = next(i for i, r in enumerate(log.records) if r.topic == FPM and orjson.loads(r.value)["time"] >= T0 + 24)
@@ -662,11 +668,7 @@ def test_a_record_buffered_after_the_last_save_is_folded_however_the_topics_come
     control, read next, was dead-lettered late (it had been folded in the run without
     the crash). A buffered record of a topic that does not drive the clock (a control,
     an ack, an inventory event) now saves its deployment, so the stored record awaits it."""
-    control = ControlEvent.model_validate({"deployment": "a", "time": T0 + 22.1,
-                                           "body": {"command": "set_min_endpoints", "minimums": {"agg": 6}}})
-    log = _with_control(60, control)
-    reference = Harness(deciding_planner())
-    _deliver(reference, log.records)
+    log, reference = _a_floor_control_folded()
 
     h = Harness(deciding_planner())
     at = next(i for i, r in enumerate(log.records) if r.topic == canonical.CONTROL)

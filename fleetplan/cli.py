@@ -218,7 +218,12 @@ def plan(
 def write_seed(state, out) -> bool:
     """The windows ``state``'s forecaster was fed as a ``seed_traffic`` control dated its latest
     event, one JSONL line (docs/planner.md: starting another planner from them); False, and
-    said on stderr, when it has been fed none."""
+    said on stderr, when it has been fed none.
+
+    Dated its last tick where that is later: the live worker fires a silent deployment's ticks
+    on its partition's clock, past its last event, and a snapshot of that state (an audit
+    ``--since``) holds windows that end after it, which a seed dated before them may not carry.
+    """
     from fleetplan.models.predictor_swap import seed_control, seed_windows
     from fleetplan.schemas.codec import encode_event
 
@@ -226,7 +231,8 @@ def write_seed(state, out) -> bool:
     if not windows:
         typer.echo(f"fleetplan: {state.deployment}: no throughput window fed yet, no seed written", err=True)
         return False
-    out.write(encode_event(seed_control(state.deployment, state.max_time, windows, issued_by="fleetplan")) + b"\n")
+    time = max(t for t in (state.max_time, state.last_tick) if t is not None)
+    out.write(encode_event(seed_control(state.deployment, time, windows, issued_by="fleetplan")) + b"\n")
     return True
 
 

@@ -318,3 +318,25 @@ def test_the_traffic_began_with_the_earliest_arrival_not_the_first_request_to_fi
     state = fleet.state("d")
     assert state.first_traffic == T0 + 850
     assert state.rejected_controls == 1 and state.config_version == 0
+
+
+def test_the_seed_of_a_deployment_whose_ticks_ran_past_its_last_event_is_dated_its_last_tick(make_fleet):
+    """The live worker fires an idle deployment's ticks on its partition's clock, past the
+    deployment's last event, and each throughput tick keeps a window; a snapshot of that state is
+    where ``fleetplan audit --since --seed-out`` starts. Dated the latest event, the seed's last
+    window ended after its time, and writing it raised a pydantic ValidationError."""
+    import io
+
+    from fleetplan.cli import write_seed
+    from fleetplan.models.sequencer import advance
+
+    fleet = make_fleet(load_predictor="ensemble")
+    fleet.run(_traffic()[:2] + requests(20, T0 + 1, T0 + 539, isl=2000))
+    state = fleet.state("d")
+    advance(fleet.planner, state, state.max_time + 1000)  # the partition's clock, the deployment silent
+    assert state.traffic_history[-1][0] + state.traffic_history[-1][1] > state.max_time
+    out = io.BytesIO()
+    assert write_seed(state, out)
+    seed = decode_event(out.getvalue().strip())
+    assert seed.time == state.last_tick >= seed.body.windows[-1].end_s
+    assert [w.start_s for w in seed.body.windows] == [row[0] for row in state.traffic_history]

@@ -229,11 +229,22 @@ def write_seed(state, out) -> bool:
 
     windows = seed_windows(state.traffic_history, state.config.throughput_adjustment_interval_seconds)
     if not windows:
-        typer.echo(f"fleetplan: {state.deployment}: no throughput window fed yet, no seed written", err=True)
+        typer.echo(f"fleetplan: {state.deployment}: {_nothing_to_seed(state)}, no seed written", err=True)
         return False
     time = max(t for t in (state.max_time, state.last_tick) if t is not None)
     out.write(encode_event(seed_control(state.deployment, time, windows, issued_by="fleetplan")) + b"\n")
     return True
+
+
+def _nothing_to_seed(state) -> str:
+    """Why ``state`` gives no seed: a forecaster fed windows may keep none a seed can carry, and
+    "none fed" sent the operator looking for missing traffic instead of at the setting."""
+    fed = state.forecaster.windows_seen
+    if not fed:
+        return "no throughput window fed yet"
+    why = (f"predictor_history_windows: {state.config.predictor_history_windows}" if not state.traffic_history
+           else "a load_predictor_warmup_trace's windows have no start time")
+    return f"its forecaster was fed {fed} windows and keeps none to seed from ({why})"
 
 
 def _register_optional() -> list:

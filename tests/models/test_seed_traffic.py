@@ -340,3 +340,21 @@ def test_the_seed_of_a_deployment_whose_ticks_ran_past_its_last_event_is_dated_i
     seed = decode_event(out.getvalue().strip())
     assert seed.time == state.last_tick >= seed.body.windows[-1].end_s
     assert [w.start_s for w in seed.body.windows] == [row[0] for row in state.traffic_history]
+
+
+def test_a_deployment_that_keeps_no_windows_is_told_so_not_that_none_was_fed(make_fleet, capsys):
+    """With ``predictor_history_windows: 0`` the forecaster is fed every window and keeps none to
+    seed from; ``--seed-out`` said "no throughput window fed yet", sending the operator to look
+    for missing traffic instead of at the setting."""
+    import io
+
+    from fleetplan.cli import write_seed
+
+    fleet = make_fleet(load_predictor="ensemble", predictor_history_windows=0)
+    fleet.run(_traffic()[:2] + requests(20, T0 + 1, T0 + 539, isl=2000))
+    state = fleet.state("d")
+    assert state.forecaster.windows_seen == 2 and state.traffic_history == []
+    assert not write_seed(state, io.BytesIO())
+    err = capsys.readouterr().err
+    assert "fed yet" not in err
+    assert "d: its forecaster was fed 2 windows and keeps none to seed from (predictor_history_windows: 0)" in err

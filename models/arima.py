@@ -56,6 +56,33 @@ def _choose_d(y: np.ndarray) -> int:
     return 1 if p_value < _KPSS_ALPHA else 0
 
 
+_AUTO_ARIMA_MAX_D = 2
+
+
+def _auto_arima_d(y: np.ndarray) -> int:
+    """The d pmdarima's ``auto_arima`` picks (its ``ndiffs``): KPSS at α = 0.05 with the short
+    lag rule, trunc(4·(n/100)^¼) lags, repeated on the differenced series up to d = 2.
+
+    The reference's order depends on it: on a few windows statsmodels' automatic lag count
+    (n − 1 lags on 5 points) finds a unit root where auto_arima's one lag finds none, and a
+    frozen random walk is the constant predictor, not the mean Dynamo's ARIMA forecasts.
+    """
+    from statsmodels.tsa.stattools import kpss
+
+    d = 0
+    x = np.asarray(y, dtype=float)
+    while d < _AUTO_ARIMA_MAX_D and np.ptp(x) > 0.0:
+        try:
+            p_value = kpss(x, regression="c", nlags=int(4 * (len(x) / 100) ** 0.25))[1]
+        except Exception:  # too short or degenerate for the test: no (further) difference
+            return d
+        if not p_value < _KPSS_ALPHA:
+            return d
+        d += 1
+        x = np.diff(x)
+    return d
+
+
 def _max_pq(n_eff: int) -> int:
     """How many ARMA terms a window of n_eff points can support."""
     return max(0, (n_eff - 5) // 4)
@@ -76,12 +103,13 @@ def _fit_order(y: np.ndarray, order: tuple[int, int, int], start=None):
 def _candidate_orders(y: np.ndarray, smoothing_rescue: bool) -> list[tuple[int, int, int]]:
     """(p, d, q) with p, q in 0..2 at the KPSS d, as many as the window supports.
 
-    With ``smoothing_rescue`` a stationary verdict also gets the random walk
-    (0,1,0), which is the constant predictor, and simple exponential
-    smoothing (0,1,1): KPSS has little power on a few hundred noisy points,
-    and these two are what a mean-reverting fit most often loses to.
+    With ``smoothing_rescue`` (fleetplan's ``arima``) a stationary verdict
+    also gets the random walk (0,1,0), which is the constant predictor, and
+    simple exponential smoothing (0,1,1): KPSS has little power on a few
+    hundred noisy points, and these two are what a mean-reverting fit most
+    often loses to. Without it (the reference's) d is auto_arima's.
     """
-    d = _choose_d(y)
+    d = _choose_d(y) if smoothing_rescue else _auto_arima_d(y)
     limit = _max_pq(len(y) - d)
     orders = [(p, d, q) for p in range(_MAX_P + 1) for q in range(_MAX_Q + 1) if p + q <= limit]
     if smoothing_rescue and d == 0:

@@ -476,6 +476,23 @@ def test_frozen_arima_waits_for_a_window_that_is_not_flat():
     assert p.order == chosen
 
 
+# The first five 180-s windows of Azure conv x34 with its shape kept (bench/sizing.py
+# --rate-scale-shift 30): requests per window, climbing with noise.
+CONV_SHIFT30_START = [27960.0, 31937.0, 28674.0, 30706.0, 32479.0]
+
+
+def test_frozen_arima_differences_only_where_auto_arima_does():
+    # auto_arima picks d by pmdarima's KPSS test, whose short lag rule is trunc(4 * (n/100)^0.25)
+    # (1 lag on 5 points): these five windows are level-stationary, so Dynamo's ARIMA picks
+    # (0,0,0) with a mean, in log1p after the raw (0,d,0), and forecasts about their mean
+    # (pmdarima 2.1.1: 30,299). statsmodels' automatic lag count (4 lags on 5 points) called
+    # them a unit root and froze a random walk, the constant predictor under another name
+    p = fed("arima_frozen", CONV_SHIFT30_START)
+    forecast = p.predict_next()
+    assert p.order == (0, 0, 0)
+    assert forecast == pytest.approx(30_299.0, rel=1e-3)
+
+
 def test_a_new_kind_can_be_registered_from_its_own_module():
     from fleetplan.models import predictors
 

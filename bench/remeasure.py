@@ -30,13 +30,25 @@ from quality import EVERY_WORKLOAD, Spec, on_day, specs
 from sizing import VARIANTS, run_variant
 
 
-def _workloads(data: Path) -> dict[str, Spec]:
+def _workloads(data: Path, names=()) -> dict[str, Spec]:
     """Every workload bench/sizing.py knows, by the name its rows carry (at scale 1), with
-    each ServeGen day of the week, cold or warmed on the days before (``--day``, ``--warm-days``)."""
+    each ServeGen day of the week, cold or warmed on the days before (``--day``, ``--warm-days``),
+    and each trace of ``names`` named ``TRACE-shiftS``: its copies shifted within S seconds
+    (``--rate-scale-shift S``, the shape-kept rows of bench/results/shape-kept/)."""
     base = {s.name: s for s in specs(data, EVERY_WORKLOAD, 10, 24, 24.0, choose=False)}
     moved = [on_day(s, day, warm) for s in base.values() if s.kind == "servegen"
              for day in range(WEEK_DAYS) for warm in range(day + 1)]
-    return {**base, **{s.name: s for s in moved}}
+    shifted = []
+    for name in names:
+        trace, sep, shift = name.rpartition("-shift")
+        spec = base.get(trace)
+        if sep and spec is not None and spec.kind == "trace":
+            try:
+                seconds = float(shift)
+            except ValueError:
+                continue
+            shifted.append(replace(spec, shift=seconds, name=name))
+    return {**base, **{s.name: s for s in moved}, **{s.name: s for s in shifted}}
 
 
 WEEK_DAYS = 7  # the ServeGen curves are one week
@@ -74,7 +86,7 @@ def main() -> None:
     only = _named(parser, args.file, "--only-policies", args.only_policies, {row["policy"] for row in rows}, "policies")
     only_workloads = _named(parser, args.file, "--only-workloads", args.only_workloads,
                             {row["workload"] for row in rows}, "workloads")
-    workloads = _workloads(args.data)
+    workloads = _workloads(args.data, {row["workload"] for row in rows})
     tasks = []
     copies: dict[tuple, list[int]] = {}  # a run is deterministic: a row repeated in the file runs once
     for i, row in enumerate(rows):

@@ -82,3 +82,17 @@ def test_a_servegen_day_of_the_week_warmed_or_not_is_a_workload_it_knows(monkeyp
     assert known["servegen-m-mid-24h-day6"].start_day == 6
     assert "servegen-m-mid-24h-day2-warm3d" not in known  # more days of warm-up than the week has before it
     assert known["azure-code-30min"].kind == "trace"
+
+
+def test_a_shape_kept_trace_is_a_workload_it_knows(monkeypatch, tmp_path):
+    """bench/sizing.py --rate-scale-shift S names its rows TRACE-shiftS; they were refused as
+    'not one bench/sizing.py runs', so bench/results/shape-kept/ could not be re-measured."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import remeasure
+
+    known = remeasure._workloads(tmp_path, {"azure-conv-30min-shift30", "mooncake-conv-30min-spread-shift7.5",
+                                            "servegen-m-large-24h-shift30", "azure-conv-30min-shiftx"})
+    kept = known["azure-conv-30min-shift30"]
+    assert (kept.kind, kept.shift, kept.path) == ("trace", 30.0, known["azure-conv-30min"].path)
+    assert known["mooncake-conv-30min-spread-shift7.5"].shift == 7.5
+    assert "servegen-m-large-24h-shift30" not in known and "azure-conv-30min-shiftx" not in known

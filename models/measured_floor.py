@@ -78,8 +78,17 @@ def measured_floor(state, now, baseline, minimums, kv_hit, accept) -> dict[Role,
 
 
 def window_began(state: DeploymentState) -> float | None:
-    """When the traffic window began: before the first interval's tick, at the first request."""
-    return state.first_traffic if state.window_start is None else state.window_start
+    """When the traffic window began: at its tick, or at the first request when that came later.
+
+    Before the first interval's tick, and in the window the traffic began in after idle
+    ticks (a fleet provisioned ahead of its launch): dated from the tick before, 20 s of
+    traffic were read over 140 s, a floor of 2 prefill engines where the first minute of
+    traffic keeps the fleet as it is, and the raise at 40 s asked for 4 where 5 were needed.
+    """
+    first, start = state.first_traffic, state.window_start
+    if start is None or (first is not None and first > start):
+        return first
+    return start
 
 
 def engines_measured(state, duration, baseline, minimums, kv_hit, accept) -> dict[Role, int]:

@@ -280,19 +280,21 @@ class Planner:
         start = state.window_start
         if start is None:
             start = now - interval
-            first = state.first_traffic
-            if first is not None and first - start > PARTIAL_WINDOW_SHARE * interval:
-                # traffic that began well into the first window (a deployment started between
-                # ticks) makes it partial, and it is not sized: what finished in it are the
-                # short answers (30 s of the compose demo read a mean OSL 5 % short, decode's
-                # capacity as many high, and its slot count cut 3 engines to 2), and one
-                # request a millisecond before the tick would read as 1,000 a second. It is
-                # carried into the next window, which then runs from the first request: the
-                # first window sized holds an interval of traffic at least, as Dynamo's first
-                # adjustment, one interval after the planner starts
-                state.window_start = first
-                scratch.throughput_reason = "no_traffic_data"
-                return
+        first = state.first_traffic
+        if first is not None and first - start > PARTIAL_WINDOW_SHARE * interval:
+            # traffic that began well into its first window (a deployment started between
+            # ticks, or launched on a fleet that ticked idle before it) makes it partial, and it
+            # is not sized: what finished in it are the short answers (30 s of the compose demo
+            # read a mean OSL 5 % short, decode's capacity as many high, and its slot count cut
+            # 3 engines to 2), and one request a millisecond before the tick would read as 1,000
+            # a second. It is carried into the next window, which then runs from the first
+            # request: the first window sized holds an interval of traffic at least, as Dynamo's
+            # first adjustment, one interval after the planner starts. Only that window can
+            # begin before the first request; after idle ticks it was read as a whole interval
+            # (60 s of 10 rps as 3.3 rps)
+            state.window_start = first
+            scratch.throughput_reason = "no_traffic_data"
+            return
         # the window's own length: after a set_config shortened the interval, the window
         # began on the old grid and is longer than the new interval (capping it there read
         # 180 s of requests as 20 s of them, a 9x rate)

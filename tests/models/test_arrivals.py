@@ -144,3 +144,20 @@ def test_a_partial_first_window_does_not_size_decode_from_its_short_answers(make
     # the next tick sizes the 90 s from the first request, its count scaled to a 60-s window
     assert first.time == T0 + 120 and first.observed.num_req == pytest.approx(90 * 60, rel=0.01)
     assert first.targets["decode"] == 3
+
+
+def test_traffic_that_starts_mid_window_after_idle_ticks_is_counted_as_a_rate(make_fleet):
+    """A fleet provisioned ahead of its launch ticks idle first: the window its traffic begins
+    in is as partial as a first window is. It read 60 s of 10 rps over 180 s, 3.3 rps, and
+    the first sizing after launch cut the fleet to a third of what the traffic needs."""
+    from fleetplan.schemas import ClockEvent
+
+    evs = [ready("p0", "prefill"), ready("d0", "decode"), *arrivals(10, T0 + 300, T0 + 540),
+           ClockEvent(deployment="d", time=T0 + 541)]
+    ticks = [o for o in make_fleet(sizing="fleetplan").run(evs)
+             if getattr(o, "throughput_reason", "not_due") != "not_due"]
+    assert [(t.time - T0, t.throughput_reason) for t in ticks[:2]] == [
+        (180, "no_traffic_data"), (360, "no_traffic_data")]
+    (sized,) = [t for t in ticks if t.observed is not None]
+    assert sized.time == T0 + 540
+    assert sized.observed.num_req == pytest.approx(1800.0, rel=0.02)  # 2,400 over 240 s, per 180 s

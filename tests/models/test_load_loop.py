@@ -368,3 +368,22 @@ def test_the_measured_floor_sizes_for_the_busiest_minute(make_fleet):
     fleet.run([*sorted([*evs, *traffic], key=lambda e: e.time), clock])
     (closed,) = fleet.state("d").measured_floors  # the window the tick at T0 + 180 closed
     assert closed["prefill"] >= 6
+
+
+def test_traffic_that_begins_after_idle_ticks_is_measured_from_its_first_request(make_fleet):
+    """A load-only fleet that ticked idle before its launch: the window its traffic began in
+    was dated from the tick before, so 20 s of traffic read over 140 s (a floor of 2 where the
+    first minute keeps the fleet as it is) and the raise 40 s in asked for 4 engines, not 5.
+    Measured from the first request, the launch is raised as one from the first tick is."""
+    rate = 4.5 * 0.8 * _prefill_rps(make_fleet)  # five engines' worth, on three
+
+    def first_raise(begin: float):
+        evs = _idle_fleet(T0 + begin + 200)
+        clock = evs.pop()
+        evs = sorted([*evs, *requests(rate, T0 + begin, T0 + begin + 200)], key=lambda e: e.time)
+        fleet = _load_only(make_fleet, sizing="fleetplan", load_scale_down_stabilization_seconds=10**6)
+        (up,) = decisions(fleet.run([*evs, clock]))
+        return up.time - T0 - begin, up.targets["prefill"]
+
+    assert first_raise(1) == (64, 5)
+    assert first_raise(300) == (60, 5)

@@ -332,6 +332,13 @@ class Planner:
         remember_window(state.traffic_history, full, peak, cfg.predictor_history_windows,
                         asked=state.forecaster.last_asked)
         forecast = state.forecaster.forecast()
+        if forecast[0] > 0 and state.forecaster.forecaster.last_osl is None:
+            # requests arrived and none has finished yet (answers longer than the window, at a
+            # cold start): no OSL is known, and sized at 0 (one token) a warm fleet's decode went
+            # to its minimum under 1,790 decoding requests. The windows are fed (their counts
+            # are measured); the sizing holds, as before traffic, until a request finishes
+            scratch.throughput_reason = "no_traffic_data"
+            return
         sized = horizon = utilization = calibrated = window = exceeded = None
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)

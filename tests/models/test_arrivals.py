@@ -161,3 +161,26 @@ def test_traffic_that_starts_mid_window_after_idle_ticks_is_counted_as_a_rate(ma
     (sized,) = [t for t in ticks if t.observed is not None]
     assert sized.time == T0 + 540
     assert sized.observed.num_req == pytest.approx(1800.0, rel=0.02)  # 2,400 over 240 s, per 180 s
+
+
+def test_a_window_before_any_request_finished_does_not_size_decode(make_fleet):
+    """Answers that take five minutes (a reasoning model): the first windows counted by arrival
+    hold requests none of which has finished, so no OSL is known, neither in the window nor
+    from one before. Sized at an OSL of 0 (one token), a warm fleet's 6 decode engines were cut
+    to 1 with 1,790 requests decoding; the loop now holds until an OSL is measured."""
+    from fleetplan.schemas import ClockEvent
+
+    evs = [ready("p0", "prefill"), *[ready(f"d{i}", "decode") for i in range(6)]]
+    for i in range(10 * 400):
+        t = T0 + 1 + i / 10
+        evs.append(RequestArrival(deployment="d", time=t, request_id=f"q{i}", input_tokens=3000))
+        evs.append(RequestRecord(deployment="d", time=t + 300, request_id=f"q{i}", input_tokens=3000,
+                                 output_tokens=6000, request_received_ms=t * 1000))
+    evs = [*sorted(evs, key=lambda e: e.time), ClockEvent(deployment="d", time=T0 + 361)]
+    ticks = [o for o in make_fleet(sizing="fleetplan").run(evs)
+             if getattr(o, "throughput_reason", "not_due") != "not_due"]
+    held, sized = ticks[0], ticks[1]
+    assert held.time == T0 + 180 and held.throughput_reason == "no_traffic_data"
+    assert held.decision is None and held.targets["decode"] == 6
+    assert sized.time == T0 + 360 and sized.observed.osl == 6000
+    assert sized.targets["decode"] >= 6

@@ -197,6 +197,11 @@ def missing_object(err: k8s.ApiException, name: str) -> bool:
     return isinstance(status, dict) and (status.get("details") or {}).get("name") == name
 
 
+def _moved(decision: Decision) -> set[Role]:
+    """The roles whose target is not the planner's previous count: the ones a decision moves."""
+    return {r for r, n in decision.targets.items() if decision.previous.get(r) != n}
+
+
 def _api_error(err: k8s.ApiException) -> str:
     body = (err.body or "")[:300]
     return f"HTTP {err.status} {err.reason or ''}: {body}".strip()
@@ -282,7 +287,7 @@ class KubernetesApplier(Applier):
             obj = await self._wait(dgd, lambda o: is_ready(o), "Ready")
             desired = await self._desired(dgd, obj, roles, decision)
         patched: list[str] = []
-        moved = {r for r, n in decision.targets.items() if decision.previous.get(r) != n}
+        moved = _moved(decision)
         # cuts first: a decision moving GPUs between roles fits the budget only as a whole,
         # so if a later patch is refused, what landed leaves the fleet under it (Dynamo #12428)
         for role, count in sorted(decision.targets.items(),
@@ -315,8 +320,7 @@ class KubernetesApplier(Applier):
                 f"{dgd} spec has {spec}, the decision wanted {dict(decision.targets)}; "
                 f"not applied again"
             )
-        moved = {r for r, n in decision.targets.items() if decision.previous.get(r) != n}
-        return await self._settle(dgd, roles, decision, moved)
+        return await self._settle(dgd, roles, decision, _moved(decision))
 
     def _target(self, decision: Decision) -> tuple[str, dict[Role, str]]:
         dgd = self.settings.dgds.get(decision.deployment)

@@ -86,8 +86,6 @@ def _admit_fpm(state: DeploymentState, fpm) -> bool:
         # Discovery: an engine that reports metrics exists, even before inventory says so.
         gpus = state.config.gpus_per_engine(role) or 1
         state.workers[fpm.worker_id] = Worker(role, "ready", gpus, fpm.time, discovered=True)
-    elif worker.state == "gone":
-        return False
     return True
 
 

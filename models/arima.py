@@ -41,19 +41,24 @@ def _trend_for(d: int) -> str:
     return "c" if d == 0 else "n"
 
 
-def _choose_d(y: np.ndarray) -> int:
-    """Differencing order by a KPSS stationarity test, as auto_arima does.
-
-    AIC cannot compare models with different d (they explain different
-    data), so auto_arima chooses d first and only (p, q) by AIC.
-    """
+def _unit_root(x: np.ndarray, nlags) -> bool:
+    """Whether KPSS (level-stationary null) rejects stationarity at ``_KPSS_ALPHA``; not where
+    the series is too short or degenerate for the test."""
     from statsmodels.tsa.stattools import kpss
 
     try:
-        p_value = kpss(y, regression="c", nlags="auto")[1]
-    except Exception:  # too short or degenerate for the test: assume stationary
-        return 0
-    return 1 if p_value < _KPSS_ALPHA else 0
+        return kpss(x, regression="c", nlags=nlags)[1] < _KPSS_ALPHA
+    except Exception:  # too short or degenerate for the test: taken for stationary
+        return False
+
+
+def _choose_d(y: np.ndarray) -> int:
+    """fleetplan's differencing order: one KPSS test with statsmodels' automatic lag count.
+
+    AIC cannot compare models with different d (they explain different
+    data), so, as auto_arima does, d is chosen first and only (p, q) by AIC.
+    """
+    return 1 if _unit_root(y, "auto") else 0
 
 
 _AUTO_ARIMA_MAX_D = 2
@@ -67,17 +72,9 @@ def _auto_arima_d(y: np.ndarray) -> int:
     (n − 1 lags on 5 points) finds a unit root where auto_arima's one lag finds none, and a
     frozen random walk is the constant predictor, not the mean Dynamo's ARIMA forecasts.
     """
-    from statsmodels.tsa.stattools import kpss
-
     d = 0
     x = np.asarray(y, dtype=float)
-    while d < _AUTO_ARIMA_MAX_D and np.ptp(x) > 0.0:
-        try:
-            p_value = kpss(x, regression="c", nlags=int(4 * (len(x) / 100) ** 0.25))[1]
-        except Exception:  # too short or degenerate for the test: no (further) difference
-            return d
-        if not p_value < _KPSS_ALPHA:
-            return d
+    while d < _AUTO_ARIMA_MAX_D and np.ptp(x) > 0.0 and _unit_root(x, int(4 * (len(x) / 100) ** 0.25)):
         d += 1
         x = np.diff(x)
     return d

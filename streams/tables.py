@@ -243,7 +243,7 @@ class TrafficMirror:
         current.merge(delta)
         self._at.at = window_start
         self.windows[deployment] = current.to_bytes()
-        self._open_starts().setdefault(deployment, set()).add(self.window_start(window_start))
+        self._open_starts().setdefault(deployment, set()).add(window_start)
 
     def close(self, deployment: str, until: float) -> int:
         """Delete ``deployment``'s windows that end by ``until`` (event time); how many.

@@ -33,6 +33,7 @@ from quality import (
     Spec,
     _row,
     build_workload,
+    choose_scale,
     make_setup,
     on_day,
     only_workloads,
@@ -57,6 +58,7 @@ VARIANTS: dict[str, dict] = {
     # fleetplan's defaults, then each departure taken away; all but the first pin the headroom
     # as it was when docs/sizing.md measured them (before calibrated_utilization, 2026-12-02),
     # and all but the first two the burst sizing (W)
+    "fleetplan (ensemble) tokens": {"load_predictor": "ensemble", "quantile_basis": "tokens"},
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},  # the defaults
     # the rate count sized for the busiest burst too, as the queueing floor is (until 2026-12-04)
     "fleetplan (ensemble) -windowrate": {"load_predictor": "ensemble", **W},
@@ -220,6 +222,11 @@ def main() -> None:
                         help="traces: shift each rate-scale copy within S seconds either way, keeping the "
                              "trace's shape over time (fleetplan simulate --rate-scale-shift); the workload "
                              "is named with -shiftS. Default: anywhere in the window, as recorded")
+    parser.add_argument("--choose-scale", action="store_true",
+                        help="traces: choose each trace's rate scale by bench/quality.py's rule (the fewest "
+                             "copies whose busiest window needs 10 engines) on the trace as it runs here, "
+                             "with --rate-scale-shift, instead of the recorded scale chosen for the "
+                             "flattened trace; --load-factors multiply it")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
@@ -233,7 +240,11 @@ def main() -> None:
     sla = tuple(float(x) for x in args.sla.split(","))
     chosen = []
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
-        scaled = [replace(s, scale=SCALES.get(s.name, s.scale) * f) for f in factors]
+        base = SCALES.get(s.name, s.scale)
+        if args.choose_scale and s.kind == "trace":
+            base = choose_scale(replace(s, shift=args.rate_scale_shift), 10, integer=True).scale
+            print(f"{s.name}: rate scale {base:g} by the busiest window", flush=True)
+        scaled = [replace(s, scale=base * f) for f in factors]
         if args.rate_scale_shift is not None and s.kind == "trace":
             scaled = [replace(x, shift=args.rate_scale_shift, name=f"{x.name}-shift{args.rate_scale_shift:g}")
                       for x in scaled]

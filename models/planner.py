@@ -343,15 +343,23 @@ class Planner:
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
-            sized = max(forecast[0], state.forecaster.quantile(cfg.sizing_quantile, horizon))
+            work = _work_series(cfg)
+            of = {w: state.forecaster.quantile(cfg.sizing_quantile, horizon, of=f"peak{w}")
+                  for w in dict.fromkeys(w for role in cfg.roles for w in work[role])}
+            sized = {role: max(forecast[0], *(of[w] for w in work[role])) for role in cfg.roles}
             coverage = state.forecaster.coverage(cfg.sizing_quantile, horizon)
             calibrated = coverage >= cfg.sizing_quantile  # conformal: it covers q by construction
-            exceeded = state.forecaster.exceedances(cfg.sizing_quantile, horizon)  # how the last ones fared
+            # how the last ones fared: the first role's (prefill's, or the aggregated engine's)
+            exceeded = state.forecaster.exceedances(cfg.sizing_quantile, horizon, of=f"peak{work[cfg.roles[0]][0]}")
             utilization = _sizing_utilization(cfg, coverage)
+            if cfg.quantile_basis == "requests":
+                sized = sized[cfg.roles[0]]  # one count for every role
             if _bursts_to_queueing(cfg):
-                # each series has its own adaptive level: the window's is held under the burst's
-                window = min(sized, max(forecast[0], state.forecaster.quantile(
-                    cfg.sizing_quantile, horizon, of="window")))
+                # each series has its own adaptive level: the window's is held under the burst's;
+                # only prefill's rate count takes it (propose_throughput)
+                burst = sized if isinstance(sized, float) else sized.get("prefill", 0.0)
+                window = min(burst, max(forecast[0], state.forecaster.quantile(
+                    cfg.sizing_quantile, horizon, of=f"window{work.get('prefill', ('',))[0]}")))
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
@@ -580,6 +588,19 @@ def _bursts_to_queueing(cfg: PlannerConfig) -> bool:
     return (cfg.burst_sizing == "queueing"
             and 0 < cfg.burst_seconds < cfg.throughput_adjustment_interval_seconds
             and cfg.prefill_sizing == "queueing" and "prefill" in cfg.roles)
+
+
+def _work_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
+    """Per role, the suffixes of the quantile series its count is sized on (the larger wins).
+
+    ``quantile_basis: requests``: the request count for every role.
+    ``tokens``: prefill's prompt tokens, decode's answer tokens, and both for
+    an aggregated engine, which does both kinds of work.
+    """
+    if cfg.quantile_basis == "requests":
+        return {role: ("",) for role in cfg.roles}
+    return {role: {"prefill": (":prompt",), "decode": (":answer",)}.get(role, (":prompt", ":answer"))
+            for role in cfg.roles}
 
 
 def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:

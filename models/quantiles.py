@@ -55,6 +55,16 @@ Two series are calibrated on the same origins. With a ``peak`` fed to
 count for the second and leaves the bursts inside a window to its queueing
 floor (``burst_sizing: queueing``, docs/sizing.md). Each series keeps its
 own adaptive levels; without a peak the two are the same.
+
+A count is not the work, though: a window of the forecast count whose
+prompts ran 20 % long is 20 % more prefill, and the count's quantile calls
+it covered. Each window also records its mean prompt and answer lengths
+over the ones forecast for it, and ``of="peak:prompt"`` (``window:prompt``,
+``peak:answer``, ``window:answer``) calibrates on its count times that
+ratio: the quantile of a role's tokens, in requests of the forecast
+length, which the planner sizes each role for with ``quantile_basis:
+tokens``. The ratios are kept whichever series is asked, so a switch needs
+no history of its own.
 """
 
 from __future__ import annotations
@@ -72,13 +82,19 @@ DEFAULT_KIND = "ensemble"
 DEFAULT_HISTORY = 256
 DEFAULT_ADAPT_RATE = 0.01
 
-Series = Literal["peak", "window"]
-SERIES: tuple[Series, ...] = ("peak", "window")
+Series = Literal["peak", "window", "peak:prompt", "window:prompt", "peak:answer", "window:answer"]
+SERIES: tuple[Series, ...] = ("peak", "window", "peak:prompt", "window:prompt", "peak:answer", "window:answer")
 
 
 def _count(value: float) -> float:
     v = float(value)
     return v if math.isfinite(v) and v > 0.0 else 0.0
+
+
+def _ratio(actual: float, forecast: float) -> float:
+    """A window's mean length over the length forecast for it; 1 where either is unknown."""
+    a, f = float(actual), float(forecast)
+    return a / f if math.isfinite(a) and math.isfinite(f) and a > 0.0 and f > 0.0 else 1.0
 
 
 def _rank(m: int, q: float) -> int:
@@ -159,6 +175,9 @@ class QuantileForecaster:
         self._forecasts: list[float] = []
         self._actuals: list[float] = []
         self._counts: list[float] = []
+        # per window: its mean prompt and answer lengths over the ones forecast for it (the
+        # ":prompt" and ":answer" series scale its counts by them)
+        self._lengths: list[tuple[float, float]] = []
         self._seen = 0  # windows observed since the start: the origins' clock
         # the first origin whose forecast came from traffic: the ones before it were made by a
         # forecaster that had seen none, a 0 that is no forecast, so they calibrate nothing
@@ -191,6 +210,7 @@ class QuantileForecaster:
             "forecasts": [],
             "actuals": [],
             "counts": [],
+            "length_ratios": [],
         }
         qf = cls.from_state(state)
         qf._forecaster = forecaster  # the caller's object, not a copy
@@ -207,7 +227,8 @@ class QuantileForecaster:
         forecast and the window quantiles still learn the window's count,
         and the peak quantiles learn how far above that forecast the peaks run.
         """
-        forecast = self.forecast()[0]  # usually the one the planner sized with: cached
+        point = self.forecast()  # usually the one the planner sized with: cached
+        forecast = point[0]
         if self._forecaster.predictors[0].num_points == 0:
             self._informed_from = self._seen + 1
         self._forecasts.append(forecast)
@@ -215,6 +236,7 @@ class QuantileForecaster:
         count = _count(obs.num_req)
         self._actuals.append(count if peak is None else max(_count(peak), count))
         self._counts.append(count)
+        self._lengths.append((_ratio(obs.isl, point[1]), _ratio(obs.osl, point[2])))
         self._seen += 1
         self._resolve()
         excess = len(self._forecasts) - self.history
@@ -222,6 +244,7 @@ class QuantileForecaster:
             del self._forecasts[:excess]
             del self._actuals[:excess]
             del self._counts[:excess]
+            del self._lengths[:excess]
         self._forecaster.observe(obs)
         self._next = None
         self._last_asked, self._asked = self._asked, []
@@ -419,7 +442,21 @@ class QuantileForecaster:
         return out + out[-1:] * (horizon - reach)
 
     def _series(self, of: Series) -> list[float]:
-        return self._actuals if of == "peak" else self._counts
+        """The kept windows' values of series ``of``, oldest first.
+
+        ``peak`` and ``window`` are request counts; ``:prompt`` and
+        ``:answer`` scale each window's count by how far its mean prompt
+        (answer) ran over the length forecast for it, so their quantiles
+        are of the tokens a role works on, counted in requests of the
+        forecast length: a window of 20 % longer prompts at the forecast
+        count is 20 % more prefill work, which the count alone calls covered.
+        """
+        counts, _, work = of.partition(":")
+        base = self._actuals if counts == "peak" else self._counts
+        if not work:
+            return base
+        which = 0 if work == "prompt" else 1
+        return [value * ratios[which] for value, ratios in zip(base, self._lengths, strict=True)]
 
     def _spreads(
         self, horizon: int, zero: bool, actuals: list[float],
@@ -465,6 +502,7 @@ class QuantileForecaster:
             "forecasts": list(self._forecasts),
             "actuals": list(self._actuals),
             "counts": list(self._counts),
+            "length_ratios": [list(r) for r in self._lengths],
             "adapt_rate": self.adapt_rate,
             "seen": self._seen,
             "informed_from": self._informed_from,
@@ -487,8 +525,10 @@ class QuantileForecaster:
         qf._actuals = [float(v) for v in state["actuals"]]
         # states written before the window series calibrate it on their peaks until these pass
         qf._counts = [float(v) for v in state.get("counts", qf._actuals)]
-        if not len(qf._forecasts) == len(qf._actuals) == len(qf._counts):
-            raise ValueError("quantile state has unequal forecast, actual and count histories")
+        # states written before the length series read their windows as of the forecast lengths
+        qf._lengths = [(float(i), float(o)) for i, o in state.get("length_ratios", [[1.0, 1.0]] * len(qf._counts))]
+        if not len(qf._forecasts) == len(qf._actuals) == len(qf._counts) == len(qf._lengths):
+            raise ValueError("quantile state has unequal forecast, actual, count and length histories")
         # states written before the adaptive levels existed start them afresh
         qf.adapt_rate = _adapt_rate(state.get("adapt_rate", DEFAULT_ADAPT_RATE))
         qf._seen = int(state.get("seen", len(qf._actuals)))

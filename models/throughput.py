@@ -159,7 +159,7 @@ def propose_throughput(
     accept_length: float,
     perf: Mapping[Role, object],
     *,
-    sized_num_req: float | None = None,
+    sized_num_req: float | Mapping[Role, float] | None = None,
     horizon_windows: int | None = None,
     quantile_calibrated: bool | None = None,
     quantile_exceeded: tuple[int, int] | None = None,
@@ -189,14 +189,17 @@ def propose_throughput(
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
-    sized = num_req if sized_num_req is None else sized_num_req
+    if sized_num_req is None or isinstance(sized_num_req, Mapping):
+        sized_of = dict(sized_num_req or {})
+    else:
+        sized_of = dict.fromkeys(config.roles, sized_num_req)
+    sized = max(sized_of.values(), default=num_req)
     share = config.target_utilization if utilization is None else utilization
-    demand_rps = sized / interval
     floored = config.prefill_sizing == "queueing" and "prefill" in config.roles
     predicted = PredictedLoad(
         num_req=num_req, isl=isl, osl=osl, rps=num_req / interval,
         kv_hit_rate=kv_hit_rate, accept_length=accept_length,
-        sized_rps=None if sized_num_req is None else demand_rps,
+        sized_rps=None if sized_num_req is None else sized / interval,  # the most any role sized for
         window_sized_rps=None if window_num_req is None or not floored else window_num_req / interval,
         horizon_windows=horizon_windows, quantile_calibrated=quantile_calibrated,
         quantile_exceeded=quantile_exceeded,
@@ -212,6 +215,7 @@ def propose_throughput(
     window_rate = False  # whether prefill's rate count sized for the window's count
     for role in config.roles:
         model = perf[role]
+        demand_rps = sized_of.get(role, num_req) / interval
         if demand_rps > 0:
             if not model.ready:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)

@@ -422,7 +422,8 @@ class PredictedLoad(_Model):
     kv_hit_rate: NonNegative = 0.0
     accept_length: NonNegative = 1.0
     sized_rps: NonNegative | None = Field(
-        None, description="the rate the fleet was sized for (an upper quantile), when not rps"
+        None, description="the rate the fleet was sized for (an upper quantile), when not rps; with "
+        "quantile_basis: tokens, the most any role was sized for"
     )
     window_sized_rps: NonNegative | None = Field(
         None, description="the rate prefill's rate count was sized for when its queueing floor takes the "

@@ -412,18 +412,74 @@ burst = st.one_of(st.none(), st.floats(0.0, 2e5))  # a window's busiest burst as
 )
 def test_state_round_trips_exactly_and_continues_bit_for_bit(values, rest):
     a = QuantileForecaster("ensemble", history=24, adapt_rate=0.05)
-    for v, peak in values:
-        a.quantiles(0.9, 4)  # issued quantiles and adaptive levels are state too, per series
-        a.quantiles(0.9, 4, of="window")
-        a.observe(window(v), peak=peak)
+
+    def lengths(i: int) -> dict:  # prompts and answers that move, for the token series
+        return {"isl": 1000.0 + 300.0 * (i % 3), "osl": 100.0 + 40.0 * (i % 4)}
+
+    for i, (v, peak) in enumerate(values):
+        for of in ("peak", "window", "peak:prompt", "window:answer"):
+            a.quantiles(0.9, 4, of=of)  # issued quantiles and adaptive levels are state too, per series
+        a.observe(window(v, **lengths(i)), peak=peak)
     b = QuantileForecaster.from_state(json.loads(json.dumps(a.to_state(), allow_nan=False)))
     assert b.to_state() == a.to_state()
-    for v, peak in rest:
-        for of in ("peak", "window"):
+    for i, (v, peak) in enumerate(rest):
+        for of in ("peak", "window", "peak:prompt", "window:answer"):
             assert [bits(x) for x in a.quantiles(0.9, 4, of=of)] == [bits(x) for x in b.quantiles(0.9, 4, of=of)]
-        a.observe(window(v), peak=peak)
-        b.observe(window(v), peak=peak)
+        a.observe(window(v, **lengths(i)), peak=peak)
+        b.observe(window(v, **lengths(i)), peak=peak)
     assert a.to_state() == b.to_state()
+
+
+# --- the tokens each role works on -------------------------------------------------
+
+
+def test_prompt_quantiles_cover_the_prefill_work_the_count_calls_covered():
+    """Steady counts, prompts whose mean moves ±25 % window to window: the count's P90 covers
+    the count, and leaves a third of the windows' prompt tokens over it; the prompt series'
+    P90 covers those tokens (in requests of the length forecast) in about 90 % of them."""
+    rng = np.random.default_rng(11)
+    counts = lognormal_counts(400, seed=12, sigma=0.05)
+    prompts = [float(v) for v in 2000.0 * np.exp(0.25 * rng.standard_normal(400))]
+    qf = QuantileForecaster("ensemble", history=200)
+    by_count = by_prompt = count_covered = 0
+    scored = 0
+    for i, (n, isl) in enumerate(zip(counts, prompts, strict=True)):
+        if i >= 100:
+            work = n * isl / qf.forecast()[1]  # the window's prompt tokens, in forecast-length requests
+            count_covered += n <= qf.quantile(0.9, 1)
+            by_count += work <= qf.quantile(0.9, 1)
+            by_prompt += work <= qf.quantile(0.9, 1, of="peak:prompt")
+            scored += 1
+        qf.observe(window(n, isl=isl))
+    assert count_covered / scored >= 0.85
+    assert by_count / scored < 0.7
+    assert 0.85 <= by_prompt / scored <= 0.95
+
+
+def test_token_series_of_steady_lengths_are_the_counts():
+    qf = QuantileForecaster("ensemble", history=32)
+    for n in lognormal_counts(40, seed=6):
+        for of in ("peak:prompt", "peak:answer"):
+            assert bits(qf.quantile(0.9, 3, of=of)) == bits(qf.quantile(0.9, 3))
+        qf.observe(window(n), peak=1.3 * n)
+
+
+@pytest.mark.parametrize("isl", [0.0, float("nan"), float("inf"), -5.0])
+def test_a_length_that_is_no_length_scales_nothing(isl):
+    qf = QuantileForecaster("constant", history=16)
+    qf.observe(window(100.0))
+    qf.observe(window(100.0, isl=isl))
+    assert qf.to_state()["length_ratios"][-1] == [1.0, 1.0]
+
+
+def test_a_state_from_before_the_length_series_reads_its_windows_at_the_forecast_lengths():
+    qf = QuantileForecaster("constant", history=16)
+    for n, isl in ((10.0, 1000.0), (20.0, 3000.0), (30.0, 1000.0)):
+        qf.observe(window(n, isl=isl))
+    old = {k: v for k, v in qf.to_state().items() if k != "length_ratios"}
+    restored = QuantileForecaster.from_state(old)
+    assert restored.to_state()["length_ratios"] == [[1.0, 1.0]] * 3
+    assert bits(restored.quantile(0.9, 2, of="peak:prompt")) == bits(qf.quantile(0.9, 2))
 
 
 # --- the window's own count beside its busiest burst -----------------------------
@@ -472,7 +528,7 @@ def test_a_bad_series_is_refused_by_name():
     state = {**qf.to_state(), "levels": {"0.9@1@burst": 0.9}}
     with pytest.raises(ValueError, match="unknown series 'burst' in level key '0.9@1@burst'"):
         QuantileForecaster.from_state(state)
-    with pytest.raises(ValueError, match="unequal forecast, actual and count"):
+    with pytest.raises(ValueError, match="unequal forecast, actual, count and length"):
         QuantileForecaster.from_state({**qf.to_state(), "forecasts": [1.0], "actuals": [1.0], "counts": []})
 
 

@@ -775,3 +775,51 @@ def test_a_deployment_whose_throughput_loop_was_turned_off_exports_none_of_its_s
     assert exported() == set()
     assert metrics.registry.get_sample_value("fleetplan_throughput_reason", {
         "deployment": "d", "fleetplan_throughput_reason": "disabled"}) == 1.0
+
+
+# --- what the quantile is of: requests or each role's tokens ------------------------------
+
+
+def _prompt_swings(fleet, windows: int):
+    """20 rps of steady answers, prompts 2000 and 3000 tokens in turn: the count never moves."""
+    ticks, pending = [], [ready("p0", "prefill"), ready("d0", "decode")]
+    for w in range(windows + 1):
+        t0 = T0 + INTERVAL * w
+        isl = 3000 if w % 2 else 2000
+        out = fleet.run([*pending, *requests(20, t0 + 1, t0 + INTERVAL + 1, isl=isl, tag=f"w{w}_")])
+        ticks += [o for o in out if getattr(o, "predicted", None) is not None]
+        pending = [ack(d.decision_id, d.time + 0.5) for d in decisions(out)]
+    return ticks
+
+
+def test_the_token_basis_sizes_prefill_for_the_prompts_and_decode_for_the_answers(make_fleet):
+    """A count of requests is not the work: with the count steady and prompts half as long
+    again every other window, the requests' P90 is the count and prefill is sized for the mean
+    prompt the forecast gives; the prompt tokens' P90 sizes prefill for the long windows too.
+    The answers never moved, so decode is sized for the count either way."""
+    kw = {"throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20, "sizing": "fleetplan"}
+    by_count = _prompt_swings(make_fleet(quantile_basis="requests", **kw), 12)
+    by_tokens = _prompt_swings(make_fleet(quantile_basis="tokens", **kw), 12)
+    assert len(by_count) == len(by_tokens) == 13
+    late = list(zip(by_count[4:], by_tokens[4:], strict=True))
+    for c, t in late:
+        assert t.predicted.rps == c.predicted.rps and t.predicted.isl == c.predicted.isl
+        assert c.predicted.sized_rps == pytest.approx(20.0, rel=0.05)  # the count does not move
+        # sized_rps reports the most any role sized for: prefill's, the prompts' P90
+        assert t.predicted.sized_rps > 1.15 * c.predicted.sized_rps
+        assert t.estimates["prefill"].rate_replicas >= c.estimates["prefill"].rate_replicas
+        assert t.estimates["decode"].rate_replicas == c.estimates["decode"].rate_replicas
+    assert sum(t.estimates["prefill"].rate_replicas for _, t in late) > sum(
+        c.estimates["prefill"].rate_replicas for c, _ in late)
+
+
+def test_the_request_basis_asks_the_counts_series_alone(make_fleet):
+    """The default asks the count's quantiles alone (the burst's and the window's) and sizes every
+    role for them, as before the field."""
+    kw = {"throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20, "sizing": "fleetplan"}
+    fleet = make_fleet(**kw)
+    ticks = _prompt_swings(fleet, 6)
+    assert fleet.planner.config.quantile_basis == "requests"
+    asked = {of for _, _, of in _state(fleet).forecaster.last_asked}
+    assert asked == {"peak", "window"}
+    assert all(t.predicted.sized_rps is not None for t in ticks)

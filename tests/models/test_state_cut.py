@@ -86,7 +86,7 @@ def _events(mode: str, start: str, reconfigure: bool) -> tuple:
         evs.append(seed_control("d", T0, rows))
     if reconfigure:
         evs.append(ControlEvent(deployment="d", time=T0 + 701.5, body=SetConfig(changes={
-            "throughput_adjustment_interval_seconds": 60, "load_predictor": "kalman"})))
+            "throughput_adjustment_interval_seconds": 60, "load_predictor": "kalman", "quantile_basis": "tokens"})))
     return tuple(sorted(evs, key=lambda e: e.time))
 
 

@@ -162,3 +162,19 @@ def test_startup_by_ack_refuses_before_reading_data(args, message):
 def test_decode_fit_takes_the_same_checks_of_its_workload(args, message):
     """bench/quality.py one_workload: the one-workload scripts check --scale and --sla alike."""
     assert message in _refused(_bench("decode_fit.py", "--data", "/nonexistent", *args))
+
+
+def test_a_shape_kept_trace_is_scaled_for_its_own_busiest_window():
+    """bench/sizing.py --choose-scale: quality.py's rule (the fewest copies whose busiest window
+    needs 10 engines) on the trace as it runs; with its shape kept the busiest minute is busier,
+    so fewer copies reach it than the flattened trace needs."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from quality import Spec, choose_scale, peak_need
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    code = str(ROOT / "examples" / "traces" / "azure_code_10min.csv")
+    flat, kept = (choose_scale(Spec("code", "trace", code, "h200-llama3.1-8b", shift=shift), 10, integer=True)
+                  for shift in (None, 30.0))
+    assert kept.scale < 0.6 * flat.scale
+    assert peak_need(kept)[0] >= 10 > peak_need(Spec(**{**kept.__dict__, "scale": kept.scale - 1}))[0]

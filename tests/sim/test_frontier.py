@@ -336,3 +336,35 @@ def test_pooling_sums_over_the_defaults_levels_and_drops_a_policy_missing_one(tm
     assert set(found) == {"fleetplan (ensemble)", "reference forecast (constant) util0.8"}
     assert found["fleetplan (ensemble)"] == pytest.approx((11.0, 0.98, 0.97))
     assert found["reference forecast (constant) util0.8"] == pytest.approx((10.0, 0.97, 0.96))
+
+
+# The shape-kept verdicts docs/forecasting.md and docs/sizing.md state (bench/results/shape-kept,
+# with the flat traces' recorded runs for the token basis's rows at the recorded scales): the
+# default, and the default with quantile_basis: tokens.
+SHAPE_KEPT = sorted((VERDICTS.parent / "shape-kept").glob("*.json"))
+FLAT_TRACES = [VERDICTS / name for name in ("azure-conv-500-50.json", "azure-code-500-50.json", "mooncake-500-50.json")]
+SLA = (500.0, 50.0)
+SHAPE_KEPT_VERDICTS = {
+    "fleetplan (ensemble)": {
+        ("azure-conv-30min-shift30", 34.0, SLA): "lost", ("azure-conv-30min-shift30", 27.0, SLA): "lost",
+        ("azure-code-30min-shift30", 50.0, SLA): "won", ("azure-code-30min-shift30", 19.0, SLA): "won",
+        ("mooncake-conv-30min-shift30", 6.0, SLA): "won", ("mooncake-conv-30min-spread-shift30", 6.0, SLA): "lost",
+    },
+    "fleetplan (ensemble) tokens": {
+        ("azure-conv-30min-shift30", 34.0, SLA): "tie", ("azure-conv-30min-shift30", 27.0, SLA): "lost",
+        ("azure-code-30min-shift30", 50.0, SLA): "won", ("azure-code-30min-shift30", 19.0, SLA): "won",
+        ("mooncake-conv-30min-shift30", 6.0, SLA): "won", ("mooncake-conv-30min-spread-shift30", 6.0, SLA): "lost",
+        ("azure-conv-30min", 34.0, SLA): "lost", ("azure-code-30min", 50.0, SLA): "tie",
+        ("mooncake-conv-30min", 6.0, SLA): "won", ("mooncake-conv-30min-spread", 6.0, SLA): "tie",
+    },
+}
+
+
+@pytest.mark.parametrize("default", sorted(SHAPE_KEPT_VERDICTS))
+def test_the_shape_kept_runs_give_the_documented_verdicts(default):
+    assert [p.name for p in SHAPE_KEPT] == ["azure-500-50-shift30-chosen.json", "azure-500-50-shift30.json",
+                                           "mooncake-500-50-shift30.json", "tokens-500-50.json"]
+    groups = read_runs([*SHAPE_KEPT, *FLAT_TRACES], default)
+    expected = SHAPE_KEPT_VERDICTS[default]
+    found = {key: verdict(groups[key]["default"], groups[key]["refs"], TIE_POINTS, TIE_COST)[0] for key in expected}
+    assert found == expected

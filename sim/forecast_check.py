@@ -17,6 +17,14 @@ tick, so it can score both without hindsight leaking into the run:
 - with ``burst_sizing: queueing``, the window's own P90 (what prefill's
   rate count sized for) against the busiest window of the horizon.
 
+With ``quantile_basis: tokens`` those quantiles are of tokens, in requests
+of the lengths forecast at the tick (docs/sizing.md), and a count of
+requests is not what they promise to cover: a sub-window is then read as
+the most work any role's lengths give (its prompt tokens over the
+forecast prompt, its answer tokens over the forecast answer), as the sized
+rate is the most any role was sized for; the window's P90 (prefill's) on
+its prompt tokens.
+
 Sub-windows are aligned to multiples of the burst length on the run's
 clock, as the core's are; ticks whose horizon runs past the end of the
 workload are not scored.
@@ -39,15 +47,24 @@ def forecast_coverage(
     interval_s: float,
     burst_s: float,
     quantile: float | None,
+    work: tuple[str, ...] | None = None,
 ) -> dict | None:
     """Score the ticks' forecasts (rows of ``sim.runner.tick_row``) on the arrival times.
 
     ``burst_s`` is the core's burst sub-window (``PlannerConfig.burst_seconds``;
     0 sizes the window's mean) and ``quantile`` the sizing quantile (None when
-    the run sizes the point). None when no tick can be scored.
+    the run sizes the point). ``work`` (``quantile_basis: tokens``: the
+    lengths the fleet's roles work on, ``"isl"`` and/or ``"osl"``) scores the
+    quantiles on those tokens, ``arrivals`` then being ``(time, isl, osl)``.
+    None when no tick can be scored.
     """
     burst = burst_s if burst_s > 0 else interval_s
-    times = sorted(arrivals)
+    if work is None:
+        times, tokens = sorted(arrivals), {}
+    else:
+        rows = sorted((float(t), float(isl), float(osl)) for t, isl, osl in arrivals)
+        times = [t for t, _, _ in rows]
+        tokens = {"isl": _prefix(r[1] for r in rows), "osl": _prefix(r[2] for r in rows)}
     point_errors: list[float] = []
     under = 0
     sized, window = _Misses(), _Misses()
@@ -62,9 +79,16 @@ def forecast_coverage(
         if "sized_rps" not in row or horizon is None or t + horizon * interval_s > end_s:
             continue
         end = t + horizon * interval_s
-        sized.add(_peak(times, burst, t, end) / burst > row["sized_rps"], row)
+        if work is None:
+            peak = _peak(times, burst, t, end)
+            window_peak = _peak(times, interval_s, t, end, aligned_at=t) if "window_sized_rps" in row else 0
+        else:  # the busiest sub-window's work, in requests of the lengths forecast at the tick
+            peak = max(_peak(times, burst, t, end, tokens=tokens[k]) / _forecast_length(row, k) for k in work)
+            window_peak = _peak(times, interval_s, t, end, aligned_at=t, tokens=tokens["isl"]) / _forecast_length(
+                row, "isl") if "window_sized_rps" in row else 0
+        sized.add(peak / burst > row["sized_rps"], row)
         if "window_sized_rps" in row:
-            window.add(_peak(times, interval_s, t, end, aligned_at=t) / interval_s > row["window_sized_rps"], row)
+            window.add(window_peak / interval_s > row["window_sized_rps"], row)
     if not point_errors and not sized.counts["scored"]:
         return None
     out: dict = {
@@ -77,6 +101,8 @@ def forecast_coverage(
     }
     if sized.counts["scored"]:
         out["sized"] = {"quantile": quantile, "burst_s": burst, **sized.summary()}
+        if work is not None:
+            out["sized"]["basis"] = "tokens"  # of the roles' tokens, not the requests
         # the planner's own score of its conformal quantiles at its last tick (models/quantiles.py
         # ``exceedances``): what a live deployment reports, beside the simulator's count
         live = next((row["quantile_exceeded"] for row in reversed(ticks) if "quantile_exceeded" in row), None)
@@ -111,11 +137,32 @@ class _Misses:
 
 def run_coverage(result, workload, config) -> dict | None:
     """``forecast_coverage`` of a planner run (``sim.runner.RunResult``) on its workload, with its config."""
+    work = _work_of(config)
     return forecast_coverage(
-        result.ticks, (r.arrival_s for r in workload.requests()), end_s=workload.duration_s,
+        result.ticks,
+        (r.arrival_s if work is None else (r.arrival_s, r.input_tokens, r.output_tokens) for r in workload.requests()),
+        end_s=workload.duration_s,
         interval_s=config.throughput_adjustment_interval_seconds, burst_s=config.burst_seconds,
-        quantile=config.sizing_quantile if config.throughput_sizing == "startup_quantile" else None,
+        quantile=config.sizing_quantile if config.throughput_sizing == "startup_quantile" else None, work=work,
     )
+
+
+def _work_of(config) -> tuple[str, ...] | None:
+    """The lengths whose tokens the run's sizing quantile is of: None for the request count.
+
+    As the planner sizes them (``quantile_basis: tokens``): prefill on the
+    prompts, decode on the answers, an aggregated engine on both.
+    """
+    if config.quantile_basis != "tokens":
+        return None
+    of = {"prefill": ("isl",), "decode": ("osl",)}
+    return tuple(dict.fromkeys(k for role in config.roles for k in of.get(role, ("isl", "osl"))))
+
+
+def _forecast_length(row: dict, kind: str) -> float:
+    """The tick's forecast mean of ``kind``; 1 token where none was (the count, as the planner's ratio 1)."""
+    value = row.get(f"predicted_{kind}") or 0.0
+    return value if math.isfinite(value) and value > 0 else 1.0
 
 
 def coverage_line(coverage: dict | None) -> str | None:
@@ -132,10 +179,12 @@ def coverage_line(coverage: dict | None) -> str | None:
     sized = coverage.get("sized")
     if sized:
         q = "the sized rate" if sized["quantile"] is None else f"the P{100 * sized['quantile']:g}"
-        parts.append(_misses_text(f"{q} of the busiest {sized['burst_s']:g} s over the startup horizon", sized))
+        of = " (tokens, the most any role's)" if sized.get("basis") == "tokens" else ""
+        parts.append(_misses_text(f"{q} of the busiest {sized['burst_s']:g} s{of} over the startup horizon", sized))
     window = coverage.get("window")
     if window:
-        parts.append(_misses_text(f"the window's own P{100 * window['quantile']:g} (prefill's rate count)", window))
+        of = " of prompt tokens" if sized and sized.get("basis") == "tokens" else ""
+        parts.append(_misses_text(f"the window's own P{100 * window['quantile']:g}{of} (prefill's rate count)", window))
     return "forecast: " + "; ".join(parts)
 
 
@@ -148,12 +197,23 @@ def _misses_text(what: str, misses: dict) -> str:
     return text + " (none conformal yet)"
 
 
-def _count(times: list[float], start: float, end: float) -> int:
-    return bisect_left(times, end) - bisect_left(times, start)
+def _count(times: list[float], start: float, end: float, tokens: list[float] | None = None) -> float:
+    """Arrivals in [start, end); with ``tokens`` (``_prefix`` of their lengths), their tokens."""
+    lo, hi = bisect_left(times, start), bisect_left(times, end)
+    return hi - lo if tokens is None else tokens[hi] - tokens[lo]
 
 
-def _peak(times: list[float], burst: float, start: float, end: float, aligned_at: float = 0.0) -> int:
-    """Arrivals in the busiest ``burst``-long sub-window of [start, end).
+def _prefix(values) -> list[float]:
+    """Running sums, 0 first: the tokens of arrivals i..j are ``out[j] - out[i]``."""
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def _peak(times: list[float], burst: float, start: float, end: float, aligned_at: float = 0.0,
+          tokens: list[float] | None = None) -> float:
+    """Arrivals (their tokens, with ``tokens``) in the busiest ``burst``-long sub-window of [start, end).
 
     Sub-windows are keyed floor((t - aligned_at) / burst): on the run's
     clock for burst sub-windows, as the core keys them; at the tick for the
@@ -162,6 +222,6 @@ def _peak(times: list[float], burst: float, start: float, end: float, aligned_at
     best, k = 0, math.floor((start - aligned_at) / burst)
     while aligned_at + k * burst < end:
         lo, hi = aligned_at + k * burst, aligned_at + (k + 1) * burst
-        best = max(best, _count(times, max(start, lo), min(end, hi)))
+        best = max(best, _count(times, max(start, lo), min(end, hi), tokens))
         k += 1
     return best

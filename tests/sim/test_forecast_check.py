@@ -117,3 +117,49 @@ def test_the_planners_own_count_of_its_exceeded_quantiles_is_the_simulators(tmp_
     sized = orjson.loads(result.stdout)["forecast"]["sized"]
     assert (sized["planner_exceeded"], sized["planner_scored"]) == (sized["calibrated_exceeded"],
                                                                      sized["calibrated_scored"]) == (4, 44)
+
+
+# --- quantile_basis: tokens: the sized rate is of each role's tokens, not of the requests ---------
+
+
+def _lengths(arrivals: list[float], isl: float, osl: float) -> list[tuple[float, float, float]]:
+    return [(t, isl, osl) for t in arrivals]
+
+
+def test_a_token_basis_run_is_scored_on_the_tokens_its_roles_work_on():
+    """With ``quantile_basis: tokens`` the sized rate is a quantile of tokens, in requests of the
+    forecast lengths (the most any role was sized for): 10 rps of prompts half the forecast's and
+    answers half the forecast's are 5 rps of work, which 6 covers, though 10 requests a second
+    are over it; prompts half as long again as the forecast's are 15 rps of prefill work, which
+    12 does not cover, though the 10 requests are under it."""
+    arrivals = _steady(10, 0, 600)
+    tick = {"t": 180.0, "predicted_rps": 10.0, "predicted_isl": 2000.0, "predicted_osl": 200.0,
+            "sized_rps": 6.0, "window_sized_rps": 6.0, "horizon_windows": 1, "quantile_calibrated": True}
+    by_count = _score([tick], arrivals)
+    assert (by_count["sized"]["exceeded"], by_count["window"]["exceeded"]) == (1, 1)
+    short = _score([tick], _lengths(arrivals, 1000.0, 100.0), work=("isl", "osl"))
+    assert (short["sized"]["exceeded"], short["window"]["exceeded"]) == (0, 0)
+    tick = {**tick, "sized_rps": 12.0, "window_sized_rps": 12.0}
+    assert _score([tick], arrivals)["sized"]["exceeded"] == 0
+    long = _score([tick], _lengths(arrivals, 3000.0, 200.0), work=("isl", "osl"))
+    assert (long["sized"]["exceeded"], long["window"]["exceeded"]) == (1, 1)
+    # a decode-only fleet's sized rate is of the answers alone: the long prompts are not its work
+    assert _score([tick], _lengths(arrivals, 3000.0, 200.0), work=("osl",))["sized"]["exceeded"] == 0
+    assert "tokens" in coverage_line(long)
+
+
+def test_run_coverage_reads_the_basis_from_the_config():
+    from types import SimpleNamespace
+
+    from fleetplan.models.config import config_from_dict
+    from fleetplan.sim.forecast_check import run_coverage
+    from fleetplan.sim.traces import TraceRequest
+
+    rows = [TraceRequest(t, 3000, 200) for t in _steady(10, 0, 600)]
+    workload = SimpleNamespace(requests=lambda: iter(rows), duration_s=600.0)
+    tick = {"t": 180.0, "predicted_rps": 10.0, "predicted_isl": 2000.0, "predicted_osl": 200.0,
+            "sized_rps": 12.0, "horizon_windows": 1, "quantile_calibrated": True}
+    result = SimpleNamespace(ticks=[tick])
+    kw = {"throughput_adjustment_interval_seconds": 180, "burst_window_seconds": 60}
+    assert run_coverage(result, workload, config_from_dict(kw))["sized"]["exceeded"] == 0
+    assert run_coverage(result, workload, config_from_dict({**kw, "quantile_basis": "tokens"}))["sized"]["exceeded"] == 1

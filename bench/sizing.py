@@ -58,7 +58,6 @@ VARIANTS: dict[str, dict] = {
     # fleetplan's defaults, then each departure taken away; all but the first pin the headroom
     # as it was when docs/sizing.md measured them (before calibrated_utilization, 2026-12-02),
     # and all but the first two the burst sizing (W)
-    "fleetplan (ensemble) tokens": {"load_predictor": "ensemble", "quantile_basis": "tokens"},
     "fleetplan (ensemble)": {"load_predictor": "ensemble"},  # the defaults
     # the rate count sized for the busiest burst too, as the queueing floor is (until 2026-12-04)
     "fleetplan (ensemble) -windowrate": {"load_predictor": "ensemble", **W},
@@ -154,6 +153,8 @@ VARIANTS.update({name: {**VARIANTS["fleetplan (ensemble) -coverage" if "-coverag
                  for name in RETUNE})
 GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER, "departures": DEPARTURES}
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
+# the defaults with each role sized for the quantile of its own tokens (docs/sizing.md); asked for by name
+VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quantile_basis": "tokens"}
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,

@@ -349,8 +349,8 @@ class Planner:
             sized = {role: max(forecast[0], *(of[w] for w in work[role])) for role in cfg.roles}
             coverage = state.forecaster.coverage(cfg.sizing_quantile, horizon)
             calibrated = coverage >= cfg.sizing_quantile  # conformal: it covers q by construction
-            # how the last ones fared: the first role's (prefill's, or the aggregated engine's)
-            exceeded = state.forecaster.exceedances(cfg.sizing_quantile, horizon, of=f"peak{work[cfg.roles[0]][0]}")
+            # how the last ones fared, of the series sized_rps reports: the largest (the first if even)
+            exceeded = state.forecaster.exceedances(cfg.sizing_quantile, horizon, of=f"peak{max(of, key=of.get)}")
             utilization = _sizing_utilization(cfg, coverage)
             if cfg.quantile_basis == "requests":
                 sized = sized[cfg.roles[0]]  # one count for every role

@@ -173,7 +173,9 @@ def propose_throughput(
     """Size every role for the forecast window.
 
     ``sized_num_req`` (the upper quantile over ``horizon_windows`` windows)
-    is the count the fleet is sized for when given; the point forecast
+    is the count the fleet is sized for when given, one for every role or
+    one per role (``quantile_basis: tokens``: each role's tokens in requests
+    of the forecast lengths; ``sized_rps`` reports the largest); the point forecast
     is still reported, and ``quantile_calibrated`` (whether that quantile
     was conformal) and ``quantile_exceeded`` (how its recent ones fared) with it. ``mix_factor`` scales each role's capacity.
     ``arrival_dispersion`` (1 for Poisson) stretches the queueing floor's waits.

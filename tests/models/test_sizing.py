@@ -823,3 +823,25 @@ def test_the_request_basis_asks_the_counts_series_alone(make_fleet):
     asked = {of for _, _, of in _state(fleet).forecaster.last_asked}
     assert asked == {"peak", "window"}
     assert all(t.predicted.sized_rps is not None for t in ticks)
+
+
+def test_the_token_basis_reports_how_the_series_it_sized_for_fared(make_fleet):
+    """sized_rps is the largest role's tokens; quantile_exceeded is that series' record, not
+    prefill's: answers twice as long every other window make decode's the series sized for,
+    and answers that then climb past anything seen exceed it while the prompts never move."""
+    kw = {"throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20, "sizing": "fleetplan",
+          "quantile_basis": "tokens"}
+    fleet = make_fleet(**kw)
+    ticks, pending = [], [ready("p0", "prefill"), ready("d0", "decode")]
+    for w in range(18):
+        t0 = T0 + INTERVAL * w
+        osl = (300 if w % 2 else 150) if w < 13 else int(300 * 1.4 ** (w - 12))
+        out = fleet.run([*pending, *requests(20, t0 + 1, t0 + INTERVAL + 1, osl=osl, tag=f"w{w}_")])
+        ticks += [o for o in out if getattr(o, "predicted", None) is not None]
+        pending = [ack(d.decision_id, d.time + 0.5) for d in decisions(out)]
+    forecaster = _state(fleet).forecaster
+    last = ticks[-1].predicted
+    answer = forecaster.exceedances(0.9, 2, of="peak:answer")
+    assert last.sized_rps * INTERVAL == pytest.approx(forecaster.quantile(0.9, 2, of="peak:answer"))
+    assert answer[0] > 0 and last.quantile_exceeded == answer
+    assert forecaster.exceedances(0.9, 2, of="peak:prompt")[0] == 0

@@ -584,7 +584,8 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
         (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         arrivals = [(w.t, w.num_req, w.duration_s) for w in sizing.traffic]
         title = f"fleetplan simulate: {run['policy']} on {workload.name} ({setup.config.mode}, {run['profile']})"
-        write_report(out / "report.html", ordered, setup.config.ttft_ms, setup.config.itl_ms, sizing.window_s, arrivals, title)
+        write_report(out / "report.html", ordered, setup.config.ttft_ms, setup.config.itl_ms, sizing.window_s, arrivals,
+                     title, sized_basis=setup.config.quantile_basis)
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:

@@ -51,3 +51,15 @@ def test_the_report_embeds_plotly_and_fetches_nothing(tmp_path):
     html = path.read_text()
     assert "<script src=" not in html.replace('<script src=""', "")  # no CDN script: opens offline
     assert "plotly.js v" in html
+
+
+def test_a_token_basis_run_says_its_sized_lines_are_of_tokens(tmp_path):
+    ticks = [{"t": 180.0, "throughput_reason": "scale", "sized_rps": 12.0, "window_sized_rps": 10.0}]
+    names = {}
+    for basis in ("requests", "tokens"):
+        path = write_report(tmp_path / f"{basis}.html", [_run(ticks)], 500, 50, 60.0, [(0.0, 1, 60.0)], "t",
+                            sized_basis=basis)
+        names[basis] = {t["name"] for t in _figure(path)}
+    assert {"sized-for rps (planner)", "window sized-for rps (prefill rate count)"} <= names["requests"]
+    assert {"sized-for rps (planner; tokens, the most any role's)",
+            "window sized-for rps (prefill rate count; prompt tokens)"} <= names["tokens"]

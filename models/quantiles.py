@@ -97,6 +97,17 @@ def _ratio(actual: float, forecast: float) -> float:
     return a / f if math.isfinite(a) and math.isfinite(f) and a > 0.0 and f > 0.0 else 1.0
 
 
+def _exceeds(peak: float, sized: float) -> bool:
+    """Whether the busiest window (``peak``, a log1p count) exceeded what was sized for (log1p).
+
+    Counted in requests, to rounding: the quantile is a past ratio carried to
+    another forecast, and the count it came from can come back an ulp over it
+    (186 against 185.9999999999999); a window that brought the very count
+    sized for did not exceed it.
+    """
+    return peak > sized and not math.isclose(math.expm1(peak), from_log1p(sized), rel_tol=1e-9)
+
+
 def _rank(m: int, q: float) -> int:
     """The conformal rank of the q-quantile among m values (1-based; > m: none)."""
     return max(1, math.ceil((m + 1) * q))
@@ -269,7 +280,7 @@ class QuantileForecaster:
                 # quantile of 0, however far below 0 its log1p level fell (the level keeps its
                 # own test: the scoring must not move the quantiles)
                 sized = max(value, math.log1p(self._forecasts[origin - first]))
-                self._outcomes.setdefault(key, []).append([origin, int(peak > sized)])
+                self._outcomes.setdefault(key, []).append([origin, int(_exceeds(peak, sized))])
             if self.adapt_rate > 0.0:
                 level = self._levels.get(key, q) + self.adapt_rate * (miss - (1.0 - q))
                 self._levels[key] = min(1.0, max(0.0, level))

@@ -178,3 +178,48 @@ def test_a_shape_kept_trace_is_scaled_for_its_own_busiest_window():
                   for shift in (None, 30.0))
     assert kept.scale < 0.6 * flat.scale
     assert peak_need(kept)[0] >= 10 > peak_need(Spec(**{**kept.__dict__, "scale": kept.scale - 1}))[0]
+
+
+@pytest.mark.parametrize("chosen", [False, True])
+def test_choose_scale_runs_the_shape_kept_trace_at_its_own_scale_times_the_load_factors(monkeypatch, chosen):
+    """bench/sizing.py --choose-scale --rate-scale-shift S: the scale is chosen on the trace as it
+    runs (shifted by S), and the rows run at it times each --load-factors, named -shiftS; without
+    it, at the recorded scale chosen for the flattened trace. A ServeGen day keeps its recorded
+    scale either way. (The runs are not made here.)"""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import sizing
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    asked, tasks = [], []
+
+    def choose(spec, target, integer):
+        asked.append((spec.name, spec.shift, target, integer))
+        return sizing.replace(spec, scale=7.0)
+
+    class Pool:
+        def __init__(self, jobs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, work):
+            tasks.extend(work)
+            return []
+
+    monkeypatch.setattr(sizing, "choose_scale", choose)
+    monkeypatch.setattr(sizing, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(sys, "argv", ["sizing.py", "--data", "/nonexistent", "--only", "conv,m-mid", "--no-oracle",
+                                      "--variants", "fleetplan (ensemble) tokens", "--load-factors", "1,2",
+                                      "--rate-scale-shift", "30", *(["--choose-scale"] if chosen else [])])
+    sizing.main()
+    assert asked == ([("azure-conv-30min", 30.0, 10, True)] if chosen else [])
+    base = 7.0 if chosen else sizing.SCALES["azure-conv-30min"]
+    variant = "fleetplan (ensemble) tokens"
+    assert [(s.name, s.scale, s.shift, n) for s, _, n in tasks] == [
+        *(("azure-conv-30min-shift30", base * f, 30.0, variant) for f in (1.0, 2.0)),
+        *(("servegen-m-mid-24h", sizing.SCALES["servegen-m-mid-24h"] * f, None, variant) for f in (1.0, 2.0))]

@@ -15,7 +15,7 @@ import pytest
 from fleetplan.models.config import config_from_dict
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))  # bench scripts import each other by name
-from sizing import DEPARTURES, VARIANTS  # noqa: E402
+from sizing import ABLATION, DEPARTURES, VARIANTS  # noqa: E402
 
 SLA = {"ttft_ms": 500.0, "itl_ms": 50.0}
 
@@ -35,3 +35,13 @@ def test_each_departure_changes_the_defaults(name):
 
 def test_the_defaults_row_is_the_default_config():
     assert config_from_dict({**SLA, **VARIANTS["defaults"]}) == config_from_dict(SLA)
+
+
+def test_the_tokens_row_is_the_default_with_the_token_basis_asked_for_by_name():
+    """docs/sizing.md's token-basis rows: fleetplan's defaults (``fleetplan (ensemble)``) with
+    ``quantile_basis: tokens`` and nothing else, run when named, not with the ablation's list."""
+    tokens = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) tokens"]})
+    default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
+    assert tokens.quantile_basis == "tokens" and default.quantile_basis == "requests"
+    assert tokens.model_copy(update={"quantile_basis": "requests"}) == default
+    assert "fleetplan (ensemble) tokens" not in ABLATION

@@ -467,6 +467,19 @@ def test_token_series_of_steady_lengths_are_the_counts():
         qf.observe(window(n), peak=1.3 * n)
 
 
+def test_the_length_ratios_are_kept_with_their_windows():
+    """Past the history each window's ratios leave with it: the kept ones are the last windows',
+    in order, each its mean prompt and answer over the ones forecast for it."""
+    qf = QuantileForecaster("ensemble", history=4)
+    expected = []
+    for i in range(10):
+        isl, osl = 1000.0 + 250.0 * (i % 3), 100.0 + 60.0 * (i % 2)
+        _, forecast_isl, forecast_osl = qf.forecast()
+        expected.append([isl / forecast_isl if forecast_isl > 0 else 1.0, osl / forecast_osl if forecast_osl > 0 else 1.0])
+        qf.observe(window(100.0 + i, isl=isl, osl=osl))
+    assert qf.to_state()["length_ratios"] == expected[-4:]
+
+
 @pytest.mark.parametrize("isl", [0.0, float("nan"), float("inf"), -5.0])
 def test_a_length_that_is_no_length_scales_nothing(isl):
     qf = QuantileForecaster("constant", history=16)
@@ -505,6 +518,22 @@ def test_window_quantiles_are_those_of_a_forecaster_never_shown_the_bursts():
     levels = with_bursts.to_state()["levels"]
     assert set(levels) == {"0.9@1", "0.9@2", "0.9@1@window", "0.9@2@window"}
     assert levels["0.9@2@window"] == counts_only.to_state()["levels"]["0.9@2"]
+
+
+def test_window_token_series_are_those_of_a_forecaster_never_shown_the_bursts():
+    """As the window's count, so its tokens: fed bursts above each window's count and prompts and
+    answers that move, ``window:prompt`` and ``window:answer`` (prefill's rate count sizes for the
+    first) calibrate exactly as the token series of a forecaster fed the counts alone."""
+    counts = lognormal_counts(80, seed=9)
+    with_bursts, counts_only = QuantileForecaster("ensemble", history=48), QuantileForecaster("ensemble", history=48)
+    for i, n in enumerate(counts):
+        for work in (":prompt", ":answer"):
+            assert bits(with_bursts.quantile(0.9, 2, of=f"window{work}")) == bits(
+                counts_only.quantile(0.9, 2, of=f"peak{work}"))
+        lengths = {"isl": 2000.0 * (1.0 + 0.3 * (i % 3)), "osl": 200.0 * (1.0 + 0.5 * (i % 2))}
+        with_bursts.observe(window(n, **lengths), peak=n * (1.3 + 0.5 * (i % 2)))
+        counts_only.observe(window(n, **lengths))
+    assert with_bursts.quantile(0.9, 2, of="peak:prompt") > 1.2 * with_bursts.quantile(0.9, 2, of="window:prompt")
 
 
 def test_without_bursts_the_two_series_are_one():

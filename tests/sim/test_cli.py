@@ -370,3 +370,15 @@ def test_rate_scale_shift_keeps_the_traces_minutes_and_is_in_the_summary(tmp_pat
     assert flat_summary["rate_scale_shift_s"] is None and kept_summary["rate_scale_shift_s"] == 30.0
     assert kept.sum() == flat.sum()
     assert kept.std() / kept.mean() > 2 * flat.std() / flat.mean()
+
+
+def test_a_token_basis_runs_report_says_its_sized_line_is_of_tokens(tmp_path):
+    """The run's quantile_basis reaches the report: its sized-for line is of the roles' tokens."""
+    config = tmp_path / "c.yaml"
+    config.write_text(QUICKSTART.read_text() + "\nquantile_basis: tokens\n")
+    out = tmp_path / "run"
+    result = simulate("--trace", CODE, "--config", config, "--duration", 180, "--rate-scale", 2,
+                      "--no-baselines", "--json", "--out", out)
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert "sized-for rps (planner; tokens, the most any role's)" in html.replace("\\u0027", "'")

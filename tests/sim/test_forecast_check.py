@@ -145,7 +145,23 @@ def test_a_token_basis_run_is_scored_on_the_tokens_its_roles_work_on():
     assert (long["sized"]["exceeded"], long["window"]["exceeded"]) == (1, 1)
     # a decode-only fleet's sized rate is of the answers alone: the long prompts are not its work
     assert _score([tick], _lengths(arrivals, 3000.0, 200.0), work=("osl",))["sized"]["exceeded"] == 0
-    assert "tokens" in coverage_line(long)
+    line = coverage_line(long)
+    assert "of the busiest 60 s (tokens, the most any role's)" in line
+    assert "the window's own P90 of prompt tokens (prefill's rate count)" in line
+
+
+@pytest.mark.parametrize("sized", [9.99, 10.0])
+def test_lengths_as_forecast_score_as_the_count(sized):
+    """Prompts and answers of the forecast lengths are one request's work each: every arrival's
+    tokens are counted, and the token score is the count's, to the request."""
+    arrivals = _steady(10, 0, 600)
+    tick = {"t": 180.0, "predicted_rps": 10.0, "predicted_isl": 2000.0, "predicted_osl": 200.0,
+            "sized_rps": sized, "window_sized_rps": sized, "horizon_windows": 1, "quantile_calibrated": True}
+    by_count = _score([tick], arrivals)
+    by_tokens = _score([tick], _lengths(arrivals, 2000.0, 200.0), work=("isl", "osl"))
+    exceeded = int(sized < 10.0)
+    for part in ("sized", "window"):
+        assert by_count[part]["exceeded"] == by_tokens[part]["exceeded"] == exceeded, part
 
 
 def test_run_coverage_reads_the_basis_from_the_config():
@@ -162,4 +178,14 @@ def test_run_coverage_reads_the_basis_from_the_config():
     result = SimpleNamespace(ticks=[tick])
     kw = {"throughput_adjustment_interval_seconds": 180, "burst_window_seconds": 60}
     assert run_coverage(result, workload, config_from_dict(kw))["sized"]["exceeded"] == 0
+    assert run_coverage(result, workload, config_from_dict({**kw, "quantile_basis": "tokens"}))["sized"]["exceeded"] == 1
+    # a fleet of one role is scored on its own work: the long prompts are prefill's, not decode's
+    by_mode = {mode: run_coverage(result, workload, config_from_dict({**kw, "mode": mode, "quantile_basis": "tokens"}))
+               for mode in ("prefill", "decode")}
+    assert (by_mode["prefill"]["sized"]["exceeded"], by_mode["decode"]["sized"]["exceeded"]) == (1, 0)
+    # an aggregated engine does both: answers half as long again as the forecast's are 15 rps of
+    # its work, which 12 does not cover, though its prompts are those forecast
+    rows[:] = [TraceRequest(t, 2000, 300) for t in _steady(10, 0, 600)]
+    agg = config_from_dict({**kw, "mode": "agg", "quantile_basis": "tokens"})
+    assert run_coverage(result, workload, agg)["sized"]["exceeded"] == 1
     assert run_coverage(result, workload, config_from_dict({**kw, "quantile_basis": "tokens"}))["sized"]["exceeded"] == 1

@@ -845,3 +845,32 @@ def test_the_token_basis_reports_how_the_series_it_sized_for_fared(make_fleet):
     assert last.sized_rps * INTERVAL == pytest.approx(forecaster.quantile(0.9, 2, of="peak:answer"))
     assert answer[0] > 0 and last.quantile_exceeded == answer
     assert forecaster.exceedances(0.9, 2, of="peak:prompt")[0] == 0
+
+
+@pytest.mark.parametrize("swing", ["isl", "osl"])
+def test_the_token_basis_sizes_an_aggregated_engine_for_the_larger_of_its_works(make_fleet, swing):
+    """An aggregated engine does both kinds of work, so it is sized for the larger of the prompt
+    and answer series: with the count steady and either the prompts or the answers half as long
+    again (twice, for answers) every other window, it is sized above the count, for that series."""
+    kw = {"mode": "agg", "throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20,
+          "sizing": "fleetplan"}
+    runs = {}
+    for basis in ("requests", "tokens"):
+        fleet = make_fleet(quantile_basis=basis, **kw)
+        ticks, pending = [], [ready("a0", "agg")]
+        for w in range(13):
+            t0 = T0 + INTERVAL * w
+            lengths = {"isl": 3000 if w % 2 else 2000} if swing == "isl" else {"osl": 300 if w % 2 else 150}
+            out = fleet.run([*pending, *requests(20, t0 + 1, t0 + INTERVAL + 1, tag=f"w{w}_", **lengths)])
+            ticks += [o for o in out if getattr(o, "predicted", None) is not None]
+            pending = [ack(d.decision_id, d.time + 0.5) for d in decisions(out)]
+        runs[basis] = (fleet, ticks)
+    (_, by_count), (fleet, by_tokens) = runs["requests"], runs["tokens"]
+    forecaster = _state(fleet).forecaster
+    series = "peak:prompt" if swing == "isl" else "peak:answer"
+    last = by_tokens[-1].predicted
+    assert last.sized_rps * INTERVAL == pytest.approx(forecaster.quantile(0.9, last.horizon_windows, of=series))
+    for c, t in list(zip(by_count, by_tokens, strict=True))[4:]:
+        assert c.predicted.sized_rps == pytest.approx(20.0, rel=0.05)  # the count does not move
+        assert t.predicted.sized_rps > 1.15 * c.predicted.sized_rps
+        assert t.estimates["agg"].rate_replicas >= c.estimates["agg"].rate_replicas

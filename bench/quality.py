@@ -207,12 +207,12 @@ def choose_scale(spec: Spec, target: int, integer: bool, sla=SLAS[0]) -> Spec:
         need, _ = peak_need(spec, sla)
         return at(round(spec.scale * target / max(need, 1), 4))
     hi = 1
-    while peak_need(at(float(hi)))[0] < target and hi < 1024:
+    while peak_need(at(float(hi)), sla)[0] < target and hi < 1024:
         hi *= 2
     lo = hi // 2
     while hi - lo > 1:  # need(lo) < target <= need(hi)
         mid = (lo + hi) // 2
-        if peak_need(at(float(mid)))[0] >= target:
+        if peak_need(at(float(mid)), sla)[0] >= target:
             hi = mid
         else:
             lo = mid

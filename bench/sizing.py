@@ -225,7 +225,8 @@ def main() -> None:
                              "is named with -shiftS. Default: anywhere in the window, as recorded")
     parser.add_argument("--choose-scale", action="store_true",
                         help="traces: choose each trace's rate scale by bench/quality.py's rule (the fewest "
-                             "copies whose busiest window needs 10 engines) on the trace as it runs here, "
+                             "copies whose busiest window needs 10 engines at 500/50, whatever --sla) on the "
+                             "trace as it runs here, "
                              "with --rate-scale-shift, instead of the recorded scale chosen for the "
                              "flattened trace; --load-factors multiply it")
     parser.add_argument("--json", type=Path)

@@ -83,9 +83,9 @@ def forecast_coverage(
             peak = _peak(times, burst, t, end)
             window_peak = _peak(times, interval_s, t, end, aligned_at=t) if "window_sized_rps" in row else 0
         else:  # the busiest sub-window's work, in requests of the lengths forecast at the tick
-            peak = max(_peak(times, burst, t, end, tokens=tokens[k]) / _forecast_length(row, k) for k in work)
-            window_peak = _peak(times, interval_s, t, end, aligned_at=t, tokens=tokens["isl"]) / _forecast_length(
-                row, "isl") if "window_sized_rps" in row else 0
+            peak = max(_work_peak(times, tokens, row, k, burst, t, end) for k in work)
+            window_peak = _work_peak(times, tokens, row, "isl", interval_s, t, end, aligned_at=t) \
+                if "window_sized_rps" in row else 0
         sized.add(peak / burst > row["sized_rps"], row)
         if "window_sized_rps" in row:
             window.add(window_peak / interval_s > row["window_sized_rps"], row)
@@ -159,10 +159,14 @@ def _work_of(config) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(k for role in config.roles for k in of.get(role, ("isl", "osl"))))
 
 
-def _forecast_length(row: dict, kind: str) -> float:
-    """The tick's forecast mean of ``kind``; 1 token where none was (the count, as the planner's ratio 1)."""
+def _work_peak(times, tokens, row: dict, kind: str, burst: float, start: float, end: float,
+               aligned_at: float = 0.0) -> float:
+    """The busiest sub-window's ``kind`` tokens over the tick's forecast mean of them: requests of
+    the forecast length. Where the tick forecast none, its requests, as the planner's ratio of 1."""
     value = row.get(f"predicted_{kind}") or 0.0
-    return value if math.isfinite(value) and value > 0 else 1.0
+    if not (math.isfinite(value) and value > 0):
+        return _peak(times, burst, start, end, aligned_at=aligned_at)
+    return _peak(times, burst, start, end, aligned_at=aligned_at, tokens=tokens[kind]) / value
 
 
 def coverage_line(coverage: dict | None) -> str | None:

@@ -164,6 +164,20 @@ def test_lengths_as_forecast_score_as_the_count(sized):
         assert by_count[part]["exceeded"] == by_tokens[part]["exceeded"] == exceeded, part
 
 
+@pytest.mark.parametrize("missing", [0.0, None, float("nan")])
+def test_a_length_the_tick_did_not_forecast_scores_its_requests(missing):
+    """The planner reads a window whose length it had no forecast of at ratio 1, its count: so is
+    it scored. Divided by 1 token, 2,000-token prompts read as 20,000 rps over a covering 12."""
+    arrivals = _steady(10, 0, 600)
+    tick = {"t": 180.0, "predicted_rps": 10.0, "predicted_isl": missing, "predicted_osl": 200.0,
+            "sized_rps": 12.0, "window_sized_rps": 12.0, "horizon_windows": 1, "quantile_calibrated": True}
+    scored = _score([tick], _lengths(arrivals, 2000.0, 200.0), work=("isl", "osl"))
+    assert (scored["sized"]["exceeded"], scored["window"]["exceeded"]) == (0, 0)
+    tick = {**tick, "sized_rps": 9.0, "window_sized_rps": 9.0}
+    scored = _score([tick], _lengths(arrivals, 2000.0, 200.0), work=("isl", "osl"))
+    assert (scored["sized"]["exceeded"], scored["window"]["exceeded"]) == (1, 1)
+
+
 def test_run_coverage_reads_the_basis_from_the_config():
     from types import SimpleNamespace
 

@@ -342,6 +342,7 @@ def test_pooling_sums_over_the_defaults_levels_and_drops_a_policy_missing_one(tm
 # with the flat traces' recorded runs for the token basis's rows at the recorded scales): the
 # default, and the default with quantile_basis: tokens.
 SHAPE_KEPT = sorted((VERDICTS.parent / "shape-kept").glob("*.json"))
+TOKENS = VERDICTS.parent / "tokens" / "tokens.json"
 FLAT_TRACES = [VERDICTS / name for name in ("azure-conv-500-50.json", "azure-code-500-50.json", "mooncake-500-50.json")]
 SLA = (500.0, 50.0)
 SHAPE_KEPT_VERDICTS = {
@@ -363,8 +364,28 @@ SHAPE_KEPT_VERDICTS = {
 @pytest.mark.parametrize("default", sorted(SHAPE_KEPT_VERDICTS))
 def test_the_shape_kept_runs_give_the_documented_verdicts(default):
     assert [p.name for p in SHAPE_KEPT] == ["azure-500-50-shift30-chosen.json", "azure-500-50-shift30.json",
-                                           "mooncake-500-50-shift30.json", "tokens-500-50.json"]
-    groups = read_runs([*SHAPE_KEPT, *FLAT_TRACES], default)
+                                           "mooncake-500-50-shift30.json"]
+    groups = read_runs([*SHAPE_KEPT, *FLAT_TRACES, TOKENS], default)
     expected = SHAPE_KEPT_VERDICTS[default]
     found = {key: verdict(groups[key]["default"], groups[key]["refs"], TIE_POINTS, TIE_COST)[0] for key in expected}
     assert found == expected
+
+
+# docs/sizing.md's tally of the token basis over the recorded verdicts' rows, beside the default's
+TALLIES = {
+    "fleetplan (ensemble)": {"traces": {"won": 5, "tie": 12, "lost": 3}, "servegen": {"won": 9, "tie": 1}},
+    "fleetplan (ensemble) tokens": {"traces": {"won": 5, "tie": 11, "lost": 4}, "servegen": {"won": 9, "lost": 1}},
+}
+
+
+@pytest.mark.parametrize("default", sorted(TALLIES))
+def test_the_token_basis_tallies_the_docs_state(default):
+    groups = read_runs([*RECORDED, TOKENS], default)
+    tally: dict[str, dict[str, int]] = {"traces": {}, "servegen": {}}
+    for (workload, _, _), group in groups.items():
+        if group["default"] is None or "shift" in workload:
+            continue
+        kind = "servegen" if workload.startswith("servegen") else "traces"
+        found = verdict(group["default"], group["refs"], TIE_POINTS, TIE_COST)[0]
+        tally[kind][found] = tally[kind].get(found, 0) + 1
+    assert tally == TALLIES[default]

@@ -39,6 +39,7 @@ from fleetplan.models.measured_floor import (
 )
 from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.predictor_swap import build_forecaster, remember_window
+from fleetplan.models.quantiles import role_work
 from fleetplan.models.startup import (
     measured_startup_seconds,
     record_scale_up,
@@ -352,14 +353,11 @@ class Planner:
             # how the last ones fared, of the series sized_rps reports: the largest (the first if even)
             exceeded = state.forecaster.exceedances(cfg.sizing_quantile, horizon, of=f"peak{max(of, key=of.get)}")
             utilization = _sizing_utilization(cfg, coverage)
-            if cfg.quantile_basis == "requests":
-                sized = sized[cfg.roles[0]]  # one count for every role
             if _bursts_to_queueing(cfg):
                 # each series has its own adaptive level: the window's is held under the burst's;
                 # only prefill's rate count takes it (propose_throughput)
-                burst = sized if isinstance(sized, float) else sized.get("prefill", 0.0)
-                window = min(burst, max(forecast[0], state.forecaster.quantile(
-                    cfg.sizing_quantile, horizon, of=f"window{work.get('prefill', ('',))[0]}")))
+                window = min(sized["prefill"], max(forecast[0], state.forecaster.quantile(
+                    cfg.sizing_quantile, horizon, of=f"window{work['prefill'][0]}")))
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
@@ -599,8 +597,7 @@ def _work_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
     """
     if cfg.quantile_basis == "requests":
         return {role: ("",) for role in cfg.roles}
-    return {role: {"prefill": (":prompt",), "decode": (":answer",)}.get(role, (":prompt", ":answer"))
-            for role in cfg.roles}
+    return {role: tuple(f":{w}" for w in role_work(role)) for role in cfg.roles}
 
 
 def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:

@@ -76,7 +76,7 @@ from fleetplan.models import ensemble  # noqa: F401  (registers DEFAULT_KIND)
 from fleetplan.models.forecast import TrafficForecaster, TrafficObservation
 from fleetplan.models.predictors import from_log1p
 
-__all__ = ["QuantileForecaster"]
+__all__ = ["QuantileForecaster", "role_work"]
 
 DEFAULT_KIND = "ensemble"
 DEFAULT_HISTORY = 256
@@ -84,6 +84,12 @@ DEFAULT_ADAPT_RATE = 0.01
 
 Series = Literal["peak", "window", "peak:prompt", "window:prompt", "peak:answer", "window:answer"]
 SERIES: tuple[Series, ...] = ("peak", "window", "peak:prompt", "window:prompt", "peak:answer", "window:answer")
+
+
+def role_work(role: str) -> tuple[str, ...]:
+    """The lengths whose tokens a role works on, as series suffixes name them: prefill the
+    prompts, decode the answers, an aggregated engine both (``quantile_basis: tokens``)."""
+    return {"prefill": ("prompt",), "decode": ("answer",)}.get(role, ("prompt", "answer"))
 
 
 def _count(value: float) -> float:

@@ -35,6 +35,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
+
+from fleetplan.models.quantiles import role_work
 
 __all__ = ["forecast_coverage", "run_coverage", "coverage_line"]
 
@@ -155,8 +158,8 @@ def _work_of(config) -> tuple[str, ...] | None:
     """
     if config.quantile_basis != "tokens":
         return None
-    of = {"prefill": ("isl",), "decode": ("osl",)}
-    return tuple(dict.fromkeys(k for role in config.roles for k in of.get(role, ("isl", "osl"))))
+    length = {"prompt": "isl", "answer": "osl"}
+    return tuple(dict.fromkeys(length[w] for role in config.roles for w in role_work(role)))
 
 
 def _work_peak(times, tokens, row: dict, kind: str, burst: float, start: float, end: float,
@@ -209,10 +212,7 @@ def _count(times: list[float], start: float, end: float, tokens: list[float] | N
 
 def _prefix(values) -> list[float]:
     """Running sums, 0 first: the tokens of arrivals i..j are ``out[j] - out[i]``."""
-    out = [0.0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
+    return list(accumulate(values, initial=0.0))
 
 
 def _peak(times: list[float], burst: float, start: float, end: float, aligned_at: float = 0.0,

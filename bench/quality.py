@@ -78,6 +78,7 @@ class Spec:
     start_day: int = 0  # ServeGen: the day of the week the run replays
     warm_days: int = 0  # ServeGen: days before it fed to the planner's forecaster first (sim/warm.py)
     shift: float | None = None  # traces: rate-scale copies shifted within this many seconds (None: anywhere)
+    seed: int = 0  # the draw: rate-scale copies' shifts, spread arrivals, ServeGen's requests, startup times
 
 
 PREDICTORS = ("constant", "arima_frozen", "arima", "kalman", "ensemble", "prophet")
@@ -125,17 +126,17 @@ def build_workload(spec: Spec):
 
     if spec.kind == "servegen":
         return servegen_workload(spec.path, spec.model, start_s=spec.start_day * DAY_S, duration_s=spec.hours * 3600,
-                                 rate_scale=spec.scale, seed=0)
+                                 rate_scale=spec.scale, seed=spec.seed)
     reqs = read_trace(spec.path)
     if spec.spread:
         step = timestamp_step(reqs)
         if step is None:
             raise ValueError(f"{spec.path}: arrival times are not rounded to a step; nothing to spread")
-        reqs = spread_arrivals(reqs, step, seed=0)
+        reqs = spread_arrivals(reqs, step, seed=spec.seed)
     # after spreading, as `fleetplan simulate` takes it: the last step is part of the trace
     # (Mooncake: 1,800 s, not 1,797), or the copies wrap short and the last step runs past the end
     duration = trace_duration(reqs)
-    scaled = rate_scale(reqs, spec.scale, seed=0, duration_s=duration, max_shift_s=spec.shift)
+    scaled = rate_scale(reqs, spec.scale, seed=spec.seed, duration_s=duration, max_shift_s=spec.shift)
     return Workload.from_requests(spec.name, scaled, duration)
 
 
@@ -163,7 +164,7 @@ def _history_windows(spec: Spec, interval_s: float, burst_s: int) -> list[list]:
 
     span = spec.warm_days * DAY_S
     history = servegen_workload(spec.path, spec.model, start_s=spec.start_day * DAY_S - span, duration_s=span,
-                                rate_scale=spec.scale, seed=0)
+                                rate_scale=spec.scale, seed=spec.seed)
     return history_windows(history.requests(), span_s=span, interval_s=interval_s, burst_s=burst_s)
 
 
@@ -184,7 +185,7 @@ def make_setup(spec: Spec, sla, overrides=None):
     from fleetplan.sim.runner import make_setup as setup_of
 
     cfg = config_from_dict({"ttft_ms": sla[0], "itl_ms": sla[1], "max_gpu_budget": 4096, **(overrides or {})})
-    return cfg, setup_of(cfg, load_profile(spec.profile), SimOptions(router=spec.router, window_s=60.0))
+    return cfg, setup_of(cfg, load_profile(spec.profile), SimOptions(router=spec.router, window_s=60.0, seed=spec.seed))
 
 
 def peak_need(spec: Spec, sla=SLAS[0]) -> tuple[int, dict]:

@@ -230,6 +230,11 @@ def main() -> None:
                              "trace as it runs here, "
                              "with --rate-scale-shift, instead of the recorded scale chosen for the "
                              "flattened trace; --load-factors multiply it")
+    parser.add_argument("--seeds", default="0",
+                        help="draws to run each workload at, comma-separated (the seed of the rate-scale "
+                             "copies' shifts, spread arrivals, ServeGen's requests and startup times, as "
+                             "fleetplan simulate --seed); a workload drawn at a seed other than 0 is named "
+                             "with -seedN. Is a verdict a property of the policy or of one draw?")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
@@ -240,6 +245,12 @@ def main() -> None:
         factors = []
     if not factors or not all(f > 0 for f in factors):
         parser.error(f"--load-factors: positive numbers, comma-separated, got {args.load_factors!r}")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) < len(seeds):
+        parser.error(f"--seeds: distinct whole numbers >= 0, comma-separated, got {args.seeds!r}")
     sla = tuple(float(x) for x in args.sla.split(","))
     chosen = []
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
@@ -256,7 +267,7 @@ def main() -> None:
                 scaled = [on_day(x, args.day or 0, args.warm_days) for x in scaled]
             except ValueError as err:
                 parser.error(str(err))
-        chosen += scaled
+        chosen += [replace(x, seed=n, name=x.name + (f"-seed{n}" if n else "")) for x in scaled for n in seeds]
     asked = [v.strip() for v in args.variants.split(",") if v.strip()]
     asked = [name for v in asked for name in GROUPS.get(v, [v])]
     unknown = [v for v in asked if v not in VARIANTS]

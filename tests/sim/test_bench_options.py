@@ -180,22 +180,14 @@ def test_a_shape_kept_trace_is_scaled_for_its_own_busiest_window():
     assert peak_need(kept)[0] >= 10 > peak_need(Spec(**{**kept.__dict__, "scale": kept.scale - 1}))[0]
 
 
-@pytest.mark.parametrize("chosen", [False, True])
-def test_choose_scale_runs_the_shape_kept_trace_at_its_own_scale_times_the_load_factors(monkeypatch, chosen):
-    """bench/sizing.py --choose-scale --rate-scale-shift S: the scale is chosen on the trace as it
-    runs (shifted by S), and the rows run at it times each --load-factors, named -shiftS; without
-    it, at the recorded scale chosen for the flattened trace. A ServeGen day keeps its recorded
-    scale either way. (The runs are not made here.)"""
+def _sizing_tasks(monkeypatch, *argv: str, choose=None) -> list[tuple]:
+    """The (spec, sla, variant) runs bench/sizing.py would make with ``argv`` (none is made)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import sizing
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    asked, tasks = [], []
-
-    def choose(spec, target, integer):
-        asked.append((spec.name, spec.shift, target, integer))
-        return sizing.replace(spec, scale=7.0)
+    tasks = []
 
     class Pool:
         def __init__(self, jobs):
@@ -211,15 +203,74 @@ def test_choose_scale_runs_the_shape_kept_trace_at_its_own_scale_times_the_load_
             tasks.extend(work)
             return []
 
-    monkeypatch.setattr(sizing, "choose_scale", choose)
+    if choose is not None:
+        monkeypatch.setattr(sizing, "choose_scale", choose)
     monkeypatch.setattr(sizing, "ProcessPoolExecutor", Pool)
-    monkeypatch.setattr(sys, "argv", ["sizing.py", "--data", "/nonexistent", "--only", "conv,m-mid", "--no-oracle",
-                                      "--variants", "fleetplan (ensemble) tokens", "--load-factors", "1,2",
-                                      "--rate-scale-shift", "30", *(["--choose-scale"] if chosen else [])])
+    monkeypatch.setattr(sys, "argv", ["sizing.py", "--data", "/nonexistent", *argv])
     sizing.main()
-    assert asked == ([("azure-conv-30min", 30.0, 10, True)] if chosen else [])
-    base = 7.0 if chosen else sizing.SCALES["azure-conv-30min"]
+    return tasks
+
+
+@pytest.mark.parametrize("chosen", [False, True])
+def test_choose_scale_runs_the_shape_kept_trace_at_its_own_scale_times_the_load_factors(monkeypatch, chosen):
+    """bench/sizing.py --choose-scale --rate-scale-shift S: the scale is chosen on the trace as it
+    runs (shifted by S), and the rows run at it times each --load-factors, named -shiftS; without
+    it, at the recorded scale chosen for the flattened trace. A ServeGen day keeps its recorded
+    scale either way. (The runs are not made here.)"""
+    from dataclasses import replace
+
+    asked = []
+
+    def choose(spec, target, integer):
+        asked.append((spec.name, spec.shift, target, integer))
+        return replace(spec, scale=7.0)
+
     variant = "fleetplan (ensemble) tokens"
+    tasks = _sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", variant,
+                          "--load-factors", "1,2", "--rate-scale-shift", "30",
+                          *(["--choose-scale"] if chosen else []), choose=choose)
+    assert asked == ([("azure-conv-30min", 30.0, 10, True)] if chosen else [])
+    scales = {"azure-conv-30min": 34.0, "servegen-m-mid-24h": 0.0667}
+    base = 7.0 if chosen else scales["azure-conv-30min"]
     assert [(s.name, s.scale, s.shift, n) for s, _, n in tasks] == [
         *(("azure-conv-30min-shift30", base * f, 30.0, variant) for f in (1.0, 2.0)),
-        *(("servegen-m-mid-24h", sizing.SCALES["servegen-m-mid-24h"] * f, None, variant) for f in (1.0, 2.0))]
+        *(("servegen-m-mid-24h", scales["servegen-m-mid-24h"] * f, None, variant) for f in (1.0, 2.0))]
+
+
+def test_seeds_run_each_workload_at_each_draw_named_by_it(monkeypatch):
+    """bench/sizing.py --seeds: every workload and load level at every draw; seed 0 keeps the
+    name the committed rows have, another is named -seedN, after the other suffixes."""
+    tasks = _sizing_tasks(monkeypatch, "--only", "conv", "--no-oracle", "--variants", "fleetplan (ensemble)",
+                          "--load-factors", "1,1.05", "--rate-scale-shift", "30", "--seeds", "0,3")
+    assert [(s.name, s.scale, s.seed) for s, _, _ in tasks] == [
+        ("azure-conv-30min-shift30", 34.0, 0), ("azure-conv-30min-shift30-seed3", 34.0, 3),
+        ("azure-conv-30min-shift30", 34.0 * 1.05, 0), ("azure-conv-30min-shift30-seed3", 34.0 * 1.05, 3)]
+
+
+@pytest.mark.parametrize("seeds", ["-1", "one", "1,1", ","])
+def test_sizing_refuses_seeds_that_are_not_draws(seeds):
+    line = _refused(_bench("sizing.py", "--data", "/nonexistent", "--seeds", seeds))
+    assert line.endswith(f"error: --seeds: distinct whole numbers >= 0, comma-separated, got {seeds!r}")
+
+
+def test_a_spec_drawn_at_a_seed_is_the_workload_simulate_draws_at_it():
+    """A Spec's seed is fleetplan simulate --seed: the rate-scale copies' shifts (the same
+    requests, moved) and the simulator's own draws."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from quality import Spec, build_workload, make_setup
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from fleetplan.sim.traces import read_trace
+    from fleetplan.sim.workload import rate_scale, trace_duration
+
+    code = str(ROOT / "examples" / "traces" / "azure_code_10min.csv")
+    trace = read_trace(code)
+    for seed in (0, 1):
+        spec = Spec("code", "trace", code, "h200-llama3.1-8b", scale=3, seed=seed)
+        drawn = rate_scale(trace, 3, seed=seed, duration_s=trace_duration(trace))
+        assert [r.arrival_s for r in build_workload(spec).requests()] == sorted(r.arrival_s for r in drawn)
+        assert make_setup(spec, (500, 50))[1].options.seed == seed
+    one, other = (sorted(r.arrival_s for r in build_workload(Spec("c", "trace", code, "h200-llama3.1-8b",
+                                                                     scale=3, seed=n)).requests()) for n in (0, 1))
+    assert len(one) == len(other) and one != other

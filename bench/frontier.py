@@ -3,7 +3,7 @@
 Usage:
 
     .venv/bin/python bench/frontier.py RUN.json [RUN.json ...] [--default "fleetplan (ensemble)"] \\
-        [--tie-points 0.15] [--tie-cost 0.03] [--pool]
+        [--tie-points 0.15] [--tie-cost 0.03] [--pool | --by-draw]
 
 The runs behind docs/forecasting.md's tables are committed:
 ``bench/frontier.py bench/results/verdicts/*.json`` prints their verdicts.
@@ -36,7 +36,10 @@ load level with hindsight, so it is the stricter comparison: an operator
 of the reference picks one headroom for all of them. ``--pool`` prints that
 view instead: per workload and SLA, each policy's GPU-hours summed and
 attainment averaged over the load levels the default ran at (policies that
-ran at all of them), and its worst level.
+ran at all of them; the draws of a workload count as levels), and its worst level. ``--by-draw`` adds, below the
+verdicts, each row's verdict at every draw of its workload the runs hold
+(``bench/sizing.py --seeds``: a workload drawn at seed N is named -seedN,
+seed 0 keeps its name): whether a verdict is the policy's or one draw's.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import json
 import re
 from pathlib import Path
 
+DRAW = re.compile(r"^(?P<workload>.+?)(?:-seed(?P<seed>[0-9]+))?$")
 REFERENCE = re.compile(r"reference forecast \((?P<predictor>[^)]+)\) util(?P<util>[0-9.]+)$")
 FULL_SWEEP = 0.5
 MATCH = 1e-4
@@ -140,11 +144,15 @@ def pooled(paths: list[Path], default: str) -> dict[tuple, dict[str, tuple[float
     """Per (workload, SLA): each policy's (GPU-hours summed, mean attainment, worst attainment).
 
     Over the load levels the default ran at, for the policies that ran at every one of them:
-    one setting held across load levels, as an operator of either would run it.
+    one setting held across load levels, as an operator of either would run it. The draws of
+    a workload (-seedN, ``by_draw``) are levels of it too: an operator does not pick a setting
+    per draw either.
     """
-    runs: dict[tuple, dict[str, dict[float, tuple[float, float]]]] = {}
+    runs: dict[tuple, dict[str, dict[tuple, tuple[float, float]]]] = {}
     for (workload, scale, sla), policy, point in _points(paths):
-        runs.setdefault((workload, sla), {}).setdefault(policy, {})[scale] = point
+        drawn = DRAW.match(workload)
+        level = (scale, int(drawn["seed"] or 0))
+        runs.setdefault((drawn["workload"], sla), {}).setdefault(policy, {})[level] = point
     out = {}
     for key, policies in sorted(runs.items()):
         levels = set(policies.get(default, {}))
@@ -156,6 +164,23 @@ def pooled(paths: list[Path], default: str) -> dict[tuple, dict[str, tuple[float
             for policy, by in sorted(policies.items()) if levels <= set(by)
         }
     return out
+
+
+def by_draw(groups: dict[tuple, dict], tie_points: float, tie_cost: float) -> dict[tuple, dict[int, str]]:
+    """Per (workload as drawn at seed 0, rate scale, SLA): the verdict at each draw the runs hold.
+
+    ``groups`` is ``read_runs``'s; a workload named -seedN is draw N of the one without the suffix.
+    Rows without the default, or without a reference sweep, have no verdict and are left out.
+    """
+    out: dict[tuple, dict[int, str]] = {}
+    for (workload, scale, sla), group in sorted(groups.items()):
+        if group["default"] is None or not group["refs"]:
+            continue
+        match = DRAW.match(workload)
+        seed = int(match["seed"] or 0)
+        found = verdict(group["default"], group["refs"], tie_points, tie_cost)[0]
+        out.setdefault((match["workload"], scale, sla), {})[seed] = found
+    return {key: dict(sorted(draws.items())) for key, draws in out.items()}
 
 
 def _points(paths: list[Path]):
@@ -184,8 +209,11 @@ def main() -> None:
                         help="attainment points within which the two are even")
     parser.add_argument("--tie-cost", type=float, default=TIE_COST,
                         help="share of GPU-hours within which the two are even")
-    parser.add_argument("--pool", action="store_true",
-                        help="one setting for every load level: totals over the levels instead of verdicts")
+    view = parser.add_mutually_exclusive_group()
+    view.add_argument("--pool", action="store_true",
+                      help="one setting for every load level: totals over the levels instead of verdicts")
+    view.add_argument("--by-draw", action="store_true",
+                      help="also tally each row's verdicts over the draws of its workload (-seedN)")
     args = parser.parse_args()
     try:
         policies = {policy for _, policy, _ in _points(args.runs)}
@@ -209,6 +237,16 @@ def main() -> None:
         cost = " / ".join(f"{p} {'never' if c is None else f'{c:.2f}'}" for p, (_, c) in readings.items())
         print(f"| {workload} ×{scale:g} | {sla[0]:g}/{sla[1]:g} | {att:.2%} · {gpu:.2f} | {at} | {cost} | "
               f"**{result}** |")
+    if args.by_draw:
+        print_by_draw(by_draw(groups, args.tie_points, args.tie_cost))
+
+
+def print_by_draw(draws: dict[tuple, dict[int, str]]) -> None:
+    print("\n| workload | SLA | verdict by draw | won | tie | lost |\n|---|---|---|---:|---:|---:|")
+    for (workload, scale, sla), verdicts in draws.items():
+        each = ", ".join(f"{seed}: {v}" for seed, v in verdicts.items())
+        counts = [sum(v == kind for v in verdicts.values()) for kind in ("won", "tie", "lost")]
+        print(f"| {workload} ×{scale:g} | {sla[0]:g}/{sla[1]:g} | {each} | " + " | ".join(map(str, counts)) + " |")
 
 
 def print_pooled(pools: dict[tuple, dict[str, tuple[float, float, float]]]) -> None:

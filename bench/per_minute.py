@@ -45,12 +45,21 @@ def main() -> None:
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--warm", choices=("replayed", "capacity"), default="replayed",
                         help="initial fleet: replayed until the first span meets the SLA, or the capacity search alone")
+    parser.add_argument("--rate-scale-shift", type=float, default=None, metavar="S",
+                        help="shift each rate-scale copy within S seconds, keeping the trace's shape "
+                             "(bench/sizing.py --rate-scale-shift)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the draw of the workload (bench/sizing.py --seeds, fleetplan simulate --seed)")
     parser.add_argument("--load-factor", type=float, default=1.0,
                         help="multiple of the workload's recorded rate scale (bench/sizing.py --load-factors)")
     add_set_option(parser)
     args = parser.parse_args()
     if not args.load_factor > 0:
         parser.error(f"--load-factor: a positive number, got {args.load_factor!r}")
+    if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
+        parser.error(f"--rate-scale-shift: a finite number of seconds >= 0, got {args.rate_scale_shift}")
+    if args.seed < 0:
+        parser.error(f"--seed: a whole number >= 0, got {args.seed}")
     sla = tuple(float(v) for v in args.sla.split(","))
     overrides = parse_sets(parser, args.overrides)
     found = [s for s in specs(args.data, {"conv", "code", "mooncake", "mooncake-spread"}, 10, 24, 24.0, choose=False)
@@ -58,7 +67,8 @@ def main() -> None:
     if not found:
         parser.error(f"--workload: one of {', '.join(SCALES)} (the 30-minute traces), got {args.workload!r}")
     s = found[0]
-    spec = Spec(**{**s.__dict__, "scale": SCALES[s.name] * args.load_factor})
+    spec = Spec(**{**s.__dict__, "scale": SCALES[s.name] * args.load_factor, "seed": args.seed,
+                     "shift": args.rate_scale_shift})
     cfg, setup = make_setup(spec, sla, {**LOOPS["throughput"], "load_predictor": "arima", **overrides})
     workload = build_workload(spec)
     replay = workload if args.warm == "replayed" else None

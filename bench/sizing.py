@@ -156,6 +156,8 @@ ABLATION = [name for name in VARIANTS if not any(name in group for group in GROU
 # the defaults with each role sized for the quantile of its own tokens (docs/sizing.md); asked for by name
 VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quantile_basis": "tokens"}
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
+# decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)
+VARIANTS["fleetplan (ensemble) decode-window"] = {"load_predictor": "ensemble", "decode_demand": "window"}
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,

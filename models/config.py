@@ -210,6 +210,11 @@ class PlannerConfig(BaseModel):
     queueing_sla_share: float = Field(0.99, gt=0, lt=1, allow_inf_nan=False)
     queueing_arrivals: Literal["poisson", "measured", "timescales"] = "timescales"
     decode_sizing: Literal["rate", "queueing"] = "queueing"
+    # what decode's counts (its rate count and slot-wait count) size for, with throughput_sizing:
+    # startup_quantile: "burst", the quantile of the busiest burst_window_seconds, as prefill's
+    # queueing floor; "window", the quantile of the window's own count, as prefill's rate count
+    # (docs/sizing.md: on the Mooncake draws it spends a decode engine less for the same attainment)
+    decode_demand: Literal["burst", "window"] = "burst"
 
     # SLA
     ttft_ms: float = Field(500.0, gt=0, alias="ttft")

@@ -353,11 +353,16 @@ class Planner:
             # how the last ones fared, of the series sized_rps reports: the largest (the first if even)
             exceeded = state.forecaster.exceedances(cfg.sizing_quantile, horizon, of=f"peak{max(of, key=of.get)}")
             utilization = _sizing_utilization(cfg, coverage)
+
+            def window_of(role: str) -> float:
+                # each series has its own adaptive level: the window's is held under the burst's
+                return min(sized[role], max(forecast[0], *(state.forecaster.quantile(
+                    cfg.sizing_quantile, horizon, of=f"window{w}") for w in work[role])))
+
             if _bursts_to_queueing(cfg):
-                # each series has its own adaptive level: the window's is held under the burst's;
-                # only prefill's rate count takes it (propose_throughput)
-                window = min(sized["prefill"], max(forecast[0], state.forecaster.quantile(
-                    cfg.sizing_quantile, horizon, of=f"window{work['prefill'][0]}")))
+                window = window_of("prefill")  # only prefill's rate count takes it (propose_throughput)
+            if cfg.decode_demand == "window" and "decode" in sized:
+                sized["decode"] = window_of("decode")
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,

@@ -714,6 +714,42 @@ def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rat
         assert [t.estimates["prefill"].rate_replicas for t in ticks] == [4] * 3 + [3] * 12
 
 
+def _long_answer_run(make_fleet, **config):
+    """fleetplan's sizing on ``_minute_bursts`` with 1,500-token answers (4.3 rps a decode engine)."""
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    for w in range(10):
+        for m, rate in enumerate((10, 40, 10)):
+            t0 = T0 + INTERVAL * w + 60 * m
+            evs += requests(rate, t0 + 0.5, t0 + 60, osl=1500, tag=f"w{w}m{m}_")
+    fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=20, **config)
+    return [o for o in fleet.run(evs) if o.predicted is not None]
+
+
+def test_decode_demand_window_sizes_decode_for_the_windows_quantile_and_nothing_else(make_fleet):
+    """``decode_demand: window``: decode's rate and slot counts size for the window's own P90
+    (20 rps), as a planner with no burst window sizes them, where ``burst`` sizes them for the
+    busiest minute's (40 rps): 5 engines instead of 10. Prefill and what is reported are the same.
+    What it gives up is that minute: 40 rps on 5 engines of 4.3 is twice their rate for 60 s,
+    which the slot count's model of waiting sizes for (docs/sizing.md)."""
+    burst, window, no_burst = (_long_answer_run(make_fleet, **c) for c in (
+        {}, {"decode_demand": "window"}, {"burst_window_seconds": 0}))
+    assert len(burst) == len(window) == len(no_burst) == 9  # ticks at 180 .. 1620 s
+    for b, w, n in zip(burst, window, no_burst, strict=True):
+        assert w.predicted == b.predicted and w.estimates["prefill"] == b.estimates["prefill"]
+        assert w.estimates["decode"] == n.estimates["decode"]
+        assert w.predicted.window_sized_rps == n.predicted.sized_rps < 20.5 and b.predicted.sized_rps >= 39
+    assert [d.targets["decode"] for d in decisions(burst)] == [10]
+    assert [d.targets["decode"] for d in decisions(window)] == [5]
+    assert {t.estimates["decode"].queueing_replicas for t in burst} == {10}
+    assert {t.estimates["decode"].queueing_replicas for t in window} == {5}
+
+
+@pytest.mark.parametrize("config", [{"throughput_sizing": "point"}, {"burst_window_seconds": 0}])
+def test_decode_demand_changes_nothing_where_there_is_no_burst_quantile(make_fleet, config):
+    """Sized for the point forecast, or with no burst window, the one count is the window's."""
+    assert _long_answer_run(make_fleet, decode_demand="window", **config) == _long_answer_run(make_fleet, **config)
+
+
 def test_state_written_before_the_newer_fields_still_restores(make_fleet):
     """A worker upgraded in place reads the changelog its predecessor wrote: fields added
     since (arrival burstiness, first traffic time) take their starting values."""

@@ -12,6 +12,7 @@ from bench.frontier import (
     TIE_COST,
     TIE_POINTS,
     attainment_at,
+    by_draw,
     cost_of,
     pareto,
     pooled,
@@ -338,6 +339,24 @@ def test_pooling_sums_over_the_defaults_levels_and_drops_a_policy_missing_one(tm
     assert found["reference forecast (constant) util0.8"] == pytest.approx((10.0, 0.97, 0.96))
 
 
+def test_pooling_takes_a_workloads_draws_as_levels_of_it(tmp_path):
+    """w-seed3 is w drawn again: pooled with w, a policy that ran on one draw only is dropped."""
+    def row(workload, policy, gpu, att):
+        return {"workload": workload, "scale": 1.0, "sla": [500, 50], "policy": policy,
+                "gpu_hours": gpu, "attainment": att}
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"rows": [
+        row("w", "fleetplan (ensemble)", 5.0, 0.99), row("w-seed3", "fleetplan (ensemble)", 6.0, 0.95),
+        row("w", "reference forecast (constant) util0.8", 4.5, 0.98),
+        row("w-seed3", "reference forecast (constant) util0.8", 5.0, 0.97),
+        row("w", "reference forecast (constant) util0.9", 4.0, 0.95),  # not run on draw 3
+    ]}))
+    found = pooled([runs], "fleetplan (ensemble)")
+    assert set(found) == {("w", (500, 50))}
+    assert found[("w", (500, 50))] == {"fleetplan (ensemble)": pytest.approx((11.0, 0.97, 0.95)),
+                                       "reference forecast (constant) util0.8": pytest.approx((9.5, 0.975, 0.97))}
+
+
 # The shape-kept verdicts docs/forecasting.md and docs/sizing.md state (bench/results/shape-kept,
 # with the flat traces' recorded runs for the token basis's rows at the recorded scales): the
 # default, and the default with quantile_basis: tokens.
@@ -390,3 +409,83 @@ def test_the_token_basis_tallies_the_docs_state(default):
         found = verdict(group["default"], group["refs"], TIE_POINTS, TIE_COST)[0]
         tally[kind][found] = tally[kind].get(found, 0) + 1
     assert tally == TALLIES[default]
+
+
+def test_by_draw_gathers_a_rows_verdicts_over_the_draws_of_its_workload():
+    """-seedN is draw N of the workload without the suffix (seed 0 keeps the name), at the same
+    scale and SLA; a scale or SLA of its own is another row; rows without a verdict are left out."""
+    refs = {"constant": [(g, a, u) for g, a, u in SWEEP]}
+    groups = {
+        ("conv-shift30", 34.0, SLA): {"default": (5.4, 0.99), "refs": refs},  # the reference 0.97: won
+        ("conv-shift30-seed1", 34.0, SLA): {"default": (5.4, 0.96), "refs": refs},  # lost
+        ("conv-shift30-seed12", 34.0, SLA): {"default": (5.4, 0.9705), "refs": refs},  # within 0.15: tie
+        ("conv-shift30-seed1", 35.7, SLA): {"default": (5.4, 0.99), "refs": refs},
+        ("conv-shift30-seed2", 34.0, SLA): {"default": None, "refs": refs},
+        ("code", 50.0, SLA): {"default": (5.4, 0.99), "refs": {}},
+    }
+    assert by_draw(groups, TIE_POINTS, TIE_COST) == {
+        ("conv-shift30", 34.0, SLA): {0: "won", 1: "lost", 12: "tie"},
+        ("conv-shift30", 35.7, SLA): {1: "won"},
+    }
+
+
+# docs/forecasting.md's "Other draws of the same traces": each row's verdict at seeds 0, 1 and 2
+DRAWS = sorted((VERDICTS.parent / "draws").glob("*.json"))
+DRAW_VERDICTS = {
+    ("azure-code-30min", 45.0): {0: "lost", 1: "lost", 2: "lost"},
+    ("azure-code-30min", 50.0): {0: "tie", 1: "lost", 2: "lost"},
+    ("azure-code-30min", 55.0): {0: "lost", 1: "lost", 2: "lost"},
+    ("azure-conv-30min", 34.0): {0: "tie", 1: "tie", 2: "tie"},
+    ("azure-conv-30min", 35.7): {0: "lost", 1: "lost", 2: "tie"},
+    ("mooncake-conv-30min", 6.0): {0: "won", 1: "lost", 2: "won"},
+    ("mooncake-conv-30min-spread", 6.0): {0: "tie", 1: "lost", 2: "lost"},
+    ("azure-conv-30min-shift30", 34.0): {0: "lost", 1: "lost", 2: "lost"},
+    ("mooncake-conv-30min-spread-shift30", 6.0): {0: "lost", 1: "won", 2: "lost"},
+}
+
+
+def test_the_draws_give_the_documented_verdicts():
+    assert [p.name for p in DRAWS] == ["code-500-50.json", "conv-500-50.json", "mooncake-500-50.json",
+                                       "shift30-500-50.json"]
+    draws = by_draw(read_runs([*RECORDED, *SHAPE_KEPT, *DRAWS], "fleetplan (ensemble)"), TIE_POINTS, TIE_COST)
+    found = {(workload, round(scale, 4)): verdicts for (workload, scale, sla), verdicts in draws.items()
+             if sla == SLA and (workload, round(scale, 4)) in DRAW_VERDICTS}
+    assert found == DRAW_VERDICTS
+
+
+def test_pooled_over_levels_and_draws_code_is_the_frozen_arimas_at_055():
+    """docs/forecasting.md: one setting over code's three levels and three draws."""
+    pools = pooled([VERDICTS / "azure-code-500-50.json", VERDICTS.parent / "draws" / "code-500-50.json"],
+                   "fleetplan (ensemble)")[("azure-code-30min", SLA)]
+    rounded = {p: (round(g, 2), round(a * 100, 2), round(w * 100, 2)) for p, (g, a, w) in pools.items()}
+    assert rounded["fleetplan (ensemble)"] == (60.73, 98.65, 97.28)
+    assert rounded["reference forecast (arima_frozen) util0.55"] == (59.43, 98.92, 97.58)
+    assert rounded["reference forecast (constant) util0.55"] == (59.44, 98.57, 95.52)
+    assert rounded["reference forecast (kalman) util0.55"] == (60.08, 98.74, 96.98)
+
+
+# docs/sizing.md's "Decode sized for the window": verdicts of the default and of decode_demand: window
+# over the trace rows both ran, every draw with a reference sweep
+DECODE_WINDOW = VERDICTS.parent / "decode-window" / "decode-window.json"
+DECODE_WINDOW_TALLIES = {
+    "fleetplan (ensemble)": {"flat 500/50": {"won": 3, "tie": 10, "lost": 13}, "flat 200/20": {"won": 3, "tie": 5},
+                             "shape kept": {"won": 4, "lost": 6}},
+    "fleetplan (ensemble) decode-window": {"flat 500/50": {"won": 3, "tie": 12, "lost": 11},
+                                           "flat 200/20": {"won": 5, "tie": 3}, "shape kept": {"won": 4, "lost": 6}},
+}
+
+
+@pytest.mark.parametrize("default", sorted(DECODE_WINDOW_TALLIES))
+def test_decode_window_tallies_the_docs_state(default):
+    files = [*RECORDED, *SHAPE_KEPT, *DRAWS, DECODE_WINDOW]
+    both = {key for key, group in read_runs(files, "fleetplan (ensemble) decode-window").items()
+            if group["default"] is not None}
+    tally: dict[str, dict[str, int]] = {}
+    for (workload, scale, sla), verdicts in by_draw(read_runs(files, default), TIE_POINTS, TIE_COST).items():
+        if workload.startswith("servegen"):
+            continue
+        kind = "shape kept" if "shift" in workload else f"flat {sla[0]:g}/{sla[1]:g}"
+        for seed, found in verdicts.items():
+            if (workload + (f"-seed{seed}" if seed else ""), scale, sla) in both:
+                tally.setdefault(kind, {})[found] = tally.setdefault(kind, {}).get(found, 0) + 1
+    assert tally == DECODE_WINDOW_TALLIES[default]

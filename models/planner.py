@@ -340,7 +340,7 @@ class Planner:
             # are measured); the sizing holds, as before traffic, until a request finishes
             scratch.throughput_reason = "no_traffic_data"
             return
-        sized = horizon = utilization = calibrated = window = exceeded = None
+        sized = horizon = utilization = calibrated = window = exceeded = decode = None
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
@@ -362,7 +362,9 @@ class Planner:
             if _bursts_to_queueing(cfg):
                 window = window_of("prefill")  # only prefill's rate count takes it (propose_throughput)
             if cfg.decode_demand == "window" and "decode" in sized:
-                sized["decode"] = window_of("decode")
+                # decode's counts only: sized_rps reports the burst, which the forecast check
+                # and quantile_exceeded score (with quantile_basis: tokens it may be decode's)
+                decode = window_of("decode")
         factors = state.mix_factor if cfg.capacity_mix == "buckets" else None
         proposal = propose_throughput(
             cfg, baseline, minimums, forecast, kv_hit, accept, state.perf,
@@ -370,6 +372,7 @@ class Planner:
             quantile_exceeded=exceeded, mix_factor=factors,
             arrival_dispersion=queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
             queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization, window_num_req=window,
+            decode_num_req=decode,
         )
         scratch.predicted = proposal.predicted
         scratch.proposal = proposal

@@ -169,6 +169,7 @@ def propose_throughput(
     osl_classes: list[tuple[float, float]] | None = None,
     utilization: float | None = None,
     window_num_req: float | None = None,
+    decode_num_req: float | None = None,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -188,6 +189,10 @@ def propose_throughput(
     ``sized_num_req`` is the busiest burst's) is what prefill's rate count
     sizes for when its queueing floor applies: the floor, which models
     waiting, sizes for the burst, and the rate count for the window's work.
+    ``decode_num_req`` (``decode_demand: window``: the window's quantile of
+    decode's work) is what decode's counts size for in place of its
+    ``sized_num_req``, which ``sized_rps`` still reports: the burst's quantile,
+    as the forecast check and ``quantile_exceeded`` score it.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -217,7 +222,8 @@ def propose_throughput(
     window_rate = False  # whether prefill's rate count sized for the window's count
     for role in config.roles:
         model = perf[role]
-        demand_rps = sized_of.get(role, num_req) / interval
+        demand_rps = (decode_num_req if role == "decode" and decode_num_req is not None
+                      else sized_of.get(role, num_req)) / interval
         if demand_rps > 0:
             if not model.ready:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)

@@ -744,6 +744,40 @@ def test_decode_demand_window_sizes_decode_for_the_windows_quantile_and_nothing_
     assert {t.estimates["decode"].queueing_replicas for t in window} == {5}
 
 
+def test_decode_demand_window_on_the_token_basis_sizes_decode_for_its_answers_window_and_reports_the_burst(
+        make_fleet):
+    """With ``quantile_basis: tokens`` decode sizes for the window's P90 of its answer tokens, and
+    the decision still reports the burst: answers twice as long every other window make decode's
+    burst the largest series, and ``sized_rps`` (which the forecast check scores against the
+    busiest burst) and ``quantile_exceeded`` (that series' record) stay the burst's, as with
+    ``burst``. Sized down to the window's, ``sized_rps`` fell to half the burst's P90 it is
+    scored as, and ``quantile_exceeded`` was no longer its series' record."""
+    kw = {"throughput_sizing": "startup_quantile", "quantile_basis": "tokens"}
+    runs = {}
+    for demand in ("burst", "window"):
+        fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=20, decode_demand=demand, **kw)
+        ticks, pending = [], [ready("p0", "prefill"), ready("d0", "decode")]
+        for w in range(12):
+            for m, rate in enumerate((10, 40, 10)):
+                t0 = T0 + INTERVAL * w + 60 * m
+                out = fleet.run([*pending, *requests(rate, t0 + 0.5, t0 + 60, osl=1500 if w % 2 else 750,
+                                                     tag=f"w{w}m{m}_")])
+                ticks += [o for o in out if getattr(o, "predicted", None) is not None]
+                pending = [ack(d.decision_id, d.time + 0.5) for d in decisions(out)]
+        runs[demand] = (ticks, _state(fleet).forecaster)
+    (burst, _), (window, forecaster) = runs["burst"], runs["window"]
+    assert len(burst) == len(window) == 11
+    for b, w in zip(burst, window, strict=True):
+        assert w.predicted == b.predicted and w.estimates["prefill"] == b.estimates["prefill"]
+    last = window[-1]
+    assert last.predicted.sized_rps * INTERVAL == pytest.approx(
+        forecaster.quantile(0.9, last.predicted.horizon_windows, of="peak:answer"))
+    decode = last.estimates["decode"]
+    sized = forecaster.quantile(0.9, last.predicted.horizon_windows, of="window:answer") / INTERVAL
+    assert decode.rate_replicas == max(1, math.ceil(sized / (decode.engine_capacity_rps * decode.utilization)))
+    assert decode.rate_replicas < burst[-1].estimates["decode"].rate_replicas
+
+
 @pytest.mark.parametrize("config", [{"throughput_sizing": "point"}, {"burst_window_seconds": 0}])
 def test_decode_demand_changes_nothing_where_there_is_no_burst_quantile(make_fleet, config):
     """Sized for the point forecast, or with no burst window, the one count is the window's."""

@@ -212,7 +212,8 @@ class PlannerConfig(BaseModel):
     decode_sizing: Literal["rate", "queueing"] = "queueing"
     # what decode's counts (its rate count and slot-wait count) size for, with throughput_sizing:
     # startup_quantile: "burst", the quantile of the busiest burst_window_seconds, as prefill's
-    # queueing floor; "window", the quantile of the window's own count, as prefill's rate count
+    # queueing floor; "window", the quantile of the window's own count, as prefill's rate count.
+    # Only a decode role: an aggregated engine keeps the burst
     # (docs/sizing.md: on the Mooncake draws it spends a decode engine less for the same attainment)
     decode_demand: Literal["burst", "window"] = "burst"
 

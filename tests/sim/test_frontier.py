@@ -505,3 +505,21 @@ def test_decode_window_with_the_shape_kept_meets_what_the_docs_say():
             drops.setdefault(f"{workload.split('-')[1]} x{scale:g}", []).append(round(round(att * 100, 2) - round(att_w * 100, 2), 2))  # as printed
     assert drops == {"code x19": [0.0], "code x50": [8.37], "conv x27": [0.0], "conv x34": [0.0, 0.03, 0.01],
                      "conv x6": [0.27, 0.35, 0.18, 0.13]}  # Mooncake: mooncake-conv-30min
+
+
+def test_decode_window_on_the_servegen_days_is_the_documented_loss():
+    """docs/sizing.md: every day meets less for fewer GPU-hours, and two won days become ties."""
+    files = [*RECORDED, DECODE_WINDOW]
+    default = read_runs(files, "fleetplan (ensemble)")
+    window = read_runs(files, "fleetplan (ensemble) decode-window")
+    days = sorted(key for key, group in window.items() if key[0].startswith("servegen") and group["default"])
+    assert len(days) == 10
+    changed = {}
+    for key in days:
+        (gpu_d, att_d), (gpu_w, att_w) = default[key]["default"], window[key]["default"]
+        assert att_w < att_d and gpu_w < gpu_d
+        before, after = (verdict(g["default"], g["refs"], TIE_POINTS, TIE_COST)[0] for g in (default[key], window[key]))
+        if before != after:
+            changed[key[0]] = (before, after)
+    assert changed == {"servegen-m-large-24h-day4-warm4d": ("won", "tie"),
+                       "servegen-m-mid-24h-day6-warm6d": ("won", "tie")}

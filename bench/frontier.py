@@ -150,9 +150,8 @@ def pooled(paths: list[Path], default: str) -> dict[tuple, dict[str, tuple[float
     """
     runs: dict[tuple, dict[str, dict[tuple, tuple[float, float]]]] = {}
     for (workload, scale, sla), policy, point in _points(paths):
-        drawn = DRAW.match(workload)
-        level = (scale, int(drawn["seed"] or 0))
-        runs.setdefault((drawn["workload"], sla), {}).setdefault(policy, {})[level] = point
+        drawn, seed = _draw(workload)
+        runs.setdefault((drawn, sla), {}).setdefault(policy, {})[(scale, seed)] = point
     out = {}
     for key, policies in sorted(runs.items()):
         levels = set(policies.get(default, {}))
@@ -176,11 +175,16 @@ def by_draw(groups: dict[tuple, dict], tie_points: float, tie_cost: float) -> di
     for (workload, scale, sla), group in sorted(groups.items()):
         if group["default"] is None or not group["refs"]:
             continue
-        match = DRAW.match(workload)
-        seed = int(match["seed"] or 0)
+        drawn, seed = _draw(workload)
         found = verdict(group["default"], group["refs"], tie_points, tie_cost)[0]
-        out.setdefault((match["workload"], scale, sla), {})[seed] = found
+        out.setdefault((drawn, scale, sla), {})[seed] = found
     return {key: dict(sorted(draws.items())) for key, draws in out.items()}
+
+
+def _draw(workload: str) -> tuple[str, int]:
+    """(the workload as drawn at seed 0, the seed): ``w-seed3`` is draw 3 of ``w``."""
+    match = DRAW.match(workload)
+    return match["workload"], int(match["seed"] or 0)
 
 
 def _points(paths: list[Path]):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import TRACES, build_workload, make_setup, specs  # noqa: E402
+from quality import TRACES, build_workload, make_setup, rate_scale_shift, specs  # noqa: E402
 from sizing import VARIANTS  # noqa: E402
 
 from fleetplan.models.planner import Planner  # noqa: E402
@@ -62,8 +62,7 @@ def main() -> None:
                         help="shift each rate-scale copy within S seconds either way, keeping the trace's "
                              "shape (as bench/sizing.py's option). Default: anywhere in the window")
     args = parser.parse_args()
-    if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
-        parser.error(f"--rate-scale-shift: a finite number of seconds >= 0, got {args.rate_scale_shift}")
+    rate_scale_shift(parser, args.rate_scale_shift)
     sla = tuple(float(x) for x in args.sla.split(","))
     (base,) = [s for s in specs(args.data, {args.only}, 10, 10, 24.0, choose=False)]
     print("scale  policy    attainment_%  gpu_hours")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from overrides import add_set_option, parse_sets
-from quality import LOOPS, Spec, build_workload, make_setup, specs
+from quality import LOOPS, Spec, build_workload, make_setup, rate_scale_shift, specs
 from sizing import SCALES
 
 from fleetplan.models.planner import Planner
@@ -56,8 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.load_factor > 0:
         parser.error(f"--load-factor: a positive number, got {args.load_factor!r}")
-    if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
-        parser.error(f"--rate-scale-shift: a finite number of seconds >= 0, got {args.rate_scale_shift}")
+    rate_scale_shift(parser, args.rate_scale_shift)
     if args.seed < 0:
         parser.error(f"--seed: a whole number >= 0, got {args.seed}")
     sla = tuple(float(v) for v in args.sla.split(","))

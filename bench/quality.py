@@ -314,6 +314,13 @@ def one_workload(parser: argparse.ArgumentParser, args) -> tuple[Spec, tuple[flo
     return replace(base, scale=args.scale), sla
 
 
+def rate_scale_shift(parser: argparse.ArgumentParser, value: float | None) -> float | None:
+    """``--rate-scale-shift``, refused before any run unless it is a finite number of seconds >= 0."""
+    if value is not None and not (0 <= value < float("inf")):
+        parser.error(f"--rate-scale-shift: a finite number of seconds >= 0, got {value}")
+    return value
+
+
 def only_workloads(parser: argparse.ArgumentParser, value: str) -> set[str]:
     """``--only`` as workload names, refusing one ``specs`` does not know.
 

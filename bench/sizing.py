@@ -38,6 +38,7 @@ from quality import (
     on_day,
     only_workloads,
     predictors,
+    rate_scale_shift,
     specs,
     warm_history,
 )
@@ -239,8 +240,7 @@ def main() -> None:
                              "with -seedN. Is a verdict a property of the policy or of one draw?")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if args.rate_scale_shift is not None and not (0 <= args.rate_scale_shift < float("inf")):
-        parser.error(f"--rate-scale-shift: a finite number of seconds >= 0, got {args.rate_scale_shift}")
+    rate_scale_shift(parser, args.rate_scale_shift)
     try:
         factors = [float(f) for f in args.load_factors.split(",") if f.strip()]
     except ValueError:

@@ -252,6 +252,71 @@ def slot_replicas(
     )
 
 
+def backlog_miss_share(
+    capacity_rps: float, burst_rps: float, window_rps: float, burst_s: float,
+    classes: Sequence[tuple[float, float]],
+) -> float:
+    """Share of the requests a burst's backlog delays past their budget, in the fluid limit.
+
+    A burst of ``burst_rps`` for ``burst_s`` seconds over a fleet of rate
+    ``capacity_rps`` builds a backlog of ``(burst - C) · t`` by its ``t``-th
+    second, which an arrival then waits out (``backlog / C``, first come
+    first served); after it the window's rate drains it at ``C - window``. A
+    class of budget ``b`` misses from ``t = b·C / (burst - C)`` into the
+    burst until the backlog falls under ``b·C`` again. The share is over the
+    requests that arrive while the backlog lasts. Random arrivals are left to
+    the queueing model at the window's rate (``slot_replicas``): this is the
+    minute-long surge that model, a steady state, does not see. 0 when the
+    fleet outruns the burst; 1 when it cannot drain it (``C <= window``).
+    """
+    if capacity_rps >= burst_rps:
+        return 0.0
+    if capacity_rps <= window_rps:
+        return 1.0
+    surplus = burst_rps - capacity_rps
+    backlog = surplus * burst_s
+    drain_s = backlog / (capacity_rps - window_rps)
+    missed = 0.0
+    for share, budget in classes:
+        during = burst_rps * max(0.0, burst_s - budget * capacity_rps / surplus)
+        after = window_rps * max(0.0, (backlog - budget * capacity_rps) / (capacity_rps - window_rps))
+        missed += share * (during + after)
+    total_share = math.fsum(share for share, _ in classes)
+    return missed / total_share / (burst_rps * burst_s + window_rps * drain_s)
+
+
+def backlog_replicas(
+    burst_rps: float, window_rps: float, engine_rps: float, budget_s: Budgets, burst_s: float,
+    share: float, minimum: int,
+) -> int | None:
+    """Fewest engines whose backlog from a burst keeps the share it delays too long <= ``1 - share``.
+
+    A decode engine at its batch limit makes a request that finds no free
+    slot wait, and that wait is spread over its answer (``slot_replicas``).
+    A burst that lasts seconds is absorbed by that slack; one that lasts a
+    minute is not. Sizing decode for the busiest minute's rate pays for
+    every burst as if it never ended; sizing for the window's pays for none.
+    Here the fleet's rate only has to keep each burst's backlog within the
+    requests' budgets (``backlog_miss_share``): about the window's count for
+    bursts a few percent over it, close to the burst's for spikes. None if
+    no class has a budget (the ITL target, not the batch, binds: a request
+    over the batch joins and slows every stream, and there is no wait to spend).
+    """
+    if burst_rps <= 0:
+        return minimum
+    if engine_rps <= 0:
+        raise ValueError("engine capacity must be positive")
+    classes = budget_classes(budget_s)
+    if not classes:
+        return None
+    # no surge (no burst window, or a burst no busier than the window): no backlog to keep
+    surge = burst_s > 0 and burst_rps > window_rps
+    return _fewest(
+        window_rps / engine_rps, share, minimum,
+        lambda n: backlog_miss_share(n * engine_rps, burst_rps, window_rps, burst_s, classes) if surge else 0.0,
+    )
+
+
 def _fewest(offered_engines: float, share: float, minimum: int, miss) -> int:
     """The fewest engines past ``offered_engines`` whose ``miss(n)`` is at most ``1 - share``."""
     if offered_engines >= MAX_ENGINES:

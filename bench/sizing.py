@@ -159,8 +159,6 @@ VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quanti
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
 # decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)
 VARIANTS["fleetplan (ensemble) decode-window"] = {"load_predictor": "ensemble", "decode_demand": "window"}
-# ... and for the window's, with the engines the busiest burst's backlog needs within the slot budgets
-VARIANTS["fleetplan (ensemble) decode-fluid"] = {"load_predictor": "ensemble", "decode_demand": "fluid"}
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,

@@ -212,12 +212,10 @@ class PlannerConfig(BaseModel):
     decode_sizing: Literal["rate", "queueing"] = "queueing"
     # what decode's counts (its rate count and slot-wait count) size for, with throughput_sizing:
     # startup_quantile: "burst", the quantile of the busiest burst_window_seconds, as prefill's
-    # queueing floor; "window", the quantile of the window's own count, as prefill's rate count;
-    # "fluid", the window's, with the engines the burst's backlog needs to stay within the
-    # requests' slot-wait budgets (decode_sizing: queueing). Only a decode role: an aggregated
-    # engine keeps the burst (docs/sizing.md: on the Mooncake draws window and fluid spend a
-    # decode engine less for the same attainment)
-    decode_demand: Literal["burst", "window", "fluid"] = "burst"
+    # queueing floor; "window", the quantile of the window's own count, as prefill's rate count.
+    # Only a decode role: an aggregated engine keeps the burst
+    # (docs/sizing.md: on the Mooncake draws it spends a decode engine less for the same attainment)
+    decode_demand: Literal["burst", "window"] = "burst"
 
     # SLA
     ttft_ms: float = Field(500.0, gt=0, alias="ttft")
@@ -317,12 +315,6 @@ class PlannerConfig(BaseModel):
             raise ValueError(
                 f"context_length: optimization_target '{self.optimization_target}' scales prefill by "
                 "its queue per context length; set the engines' context length"
-            )
-        if self.decode_demand == "fluid" and self.decode_sizing != "queueing":
-            # the backlog is kept within the slot-wait budgets, which only the slot model has
-            raise ValueError(
-                "decode_demand 'fluid' needs decode_sizing 'queueing': it keeps a burst's backlog "
-                "within the slot-wait budgets"
             )
         _check_replica_bounds(self)
         _check_budget_holds_one_engine_per_role(self)

@@ -32,7 +32,6 @@ from fleetplan.models.queueing import (
     MAX_ENGINES,
     Budgets,
     Dispersion,
-    backlog_replicas,
     dispersion_points,
     queueing_replicas,
     slot_replicas,
@@ -145,28 +144,6 @@ def slot_budgets(config: PlannerConfig, cap, osl_classes) -> list[tuple[float, f
     return [(share, spare_s * (osl - 1.0)) for share, osl in osl_classes]
 
 
-def _fluid_demand(
-    config: PlannerConfig, cap, engine_rps: float, osl_classes, burst_rps: float, window_rps: float, minimum: int,
-) -> tuple[float, int | None]:
-    """``decode_demand: fluid``: the rate decode's counts size for, and the engines a burst's backlog needs.
-
-    Where the slot budgets hold the busiest burst's backlog on fewer
-    engines than outrun it (``backlog_replicas``), the window's rate and
-    that many engines at least: a minute a few percent over the window
-    waits out its backlog. Where they do not (spikes that would keep
-    requests waiting past their budgets, or no slot wait to spend because
-    the ITL target binds), the burst's rate, as ``burst`` sizes it: the
-    fleet must outrun the burst, and the random arrivals within it need the
-    slot count at that rate.
-    """
-    budgets = slot_budgets(config, cap, osl_classes)
-    backlog = backlog_replicas(burst_rps, window_rps, engine_rps, budgets, config.burst_seconds,
-                               config.queueing_sla_share, minimum)
-    if backlog is None or backlog * engine_rps >= burst_rps:
-        return burst_rps, None
-    return window_rps, backlog
-
-
 def cap_change(desired: int, current: int, max_step: int, minimum: int) -> int:
     """Move at most ``max_step`` from ``current``; recovering the floor may exceed it."""
     capped = min(max(desired, current - max_step), current + max_step)
@@ -212,13 +189,10 @@ def propose_throughput(
     ``sized_num_req`` is the busiest burst's) is what prefill's rate count
     sizes for when its queueing floor applies: the floor, which models
     waiting, sizes for the burst, and the rate count for the window's work.
-    ``decode_num_req`` (``decode_demand: window`` or ``fluid``: the window's
-    quantile of decode's work) is what decode's counts size for in place of
-    its ``sized_num_req``, which ``sized_rps`` still reports: the burst's
-    quantile, as the forecast check and ``quantile_exceeded`` score it. With
-    ``fluid`` that holds where the slot budgets absorb the burst's backlog,
-    and the slot-wait count also keeps that backlog within them; elsewhere
-    decode sizes for the burst (``_fluid_demand``).
+    ``decode_num_req`` (``decode_demand: window``: the window's quantile of
+    decode's work) is what decode's counts size for in place of its
+    ``sized_num_req``, which ``sized_rps`` still reports: the burst's quantile,
+    as the forecast check and ``quantile_exceeded`` score it.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -248,11 +222,8 @@ def propose_throughput(
     window_rate = False  # whether prefill's rate count sized for the window's count
     for role in config.roles:
         model = perf[role]
-        demand_rps = sized_of.get(role, num_req) / interval
-        window_demand = role == "decode" and decode_num_req is not None
-        if window_demand and config.decode_demand == "window":
-            demand_rps = decode_num_req / interval
-        backlog = None  # fluid: the engines the burst's backlog needs, on top of the window's slot count
+        demand_rps = (decode_num_req if role == "decode" and decode_num_req is not None
+                      else sized_of.get(role, num_req)) / interval
         if demand_rps > 0:
             if not model.ready:
                 return ThroughputProposal("model_not_ready", None, predicted, capacity)
@@ -263,11 +234,6 @@ def propose_throughput(
             # Sizing at 100% of the SLA-bound rate leaves no room for bursts
             # within the window; target_utilization < 1 keeps headroom.
             shares[role] = rate_share(config, role, share, cap.batch)
-            if window_demand and config.decode_demand == "fluid":
-                demand_rps, backlog = _fluid_demand(
-                    config, cap, capacity[role], osl_classes or [(1.0, osl)], demand_rps,
-                    decode_num_req / interval, minimums[role],
-                )
             queue_floor = role == "prefill" and floored and cap.ttft_ms is not None
             waiting = None
             if queue_floor:
@@ -292,8 +258,6 @@ def propose_throughput(
                     demand_rps, capacity[role], cap.batch, budgets, config.queueing_sla_share,
                     minimums[role], arrival_dispersion=arrival_dispersion,
                 )
-                if backlog is not None and slots is not None:
-                    slots = max(slots, backlog)
                 by_queueing[role] = slots
                 desired = desired if slots is None else slots
         else:

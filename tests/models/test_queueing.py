@@ -12,8 +12,6 @@ from fleetplan.models.config import PlannerConfig
 from fleetplan.models.perf import Capacity
 from fleetplan.models.queueing import (
     RECURSION_SERVERS,
-    backlog_miss_share,
-    backlog_replicas,
     erlang_c,
     miss_share,
     queueing_replicas,
@@ -436,47 +434,6 @@ def test_with_no_itl_to_spare_the_slot_count_is_where_a_request_rarely_waits():
     assert replicas_for(5700.0, 57.0 * 0.8, 1) == 125
     # a budget of nothing leaves bursts no wait to stretch
     assert slot_replicas(5700.0, 57.0, 256, 1e-6, 0.99, 1, arrival_dispersion=20.0) == 102
-
-
-def test_a_bursts_backlog_misses_from_where_it_outgrows_the_budget_until_it_drains_under_it():
-    """50 rps for 60 s on a fleet of 40, the window's 35 after: the backlog grows 10 a second to
-    600, an arrival at t waits t/4 s, so one with 6 s to spare misses from 24 s on (36 s of
-    the burst, 1,800 requests); the backlog drains at 5 a second and stays over 6 s of the
-    fleet's work (240 requests) for 72 s more (2,520). 4,320 of the 7,200 that arrive while
-    it lasts (60 s of the burst, 120 s of its drain)."""
-    assert backlog_miss_share(40.0, 50.0, 35.0, 60.0, [(1.0, 6.0)]) == pytest.approx(4320 / 7200)
-    # a class that can wait out the whole backlog (600 / 40 = 15 s) misses nothing
-    assert backlog_miss_share(40.0, 50.0, 35.0, 60.0, [(1.0, 15.0)]) == 0.0
-    assert backlog_miss_share(40.0, 50.0, 35.0, 60.0, [(0.5, 6.0), (0.5, 15.0)]) == pytest.approx(2160 / 7200)
-    assert backlog_miss_share(50.0, 50.0, 35.0, 60.0, [(1.0, 0.001)]) == 0.0  # the fleet outruns it
-    assert backlog_miss_share(35.0, 50.0, 35.0, 60.0, [(1.0, 1e6)]) == 1.0  # it never drains
-
-
-def test_the_fewest_engines_whose_bursts_backlog_stays_within_the_budget():
-    """``C >= burst · T / (T + budget)`` for one class: 40 rps of 10-rps engines carry 50 for a
-    minute when requests can wait 15 s; with less to spare the count is the burst's."""
-    assert backlog_replicas(50.0, 35.0, 10.0, 15.0, 60.0, 0.99, 1) == 4
-    assert backlog_replicas(50.0, 35.0, 10.0, 6.0, 60.0, 0.99, 1) == 5
-    assert backlog_replicas(50.0, 35.0, 10.0, [], 60.0, 0.99, 1) is None  # no wait to spend
-    # no surge: a burst no busier than the window, or no burst window, leaves the window's
-    assert backlog_replicas(30.0, 35.0, 10.0, 6.0, 60.0, 0.99, 1) == 4
-    assert backlog_replicas(50.0, 35.0, 10.0, 6.0, 0.0, 0.99, 1) == 4
-    assert backlog_replicas(50.0, 35.0, 10.0, 15.0, 60.0, 0.99, 7) == 7
-    assert backlog_replicas(0.0, 0.0, 10.0, 15.0, 60.0, 0.99, 2) == 2
-
-
-@settings(max_examples=60)
-@given(st.floats(1.0, 400.0), st.floats(1.0, 3.0), st.floats(1.0, 60.0), st.floats(0.01, 60.0),
-       st.floats(1.0, 120.0))
-def test_the_backlog_count_lies_between_the_windows_and_the_bursts(window, ratio, engine, budget, burst_s):
-    """It never asks for less than outruns the window, nor more than outruns the burst; more to
-    spare never asks for more, and a longer burst never for less."""
-    burst = window * ratio
-    n = backlog_replicas(burst, window, engine, budget, burst_s, 0.99, 1)
-    assert math.floor(window / engine) + 1 <= n <= math.floor(burst / engine) + 1
-    assert backlog_miss_share(n * engine, burst, window, burst_s, [(1.0, budget)]) <= 0.01
-    assert backlog_replicas(burst, window, engine, budget * 2, burst_s, 0.99, 1) <= n
-    assert backlog_replicas(burst, window, engine, budget, burst_s * 2, 0.99, 1) >= n
 
 
 def test_slot_budgets_are_the_itl_to_spare_over_each_answer():

@@ -10,9 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetplan.models.mix import LengthMix, bucket_of, mix_capacity, mix_factor
-from fleetplan.models.queueing import backlog_replicas
 from fleetplan.models.state import DeploymentState
-from fleetplan.models.throughput import engine_capacity, slot_budgets
 from fleetplan.schemas import Ack, ClockEvent, ControlEvent, InventoryEvent, SetConfig
 from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
@@ -716,20 +714,15 @@ def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rat
         assert [t.estimates["prefill"].rate_replicas for t in ticks] == [4] * 3 + [3] * 12
 
 
-def _long_answer_fleet(make_fleet, osl=1500, **config):
-    """fleetplan's sizing on ``_minute_bursts`` with 1,500-token answers (4.3 rps a decode engine):
-    the fleet, and its ticks."""
+def _long_answer_run(make_fleet, **config):
+    """fleetplan's sizing on ``_minute_bursts`` with 1,500-token answers (4.3 rps a decode engine)."""
     evs = [ready("p0", "prefill"), ready("d0", "decode")]
     for w in range(10):
         for m, rate in enumerate((10, 40, 10)):
             t0 = T0 + INTERVAL * w + 60 * m
-            evs += requests(rate, t0 + 0.5, t0 + 60, osl=osl, tag=f"w{w}m{m}_")
+            evs += requests(rate, t0 + 0.5, t0 + 60, osl=1500, tag=f"w{w}m{m}_")
     fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=20, **config)
-    return fleet, [o for o in fleet.run(evs) if o.predicted is not None]
-
-
-def _long_answer_run(make_fleet, osl=1500, **config):
-    return _long_answer_fleet(make_fleet, osl, **config)[1]
+    return [o for o in fleet.run(evs) if o.predicted is not None]
 
 
 def test_decode_demand_window_sizes_decode_for_the_windows_quantile_and_nothing_else(make_fleet):
@@ -783,44 +776,6 @@ def test_decode_demand_window_on_the_token_basis_sizes_decode_for_its_answers_wi
     sized = forecaster.quantile(0.9, last.predicted.horizon_windows, of="window:answer") / INTERVAL
     assert decode.rate_replicas == max(1, math.ceil(sized / (decode.engine_capacity_rps * decode.utilization)))
     assert decode.rate_replicas < burst[-1].estimates["decode"].rate_replicas
-
-
-def test_decode_demand_fluid_adds_to_the_windows_count_what_the_bursts_backlog_needs(make_fleet):
-    """``decode_demand: fluid``: decode's slot count is the window's, raised to what keeps the
-    busiest minute's backlog within the answers' slot budgets. The minute of 40 rps is twice
-    the window's 20 for 60 s; 1,500-token answers can each wait ``(itl - itl at the limit) ·
-    1,499`` seconds for a slot, and the fewest engines whose backlog stays within that
-    (``backlog_replicas``) lie between the window's 5 and the burst's 10. Prefill, and what
-    is reported, are the burst's as with ``burst``."""
-    burst, window = (_long_answer_run(make_fleet, **c) for c in ({}, {"decode_demand": "window"}))
-    fleet, fluid = _long_answer_fleet(make_fleet, decode_demand="fluid")
-    assert len(fluid) == 9
-    state = _state(fleet)
-    for b, w, f in zip(burst, window, fluid, strict=True):
-        assert f.predicted == b.predicted and f.estimates["prefill"] == b.estimates["prefill"]
-        assert f.estimates["decode"].rate_replicas == w.estimates["decode"].rate_replicas
-        p = f.predicted
-        cap = engine_capacity(state.perf["decode"], state.config, p.isl, p.osl, p.kv_hit_rate, p.accept_length)
-        (_, budget), = slot_budgets(state.config, cap, [(1.0, 1500.0)])
-        assert 10 < budget < 20  # seconds a request can wait for a slot
-        backlog = backlog_replicas(p.sized_rps, p.window_sized_rps, f.estimates["decode"].engine_capacity_rps,
-                                   budget, 60, 0.99, 1)
-        assert f.estimates["decode"].queueing_replicas == backlog == 8 > w.estimates["decode"].queueing_replicas
-    assert [d.targets["decode"] for d in decisions(fluid)] == [8]
-    assert [d.targets["decode"] for d in decisions(window)] == [5]
-    assert [d.targets["decode"] for d in decisions(burst)] == [10]
-
-
-def test_decode_demand_fluid_sizes_for_the_burst_where_the_budgets_cannot_hold_its_backlog(make_fleet):
-    """With 250-token answers a request can wait 3.8 s for a slot. One engine of 29.5 rps carries
-    the window's 20 rps, but the minute at 40 piles up 600 requests on it, 20 s of its work: decode
-    must outrun the burst, and ``fluid`` sizes it as ``burst`` does (2 engines), where ``window``
-    holds 1."""
-    burst, window, fluid = (_long_answer_run(make_fleet, 250, **c) for c in (
-        {}, {"decode_demand": "window"}, {"decode_demand": "fluid"}))
-    assert fluid == burst
-    assert [d.targets["decode"] for d in decisions(burst)] == [2]
-    assert [d.targets["decode"] for d in decisions(window)] == [1]
 
 
 @pytest.mark.parametrize("config", [{"throughput_sizing": "point"}, {"burst_window_seconds": 0}])

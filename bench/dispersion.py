@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from quality import Spec, build_workload, specs
+from quality import Spec, build_workload, trace_specs
 from sizing import SCALES
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     bins = [float(b) for b in args.bins.split(",")]
     print("| trace | " + " | ".join(f"dispersion at {b:g} s, min–max over windows" for b in bins) + " |")
     print("|---|" + "---|" * len(bins))
-    for s in specs(args.data, {"conv", "code", "mooncake", "mooncake-spread"}, 10, 24, 24.0, choose=False):
+    for s in trace_specs(args.data):
         spec = Spec(**{**s.__dict__, "scale": SCALES[s.name]})
         workload = build_workload(spec)
         arrivals = np.array([r.arrival_s for r in workload.requests()])

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from overrides import add_set_option, parse_sets
-from quality import LOOPS, Spec, build_workload, make_setup, rate_scale_shift, specs
+from quality import LOOPS, Spec, build_workload, make_setup, named_trace_spec, rate_scale_shift
 from sizing import SCALES
 
 from fleetplan.models.planner import Planner
@@ -61,11 +61,7 @@ def main() -> None:
         parser.error(f"--seed: a whole number >= 0, got {args.seed}")
     sla = tuple(float(v) for v in args.sla.split(","))
     overrides = parse_sets(parser, args.overrides)
-    found = [s for s in specs(args.data, {"conv", "code", "mooncake", "mooncake-spread"}, 10, 24, 24.0, choose=False)
-             if s.name == args.workload]
-    if not found:
-        parser.error(f"--workload: one of {', '.join(SCALES)} (the 30-minute traces), got {args.workload!r}")
-    s = found[0]
+    s = named_trace_spec(parser, args.data, args.workload)
     spec = Spec(**{**s.__dict__, "scale": SCALES[s.name] * args.load_factor, "seed": args.seed,
                      "shift": args.rate_scale_shift})
     cfg, setup = make_setup(spec, sla, {**LOOPS["throughput"], "load_predictor": "arima", **overrides})

@@ -335,6 +335,22 @@ def only_workloads(parser: argparse.ArgumentParser, value: str) -> set[str]:
     return asked
 
 
+TRACE_KEYS = frozenset({"conv", "code", "mooncake", "mooncake-spread"})  # the 30-minute traces' --only keys
+
+
+def trace_specs(data: Path) -> list[Spec]:
+    """The 30-minute trace workloads, at scale 1."""
+    return specs(data, set(TRACE_KEYS), 10, 24, 24.0, choose=False)
+
+
+def named_trace_spec(parser: argparse.ArgumentParser, data: Path, name: str) -> Spec:
+    """The 30-minute trace workload called ``name``, at scale 1; a usage error names the choices."""
+    found = {s.name: s for s in trace_specs(data)}
+    if name not in found:
+        parser.error(f"--workload: one of {', '.join(found)} (the 30-minute traces), got {name!r}")
+    return found[name]
+
+
 def specs(
     data: Path, only: set[str], min_engines: int, servegen_engines: int, hours: float, choose: bool = True,
 ) -> list[Spec]:

@@ -100,6 +100,23 @@ def test_held_scale_down_refuses_a_shift_that_is_not_seconds(shift):
     assert line.endswith(f"--rate-scale-shift: a finite number of seconds >= 0, got {float(shift)}")
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--vary", "decode=x"], "--vary 'decode=x': expected ROLE=N[,N...] with whole numbers >= 0"),
+    (["--vary", "decode=3 prefill=4"], "--vary 'decode=3 prefill=4': one role and its counts"),
+    (["--fleet", "prefill=2,3"], "--fleet 'prefill=2,3': one count per role"),
+    (["--scales", "6,-1"], "--scales: positive numbers separated by commas, got '6,-1'"),
+    (["--workload", "mooncake"], "--workload: one of azure-conv-30min, azure-code-30min, mooncake-conv-30min, "
+                                 "mooncake-conv-30min-spread (the 30-minute traces), got 'mooncake'"),
+    (["--fleet", "agg=2"], "--fleet and --vary: a count for each of prefill, decode, got agg, decode"),
+])
+def test_fixed_fleet_refuses_before_running_anything(args, message):
+    """Each refusal names its option and what was expected, before a workload is read."""
+    given = {"--workload": "mooncake-conv-30min", "--scales": "6", "--fleet": "prefill=24", "--vary": "decode=3,4"}
+    given.update(zip(args[::2], args[1::2], strict=True))
+    line = _refused(_bench("fixed_fleet.py", "--data", "/nonexistent", *(x for kv in given.items() for x in kv)))
+    assert message in line, line
+
+
 def _runs(path: Path, *policies: str) -> Path:
     rows = [{"workload": "azure-code-30min", "scale": 1.0, "sla": [500.0, 50.0], "policy": p,
              "attainment": 0.5, "gpu_hours": 9.0} for p in policies]

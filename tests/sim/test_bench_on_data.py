@@ -1,0 +1,38 @@
+"""The bench scripts on the shared data folder: what they report, and what the docs read off them.
+
+They read the 30-minute traces in the shared data folder (the project's
+machine); elsewhere they skip.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+DATA = Path("/work/shared/data")
+
+pytestmark = [pytest.mark.skipif(not (DATA / "traces").is_dir(), reason="needs the shared data folder"),
+              pytest.mark.slow]
+
+
+def _table(script: str, *args: str) -> list[list[str]]:
+    """The rows of the last markdown table the script prints, as cells."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--data", str(DATA), *args],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, check=True).stdout
+    tables = out.split("\n\n")
+    rows = [line.strip("|").split("|") for line in tables[-1].strip().splitlines()[2:]]
+    return [[cell.strip() for cell in row] for row in rows]
+
+
+def test_fixed_fleet_counts_an_answer_no_decode_engine_served_as_missing_the_itl():
+    """A request never served has no ITL (NaN, as a one-token answer has): it was counted as
+    meeting it, and a fleet with no decode engine met the ITL for 100 % of its requests."""
+    (row,) = _table("fixed_fleet.py", "--workload", "mooncake-conv-30min", "--seed", "1", "--scales", "6",
+                    "--fleet", "prefill=24", "--vary", "decode=0")
+    itl, short = row[5], row[6]
+    assert float(itl.rstrip("%")) < 1.0  # the one-token answers, which meet any ITL
+    assert short.endswith(", 0.00%")

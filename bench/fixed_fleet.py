@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--fleet", required=True, help="the fixed counts, e.g. prefill=24 (one count per role)")
     parser.add_argument("--vary", required=True, help="one role and its counts, e.g. decode=3,4")
     parser.add_argument("--seed", type=int, default=0, help="the draw of the workload (bench/sizing.py --seeds)")
-    parser.add_argument("--sla", default="500,50")
+    parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
     args = parser.parse_args()
     try:
         scales = [float(v) for v in args.scales.split(",")]
@@ -70,7 +70,13 @@ def main() -> None:
     if len(vary) != 1:
         parser.error(f"--vary {args.vary!r}: one role and its counts, e.g. decode=3,4")
     (role, counts), = vary.items()
-    ttft_ms, itl_ms = (float(v) for v in args.sla.split(","))
+    try:
+        sla = [float(v) for v in args.sla.split(",")]
+    except ValueError:
+        sla = []
+    if len(sla) != 2 or not all(0 < v < float("inf") for v in sla):
+        parser.error(f"--sla: TTFT,ITL in ms, two numbers > 0, got {args.sla!r}")
+    ttft_ms, itl_ms = sla
     base = named_trace_spec(parser, args.data, args.workload)
     print("| scale | requests/s | fleet | both met | TTFT met | ITL met | short answers: share, ITL met "
           "| ITL p50 / p90 / p99 ms |")

@@ -108,6 +108,10 @@ def test_held_scale_down_refuses_a_shift_that_is_not_seconds(shift):
     (["--workload", "mooncake"], "--workload: one of azure-conv-30min, azure-code-30min, mooncake-conv-30min, "
                                  "mooncake-conv-30min-spread (the 30-minute traces), got 'mooncake'"),
     (["--fleet", "agg=2"], "--fleet and --vary: a count for each of prefill, decode, got agg, decode"),
+    # a traceback: not two numbers, and a target the config refuses
+    (["--sla", "500"], "--sla: TTFT,ITL in ms, two numbers > 0, got '500'"),
+    (["--sla", "500,x"], "--sla: TTFT,ITL in ms, two numbers > 0, got '500,x'"),
+    (["--sla", "500,-50"], "--sla: TTFT,ITL in ms, two numbers > 0, got '500,-50'"),
 ])
 def test_fixed_fleet_refuses_before_running_anything(args, message):
     """Each refusal names its option and what was expected, before a workload is read."""

@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the draw of the workload (bench/sizing.py --seeds)")
     parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
     args = parser.parse_args()
+    if args.seed < 0:
+        parser.error(f"--seed: a whole number >= 0, got {args.seed}")
     try:
         scales = [float(v) for v in args.scales.split(",")]
     except ValueError:

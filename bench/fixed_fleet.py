@@ -63,7 +63,7 @@ def main() -> None:
         scales = [float(v) for v in args.scales.split(",")]
     except ValueError:
         scales = []
-    if not scales or not all(s > 0 for s in scales):
+    if not scales or not all(0 < s < float("inf") for s in scales):
         parser.error(f"--scales: positive numbers separated by commas, got {args.scales!r}")
     fleet = _counts(parser, "--fleet", args.fleet)
     if any(len(v) != 1 for v in fleet.values()):

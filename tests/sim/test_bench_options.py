@@ -105,6 +105,7 @@ def test_held_scale_down_refuses_a_shift_that_is_not_seconds(shift):
     (["--vary", "decode=3 prefill=4"], "--vary 'decode=3 prefill=4': one role and its counts"),
     (["--fleet", "prefill=2,3"], "--fleet 'prefill=2,3': one count per role"),
     (["--scales", "6,-1"], "--scales: positive numbers separated by commas, got '6,-1'"),
+    (["--scales", "6,inf"], "--scales: positive numbers separated by commas, got '6,inf'"),  # a traceback
     (["--workload", "mooncake"], "--workload: one of azure-conv-30min, azure-code-30min, mooncake-conv-30min, "
                                  "mooncake-conv-30min-spread (the 30-minute traces), got 'mooncake'"),
     (["--fleet", "agg=2"], "--fleet and --vary: a count for each of prefill, decode, got agg, decode"),

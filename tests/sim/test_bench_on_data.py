@@ -36,3 +36,16 @@ def test_fixed_fleet_counts_an_answer_no_decode_engine_served_as_missing_the_itl
     itl, short = row[5], row[6]
     assert float(itl.rstrip("%")) < 1.0  # the one-token answers, which meet any ITL
     assert short.endswith(", 0.00%")
+
+
+def test_the_rate_decode_sizes_for_on_mooncake_at_seed_1_is_the_range_sizing_md_states():
+    """docs/sizing.md (decode sized for the burst's backlog): the busiest minute's P90 from the
+    second tick on, and decode's rate per engine, as bench/per_minute.py prints them."""
+    ticks = _table("per_minute.py", "--workload", "mooncake-conv-30min", "--seed", "1",
+                   "--set", "load_predictor=ensemble", "--set", "decode_demand=burst")[1:]
+    sized = [float(row[4]) for row in ticks]
+    per_engine = [float(row[7]) for row in ticks]
+    text = " ".join((ROOT / "docs" / "sizing.md").read_text().split())
+    assert (f"the busiest minute's P90, is {min(sized):.1f}–{max(sized):.1f} requests a second from the "
+            f"second tick on, under four engines' rate (4 × {min(per_engine):.1f}–{max(per_engine):.1f})") in text
+    assert max(sized) < 4 * min(per_engine)

@@ -42,6 +42,8 @@ def _counts(parser: argparse.ArgumentParser, option: str, text: str) -> dict[str
             counts = []
         if not counts or min(counts) < 0:
             parser.error(f"{option} {item!r}: expected ROLE=N[,N...] with whole numbers >= 0, e.g. decode=3,4")
+        if role in out:
+            parser.error(f"{option} {item!r}: {role} is given twice")
         out[role] = counts
     return out
 

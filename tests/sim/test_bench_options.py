@@ -104,6 +104,9 @@ def test_held_scale_down_refuses_a_shift_that_is_not_seconds(shift):
     (["--vary", "decode=x"], "--vary 'decode=x': expected ROLE=N[,N...] with whole numbers >= 0"),
     (["--vary", "decode=3 prefill=4"], "--vary 'decode=3 prefill=4': one role and its counts"),
     (["--fleet", "prefill=2,3"], "--fleet 'prefill=2,3': one count per role"),
+    # ran the last one's counts only
+    (["--vary", "decode=3 decode=5"], "--vary 'decode=5': decode is given twice"),
+    (["--fleet", "prefill=24;prefill=2"], "--fleet 'prefill=2': prefill is given twice"),
     (["--scales", "6,-1"], "--scales: positive numbers separated by commas, got '6,-1'"),
     (["--scales", "6,inf"], "--scales: positive numbers separated by commas, got '6,inf'"),  # a traceback
     (["--workload", "mooncake"], "--workload: one of azure-conv-30min, azure-code-30min, mooncake-conv-30min, "

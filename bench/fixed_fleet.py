@@ -82,24 +82,29 @@ def main() -> None:
         parser.error(f"--sla: TTFT,ITL in ms, two numbers > 0, got {args.sla!r}")
     ttft_ms, itl_ms = sla
     base = named_trace_spec(parser, args.data, args.workload)
+    fixed = {r: v[0] for r, v in fleet.items()} | {role: 0}
+    roles = make_setup(base, (ttft_ms, itl_ms))[1].roles  # the roles do not depend on the scale
+    if set(fixed) != set(roles):
+        parser.error(f"--fleet and --vary: a count for each of {', '.join(roles)}, got {', '.join(fixed)}")
     print("| scale | requests/s | fleet | both met | TTFT met | ITL met | short answers: share, ITL met "
           "| ITL p50 / p90 / p99 ms |")
     print("|---:|---:|---|---:|---:|---:|---:|---|")
     for scale in scales:
         spec = Spec(**{**base.__dict__, "scale": scale, "seed": args.seed})
         _, setup = make_setup(spec, (ttft_ms, itl_ms))
-        fixed = {r: v[0] for r, v in fleet.items()} | {role: 0}
-        if set(fixed) != set(setup.roles):
-            parser.error(f"--fleet and --vary: a count for each of {', '.join(setup.roles)}, got {', '.join(fixed)}")
         workload = build_workload(spec)
         for n in counts:
             targets = fixed | {role: n}
             a = run_policy(workload, setup, StaticPolicy(targets), "fixed", targets).requests.arrays()
+            if not len(a["arrival"]):
+                print(f"| {scale:g} | 0 | {targets} | no requests at this scale | | | | |", flush=True)
+                continue
             ttft_ok = a["ttft"] * 1000.0 <= ttft_ms
             itl_ok = (a["osl"] <= 1) | (a["itl"] * 1000.0 <= itl_ms)  # NaN: one token, or never served
             short = (a["osl"] >= SHORT_ANSWER[0]) & (a["osl"] < SHORT_ANSWER[1])
             rate = len(a["arrival"]) / max(float(a["arrival"].max() - a["arrival"].min()), 1e-9)
-            p50, p90, p99 = (np.nanpercentile(a["itl"], q) * 1000.0 for q in (50, 90, 99))
+            served = a["itl"][~np.isnan(a["itl"])]  # none when no decode engine served an answer
+            p50, p90, p99 = (np.percentile(served, q) * 1000.0 if served.size else float("nan") for q in (50, 90, 99))
             print(f"| {scale:g} | {rate:.2f} | {targets} | {(ttft_ok & itl_ok).mean():.2%} | {ttft_ok.mean():.2%} | "
                   f"{itl_ok.mean():.2%} | {short.mean():.1%}, {itl_ok[short].mean() if short.any() else float('nan'):.2%} | "
                   f"{p50:.1f} / {p90:.1f} / {p99:.1f} |", flush=True)

@@ -38,6 +38,13 @@ def test_fixed_fleet_counts_an_answer_no_decode_engine_served_as_missing_the_itl
     assert short.endswith(", 0.00%")
 
 
+def test_fixed_fleet_says_so_where_a_scale_leaves_no_request():
+    """A scale so small that no request is left ended in an empty array's max (a traceback)."""
+    rows = _table("fixed_fleet.py", "--workload", "mooncake-conv-30min", "--scales", "1e-9", "--fleet", "prefill=1",
+                  "--vary", "decode=1")
+    assert [row[:4] for row in rows] == [["1e-09", "0", "{'prefill': 1, 'decode': 1}", "no requests at this scale"]]
+
+
 def test_the_rate_decode_sizes_for_on_mooncake_at_seed_1_is_the_range_sizing_md_states():
     """docs/sizing.md (decode sized for the burst's backlog): the busiest minute's P90 from the
     second tick on, and decode's rate per engine, as bench/per_minute.py prints them."""

@@ -120,11 +120,13 @@ def test_held_scale_down_refuses_a_shift_that_is_not_seconds(shift):
     (["--seed", "-1"], "--seed: a whole number >= 0, got -1"),
 ])
 def test_fixed_fleet_refuses_before_running_anything(args, message):
-    """Each refusal names its option and what was expected, before a workload is read."""
+    """Each refusal names its option and what was expected, before a workload is read and before
+    the table's header (a refused run printed the header of a table it never filled)."""
     given = {"--workload": "mooncake-conv-30min", "--scales": "6", "--fleet": "prefill=24", "--vary": "decode=3,4"}
     given.update(zip(args[::2], args[1::2], strict=True))
-    line = _refused(_bench("fixed_fleet.py", "--data", "/nonexistent", *(x for kv in given.items() for x in kv)))
-    assert message in line, line
+    result = _bench("fixed_fleet.py", "--data", "/nonexistent", *(x for kv in given.items() for x in kv))
+    assert message in _refused(result), result.stderr
+    assert result.stdout == ""
 
 
 def _runs(path: Path, *policies: str) -> Path:

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from quality import Spec, build_workload, make_setup, named_trace_spec
+from quality import Spec, build_workload, draw_seed, make_setup, named_trace_spec
 
 from fleetplan.sim.baselines import StaticPolicy
 from fleetplan.sim.experiment import run_policy
@@ -48,6 +48,15 @@ def _counts(parser: argparse.ArgumentParser, option: str, text: str) -> dict[str
     return out
 
 
+def _positive_numbers(text: str) -> list[float]:
+    """Comma-separated finite numbers > 0; [] if any is not one."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        return []
+    return values if all(0 < v < float("inf") for v in values) else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
@@ -59,13 +68,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the draw of the workload (bench/sizing.py --seeds)")
     parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
     args = parser.parse_args()
-    if args.seed < 0:
-        parser.error(f"--seed: a whole number >= 0, got {args.seed}")
-    try:
-        scales = [float(v) for v in args.scales.split(",")]
-    except ValueError:
-        scales = []
-    if not scales or not all(0 < s < float("inf") for s in scales):
+    draw_seed(parser, args.seed)
+    scales = _positive_numbers(args.scales)
+    if not scales:
         parser.error(f"--scales: positive numbers separated by commas, got {args.scales!r}")
     fleet = _counts(parser, "--fleet", args.fleet)
     if any(len(v) != 1 for v in fleet.values()):
@@ -74,11 +79,8 @@ def main() -> None:
     if len(vary) != 1:
         parser.error(f"--vary {args.vary!r}: one role and its counts, e.g. decode=3,4")
     (role, counts), = vary.items()
-    try:
-        sla = [float(v) for v in args.sla.split(",")]
-    except ValueError:
-        sla = []
-    if len(sla) != 2 or not all(0 < v < float("inf") for v in sla):
+    sla = _positive_numbers(args.sla)
+    if len(sla) != 2:
         parser.error(f"--sla: TTFT,ITL in ms, two numbers > 0, got {args.sla!r}")
     ttft_ms, itl_ms = sla
     base = named_trace_spec(parser, args.data, args.workload)

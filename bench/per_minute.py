@@ -30,7 +30,15 @@ from pathlib import Path
 
 import numpy as np
 from overrides import add_set_option, parse_sets
-from quality import LOOPS, Spec, build_workload, make_setup, named_trace_spec, rate_scale_shift
+from quality import (
+    LOOPS,
+    Spec,
+    build_workload,
+    draw_seed,
+    make_setup,
+    named_trace_spec,
+    rate_scale_shift,
+)
 from sizing import SCALES
 
 from fleetplan.models.planner import Planner
@@ -57,8 +65,7 @@ def main() -> None:
     if not args.load_factor > 0:
         parser.error(f"--load-factor: a positive number, got {args.load_factor!r}")
     rate_scale_shift(parser, args.rate_scale_shift)
-    if args.seed < 0:
-        parser.error(f"--seed: a whole number >= 0, got {args.seed}")
+    draw_seed(parser, args.seed)
     sla = tuple(float(v) for v in args.sla.split(","))
     overrides = parse_sets(parser, args.overrides)
     s = named_trace_spec(parser, args.data, args.workload)

@@ -321,6 +321,14 @@ def rate_scale_shift(parser: argparse.ArgumentParser, value: float | None) -> fl
     return value
 
 
+def draw_seed(parser: argparse.ArgumentParser, value: int) -> int:
+    """``--seed``, the draw of a workload, refused before any run unless it is a whole number >= 0
+    (``random.Random(-1)`` is ``random.Random(1)``: a negative seed ran another draw under its name)."""
+    if value < 0:
+        parser.error(f"--seed: a whole number >= 0, got {value}")
+    return value
+
+
 def only_workloads(parser: argparse.ArgumentParser, value: str) -> set[str]:
     """``--only`` as workload names, refusing one ``specs`` does not know.
 

@@ -159,6 +159,10 @@ VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quanti
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
 # decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)
 VARIANTS["fleetplan (ensemble) decode-window"] = {"load_predictor": "ensemble", "decode_demand": "window"}
+# decode's slot-wait count held to the share of the window's requests that wait too long (docs/sizing.md)
+VARIANTS["fleetplan (ensemble) decode-weighted"] = {"load_predictor": "ensemble", "decode_demand": "weighted"}
+# both: each role on its own tokens' quantile, decode on the window's rather than the busiest minute's
+VARIANTS["fleetplan (ensemble) tokens decode-window"] = {**VARIANTS["fleetplan (ensemble) tokens"], "decode_demand": "window"}
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,

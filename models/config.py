@@ -212,10 +212,13 @@ class PlannerConfig(BaseModel):
     decode_sizing: Literal["rate", "queueing"] = "queueing"
     # what decode's counts (its rate count and slot-wait count) size for, with throughput_sizing:
     # startup_quantile: "burst", the quantile of the busiest burst_window_seconds, as prefill's
-    # queueing floor; "window", the quantile of the window's own count, as prefill's rate count.
-    # Only a decode role: an aggregated engine keeps the burst
-    # (docs/sizing.md: on the Mooncake draws it spends a decode engine less for the same attainment)
-    decode_demand: Literal["burst", "window"] = "burst"
+    # queueing floor; "window", the quantile of the window's own count, as prefill's rate count;
+    # "weighted" (the default since 2026-12-06), the slot-wait count holds the share of the
+    # window's requests that wait too long (its busiest burst at the burst's quantile, the rest at
+    # what the window's leaves them) and the rate count keeps the burst. Only a decode role: an
+    # aggregated engine keeps the burst (docs/sizing.md: on the Mooncake draws weighted spends a
+    # decode engine less for the same attainment, and the ServeGen days and spikes are burst's)
+    decode_demand: Literal["burst", "window", "weighted"] = "weighted"
 
     # SLA
     ttft_ms: float = Field(500.0, gt=0, alias="ttft")

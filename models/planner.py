@@ -361,7 +361,7 @@ class Planner:
 
             if _bursts_to_queueing(cfg):
                 window = window_of("prefill")  # only prefill's rate count takes it (propose_throughput)
-            if cfg.decode_demand == "window" and "decode" in sized:
+            if cfg.decode_demand != "burst" and "decode" in sized:
                 # decode's counts only: sized_rps reports the burst, which the forecast check
                 # and quantile_exceeded score (with quantile_basis: tokens it may be decode's)
                 decode = window_of("decode")

@@ -222,7 +222,7 @@ def queueing_replicas(
 
 def slot_replicas(
     demand_rps: float, engine_rps: float, slots: int, budget_s: Budgets, share: float, minimum: int,
-    arrival_dispersion: Dispersion = 1.0,
+    arrival_dispersion: Dispersion = 1.0, rest: tuple[float, float] | None = None,
 ) -> int | None:
     """Fewest decode engines keeping the share of requests that wait too long for a slot <= ``1 - share``.
 
@@ -237,6 +237,11 @@ def slot_replicas(
     falls steeply past the mean load, so the fleet can run closer to its
     limit than a fixed utilisation allows, and no closer than the budget
     says. None if no class has a budget.
+
+    ``rest`` ``(share, rps)``: only part of the requests arrive at
+    ``demand_rps`` (a window's busiest burst); ``share`` of them arrive at
+    ``rps``, and the share that waits too long is the two parts' misses
+    weighted by their requests (``window_miss_share``).
     """
     if demand_rps <= 0:
         return minimum
@@ -246,10 +251,34 @@ def slot_replicas(
     if not classes:
         return None
     slot_rps = engine_rps / slots
-    return _fewest(
-        demand_rps / engine_rps, share, minimum,
-        lambda n: miss_share(n * slots, demand_rps, slot_rps, classes, arrival_dispersion),
-    )
+    rest_share, rest_rps = rest if rest is not None else (0.0, 0.0)
+
+    def miss(n: int) -> float:
+        return window_miss_share(
+            lambda rps: miss_share(n * slots, rps, slot_rps, classes, arrival_dispersion),
+            demand_rps, rest_share, rest_rps,
+        )
+
+    lightest = min(demand_rps, rest_rps) if rest_share > 0 else demand_rps
+    return _fewest(lightest / engine_rps, share, minimum, miss)
+
+
+def window_miss_share(miss_at, burst_rps: float, rest_share: float, rest_rps: float) -> float:
+    """The share of a window's requests that miss, its busiest burst and the rest each at its own rate.
+
+    The SLA counts requests, and the busiest burst holds only part of a
+    window's. Held to ``1 - share`` at the burst's rate, every request of
+    the window is sized as if it arrived in the burst: a minute a few
+    percent over its window, on a fleet near its batch limit, asks for an
+    engine the window's other minutes do not need. ``miss_at(rps)`` is the
+    share that misses at a steady ``rps``; the burst's requests weigh
+    ``1 - rest_share``, so a burst that holds most of a window (a spike)
+    still sizes for itself.
+    """
+    burst = miss_at(burst_rps) * (1.0 - rest_share)
+    if rest_share <= 0 or rest_rps <= 0:
+        return burst
+    return burst + rest_share * miss_at(rest_rps)
 
 
 def _fewest(offered_engines: float, share: float, minimum: int, miss) -> int:

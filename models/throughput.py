@@ -144,6 +144,21 @@ def slot_budgets(config: PlannerConfig, cap, osl_classes) -> list[tuple[float, f
     return [(share, spare_s * (osl - 1.0)) for share, osl in osl_classes]
 
 
+def burst_rest(config: PlannerConfig, burst_rps: float, window_num_req: float) -> tuple[float, float] | None:
+    """``decode_demand: weighted``: the share of the window's requests outside its busiest burst, and their rate.
+
+    The window holds ``window_num_req`` requests (its quantile), the burst
+    ``burst_rps`` for ``burst_seconds`` of them; the rest arrive evenly over
+    the window's other seconds. None where the burst holds the whole window
+    (a spike, or no burst sub-window): then it is sized for alone.
+    """
+    interval, burst_s = config.throughput_adjustment_interval_seconds, config.burst_seconds
+    in_burst = burst_rps * burst_s
+    if not 0 < burst_s < interval or in_burst >= window_num_req:
+        return None
+    return 1.0 - in_burst / window_num_req, (window_num_req - in_burst) / (interval - burst_s)
+
+
 def cap_change(desired: int, current: int, max_step: int, minimum: int) -> int:
     """Move at most ``max_step`` from ``current``; recovering the floor may exceed it."""
     capped = min(max(desired, current - max_step), current + max_step)
@@ -222,7 +237,8 @@ def propose_throughput(
     window_rate = False  # whether prefill's rate count sized for the window's count
     for role in config.roles:
         model = perf[role]
-        demand_rps = (decode_num_req if role == "decode" and decode_num_req is not None
+        window_demand = role == "decode" and decode_num_req is not None
+        demand_rps = (decode_num_req if window_demand and config.decode_demand == "window"
                       else sized_of.get(role, num_req)) / interval
         if demand_rps > 0:
             if not model.ready:
@@ -254,9 +270,11 @@ def propose_throughput(
                 desired = max(desired, waiting)
             elif role == "decode" and config.decode_sizing == "queueing":
                 budgets = slot_budgets(config, cap, osl_classes or [(1.0, osl)])
+                rest = (burst_rest(config, demand_rps, decode_num_req)
+                        if window_demand and config.decode_demand == "weighted" else None)
                 slots = slot_replicas(  # None without a budget: the ITL sets the batch
                     demand_rps, capacity[role], cap.batch, budgets, config.queueing_sla_share,
-                    minimums[role], arrival_dispersion=arrival_dispersion,
+                    minimums[role], arrival_dispersion=arrival_dispersion, rest=rest,
                 )
                 by_queueing[role] = slots
                 desired = desired if slots is None else slots

@@ -74,7 +74,7 @@ def test_dynamo_runtime_fields_are_accepted_and_ignored():
         ({"load_predictor": "oracle"}, "load_predictor: Input should be"),
         ({"uncalibrated_headroom": "half"}, "uncalibrated_headroom: Input should be 'full' or 'coverage'"),
         ({"burst_sizing": "rate"}, "burst_sizing: Input should be 'both' or 'queueing'"),
-        ({"decode_demand": "peak"}, "decode_demand: Input should be 'burst' or 'window'"),
+        ({"decode_demand": "peak"}, "decode_demand: Input should be 'burst', 'window' or 'weighted'"),
         ({"optimization_target": "load"}, "prefill_scale_{up,down}_queue_tokens"),
         # threshold prefill reads queued tokens per context length: without it prefill never scales
         ({"optimization_target": "throughput"},

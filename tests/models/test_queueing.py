@@ -18,8 +18,9 @@ from fleetplan.models.queueing import (
     slot_replicas,
     wait_exceeds,
     wait_stretch,
+    window_miss_share,
 )
-from fleetplan.models.throughput import slot_budgets
+from fleetplan.models.throughput import burst_rest, slot_budgets
 from tests.models.factories import T0, decisions, ready, requests
 
 
@@ -422,6 +423,52 @@ def test_many_slots_run_decode_near_its_limit_where_a_fixed_utilisation_would_no
     assert slot_replicas(20.0, 4.0, 1, 0.5, 0.99, 1) == queueing_replicas(20.0, 4.0, 0.5, 0.99, 1)
     assert slot_replicas(211.0, 57.0, 256, [], 0.99, 1) is None
     assert slot_replicas(0.0, 57.0, 256, 6.0, 0.99, 2) == 2
+
+
+# Mooncake's decode at seed 1 (docs/sizing.md): 5.5 rps an engine at its 71-sequence KV limit, one
+# answer in six short enough to have 0.3 s of ITL to spare, the rest 6 s
+MOONCAKE_SLOT_BUDGETS = [(0.17, 0.3), (0.83, 6.0)]
+
+
+def test_a_burst_weighted_by_its_share_of_the_window_spends_the_engine_only_the_burst_asked_for():
+    """Busiest minute 20.3 rps, the rest of the window 19.6: held to 1 % misses at 20.3 the slots
+    ask for 5 engines (1.24 % miss on 4); the window's requests miss 0.63 % on 4, under 1 %."""
+    b = MOONCAKE_SLOT_BUDGETS
+    assert slot_replicas(20.3, 5.5, 71, b, 0.99, 1) == 5
+    assert slot_replicas(20.3, 5.5, 71, b, 0.99, 1, rest=(0.64, 19.6)) == 4 == slot_replicas(19.6, 5.5, 71, b, 0.99, 1)
+    on_four = [miss_share(4 * 71, rps, 5.5 / 71, b) for rps in (20.3, 19.6)]
+    assert on_four[0] > 0.01
+    window = window_miss_share(lambda rps: miss_share(4 * 71, rps, 5.5 / 71, b), 20.3, 0.64, 19.6)
+    assert window == pytest.approx(0.36 * on_four[0] + 0.64 * on_four[1])
+    assert window < 0.01
+    # a burst past four engines' rate misses for all its requests, whatever the rest do
+    assert slot_replicas(21.5, 5.5, 71, b, 0.99, 1, rest=(0.64, 19.6)) == 5
+
+
+@settings(max_examples=40)
+@given(st.floats(1.0, 400), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(10.0, 80.0),
+       st.sampled_from([8, 64, 256]), st.floats(0.01, 8.0))
+def test_weighting_the_burst_never_asks_for_more_than_the_burst_nor_fewer_than_the_rest(
+        burst, rest_share, rest_level, rate, slots, budget):
+    rest_rps = burst * rest_level
+    alone = slot_replicas(burst, rate, slots, budget, 0.99, 1)
+    weighted = slot_replicas(burst, rate, slots, budget, 0.99, 1, rest=(rest_share, rest_rps))
+    assert weighted <= alone
+    if rest_rps > 0:
+        assert weighted >= slot_replicas(rest_rps, rate, slots, budget, 0.99, 1)
+    if rest_share == 0:
+        assert weighted == alone
+
+
+def test_the_rest_of_a_window_is_what_its_quantile_leaves_outside_the_busiest_burst():
+    cfg = PlannerConfig()  # 180-s windows, a 60-s burst
+    share, rps = burst_rest(cfg, 20.3, 19.6 * 180)
+    assert share == pytest.approx(1 - 20.3 * 60 / (19.6 * 180))
+    assert rps == pytest.approx((19.6 * 180 - 20.3 * 60) / 120)
+    # a spike that holds the window's quantile, or no burst sub-window: the burst is sized alone
+    assert burst_rest(cfg, 60.0, 20.0 * 180) is None
+    assert burst_rest(PlannerConfig(burst_window_seconds=0), 20.3, 19.6 * 180) is None
+    assert burst_rest(PlannerConfig(burst_window_seconds=180), 20.3, 19.6 * 180) is None
 
 
 def test_with_no_itl_to_spare_the_slot_count_is_where_a_request_rarely_waits():

@@ -732,7 +732,7 @@ def test_decode_demand_window_sizes_decode_for_the_windows_quantile_and_nothing_
     What it gives up is that minute: 40 rps on 5 engines of 4.3 is twice their rate for 60 s,
     which the slot count's model of waiting sizes for (docs/sizing.md)."""
     burst, window, no_burst = (_long_answer_run(make_fleet, **c) for c in (
-        {}, {"decode_demand": "window"}, {"burst_window_seconds": 0}))
+        {"decode_demand": "burst"}, {"decode_demand": "window"}, {"burst_window_seconds": 0}))
     assert len(burst) == len(window) == len(no_burst) == 9  # ticks at 180 .. 1620 s
     for b, w, n in zip(burst, window, no_burst, strict=True):
         assert w.predicted == b.predicted and w.estimates["prefill"] == b.estimates["prefill"]
@@ -778,10 +778,65 @@ def test_decode_demand_window_on_the_token_basis_sizes_decode_for_its_answers_wi
     assert decode.rate_replicas < burst[-1].estimates["decode"].rate_replicas
 
 
+def _mixed_answer_run(make_fleet, rates, **config):
+    """Ten windows of three minutes at ``rates``; one answer in six is 3 tokens, with almost no ITL to
+    spare for a slot wait, the rest 1,500 (decode at its batch limit, 5.17 rps an engine)."""
+    evs = [ready("p0", "prefill"), ready("d0", "decode")]
+    for w in range(10):
+        for m, rate in enumerate(rates):
+            t0 = T0 + INTERVAL * w + 60 * m
+            evs += requests(rate * 5 / 6, t0 + 0.5, t0 + 60, osl=1500, tag=f"w{w}m{m}L_")
+            evs += requests(rate / 6, t0 + 0.5, t0 + 60, osl=3, tag=f"w{w}m{m}S_")
+    fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=20, **config)
+    return [o for o in fleet.run(evs) if o.predicted is not None]
+
+
+@pytest.mark.parametrize(("rates", "engines"), [
+    ((18, 20, 18), {"burst": 5, "weighted": 4, "window": 4}),  # a minute 11 % over the rest
+    ((18, 21, 18), {"burst": 5, "weighted": 5, "window": 4}),  # past four engines' 20.7 rps
+])
+def test_decode_demand_weighted_holds_the_windows_requests_to_the_share_not_its_busiest_minutes(
+        make_fleet, rates, engines):
+    """``decode_demand: weighted``: the slot-wait count holds the share of the window's requests
+    that wait past their budgets to 1 %, the busiest minute (a third of them) at the burst's P90 and
+    the rest at what the window's P90 leaves them. A minute 11 % over the others asks ``burst`` for
+    a fifth engine its own requests need and the window's do not; a minute past four engines' rate
+    keeps it, since every request in it would wait. Prefill, decode's rate count and what is
+    reported are ``burst``'s."""
+    runs = {demand: _mixed_answer_run(make_fleet, rates, decode_demand=demand) for demand in engines}
+    for demand, ticks in runs.items():
+        assert [d.targets["decode"] for d in decisions(ticks)] == [engines[demand]]
+        assert ticks[-1].estimates["decode"].queueing_replicas == engines[demand]
+    for b, w in zip(runs["burst"], runs["weighted"], strict=True):
+        assert w.predicted == b.predicted and w.estimates["prefill"] == b.estimates["prefill"]
+        assert w.estimates["decode"].rate_replicas == b.estimates["decode"].rate_replicas
+
+
+def test_decode_demand_weighted_leaves_decode_to_its_burst_where_the_itl_sets_the_batch(make_fleet):
+    """At 20 ms the ITL target sets decode's batch: a request over it slows every stream at once, no
+    slot wait absorbs a burst, and the rate count sizes for the burst as with ``burst`` (``window``
+    sizes it for the window)."""
+    runs = {d: _mixed_answer_run(make_fleet, (18, 20, 18), decode_demand=d, itl=20.0)
+            for d in ("burst", "weighted", "window")}
+    assert all(t.estimates["decode"].queueing_replicas is None for t in runs["burst"])
+    assert runs["weighted"] == runs["burst"]
+    assert runs["window"][-1].estimates["decode"].rate_replicas < runs["burst"][-1].estimates["decode"].rate_replicas
+
+
+def test_decode_demand_weighted_sizes_a_spike_that_holds_most_of_the_window_for_itself(make_fleet):
+    """Minutes of 10, 40 and 10 rps: the busiest holds two thirds of the window's requests, so the
+    window's share of misses is the burst's, and decode gets ``burst``'s 10 engines, not 5."""
+    burst, weighted = (_long_answer_run(make_fleet, decode_demand=d) for d in ("burst", "weighted"))
+    assert [t.estimates["decode"] for t in weighted] == [t.estimates["decode"] for t in burst]
+    assert [d.targets["decode"] for d in decisions(weighted)] == [10]
+
+
 @pytest.mark.parametrize("config", [{"throughput_sizing": "point"}, {"burst_window_seconds": 0}])
 def test_decode_demand_changes_nothing_where_there_is_no_burst_quantile(make_fleet, config):
     """Sized for the point forecast, or with no burst window, the one count is the window's."""
-    assert _long_answer_run(make_fleet, decode_demand="window", **config) == _long_answer_run(make_fleet, **config)
+    plain = _long_answer_run(make_fleet, decode_demand="burst", **config)
+    assert _long_answer_run(make_fleet, decode_demand="window", **config) == plain
+    assert _long_answer_run(make_fleet, decode_demand="weighted", **config) == plain
 
 
 def test_state_written_before_the_newer_fields_still_restores(make_fleet):

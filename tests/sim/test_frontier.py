@@ -215,6 +215,46 @@ DOCUMENTED_REVISION1 = {
 }
 
 
+# decode_demand: weighted (the default since 2026-12-06) moved 11 of the default's trace rows; the
+# committed files hold its rows, and bench/results/decode-weighted/burst.json every trace row as
+# decode_demand: burst, the default before, ran it (docs/sizing.md)
+BURST = VERDICTS.parent / "decode-weighted" / "burst.json"
+
+
+def burst_default(files: list[Path]) -> dict[tuple, dict]:
+    """``read_runs`` of the default as it was with ``decode_demand: burst``; the days are the same."""
+    groups = read_runs(files, "fleetplan (ensemble)")
+    burst = read_runs([BURST], "fleetplan (ensemble) decode-burst")
+    for key, group in groups.items():
+        if key in burst:
+            group["default"] = burst[key]["default"]
+    return groups
+
+
+def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
+    """docs/sizing.md: every trace row the default ran with burst, run again with weighted: 33 to the
+    bit, 11 cheaper by 0.0005-0.29 GPU-hours (decode engines), and none meets less but spread
+    Mooncake with its shape kept at seed 2 (0.05 points, for 0.05 GPU-hours less)."""
+    files = [*RECORDED, *sorted((VERDICTS.parent / "shape-kept").glob("*.json")),
+             *sorted((VERDICTS.parent / "draws").glob("*.json"))]
+    now, before = read_runs(files, "fleetplan (ensemble)"), read_runs([BURST], "fleetplan (ensemble) decode-burst")
+    assert len(before) == 44
+    moved = {}
+    for key, group in before.items():
+        (gpu0, att0), (gpu, att) = group["default"], now[key]["default"]
+        if (gpu, att) != (gpu0, att0):
+            moved[key[0]] = (round(gpu0 - gpu, 2), round((att - att0) * 100, 2))
+            assert gpu < gpu0
+    assert moved == {
+        "azure-conv-30min": (0.0, 0.0), "azure-conv-30min-seed1": (0.0, 0.0),
+        "azure-conv-30min-shift30": (0.05, 0.0), "mooncake-conv-30min": (0.05, 0.0),
+        "mooncake-conv-30min-seed1": (0.19, 0.0), "mooncake-conv-30min-seed2": (0.0, 0.0),
+        "mooncake-conv-30min-shift30": (0.09, 0.0), "mooncake-conv-30min-spread-seed1": (0.29, 0.0),
+        "mooncake-conv-30min-spread-seed2": (0.24, 0.0), "mooncake-conv-30min-spread-shift30-seed1": (0.05, 0.0),
+        "mooncake-conv-30min-spread-shift30-seed2": (0.05, -0.05),
+    }
+
+
 # Which simulator measured each committed file (sim/__init__.py REVISION; a row without
 # sim_revision is from revision 1). A file behind the current revision is stale, and
 # bench/remeasure.py runs it again; the verdicts README says why any is left behind.
@@ -303,7 +343,7 @@ def test_the_windows_rate_count_spends_less_only_where_the_rate_count_sets_prefi
     """The same attainment on every row, days included (at conv 1.05x within 0.001 points); fewer
     GPU-hours on conv at 500/50 from 0.95x to 1.1x, where the busiest minute's P90 in the rate count asked for a 7th prefill
     engine the floor did not; the same run wherever the queueing floor sets prefill (docs/sizing.md)."""
-    now = read_runs(ABLATED, "fleetplan (ensemble)")
+    now = burst_default(ABLATED)  # the default both were measured with
     before = read_runs(ABLATED, "fleetplan (ensemble) -windowrate")
     assert set(now) == set(before) and len(now) == 24
     cheaper = set()
@@ -437,8 +477,9 @@ DRAW_VERDICTS = {
     ("azure-code-30min", 55.0): {0: "lost", 1: "lost", 2: "lost"},
     ("azure-conv-30min", 34.0): {0: "tie", 1: "tie", 2: "tie"},
     ("azure-conv-30min", 35.7): {0: "lost", 1: "lost", 2: "tie"},
-    ("mooncake-conv-30min", 6.0): {0: "won", 1: "lost", 2: "won"},
-    ("mooncake-conv-30min-spread", 6.0): {0: "tie", 1: "lost", 2: "lost"},
+    # decode_demand: weighted (2026-12-06) turned both seed-1 losses into ties: burst's 5th decode engine
+    ("mooncake-conv-30min", 6.0): {0: "won", 1: "tie", 2: "won"},
+    ("mooncake-conv-30min-spread", 6.0): {0: "tie", 1: "tie", 2: "lost"},
     ("azure-conv-30min-shift30", 34.0): {0: "lost", 1: "lost", 2: "lost"},
     ("mooncake-conv-30min-spread-shift30", 6.0): {0: "lost", 1: "won", 2: "lost"},
     # seed 0 on revision 2 against the constant's sweep, seed 1 on revision 5 against three predictors
@@ -494,31 +535,35 @@ def test_pooled_over_levels_and_draws_code_is_the_frozen_arimas_at_055():
     assert rounded["reference forecast (kalman) util0.55"] == (60.08, 98.74, 96.98)
 
 
-# docs/sizing.md's "Decode sized for the window": verdicts of the default and of decode_demand: window
-# over the trace rows both ran, every draw with a reference sweep
+# docs/sizing.md's decode sections: verdicts of decode_demand: burst (the default until 2026-12-06),
+# window and weighted (the default since) over the trace rows all ran, every draw with a reference sweep
 DECODE_WINDOW = VERDICTS.parent / "decode-window" / "decode-window.json"
-DECODE_WINDOW_TALLIES = {
-    "fleetplan (ensemble)": {"flat 500/50": {"won": 3, "tie": 10, "lost": 13}, "flat 200/20": {"won": 3, "tie": 5},
-                             "shape kept": {"won": 4, "lost": 6}},
-    "fleetplan (ensemble) decode-window": {"flat 500/50": {"won": 3, "tie": 12, "lost": 11},
-                                           "flat 200/20": {"won": 5, "tie": 3}, "shape kept": {"won": 4, "lost": 6}},
+DECODE_TALLIES = {
+    "burst": {"flat 500/50": {"won": 3, "tie": 10, "lost": 13}, "flat 200/20": {"won": 3, "tie": 5},
+              "shape kept": {"won": 4, "lost": 6}},
+    "window": {"flat 500/50": {"won": 3, "tie": 12, "lost": 11}, "flat 200/20": {"won": 5, "tie": 3},
+               "shape kept": {"won": 4, "lost": 6}},
+    "weighted": {"flat 500/50": {"won": 3, "tie": 12, "lost": 11}, "flat 200/20": {"won": 3, "tie": 5},
+                 "shape kept": {"won": 4, "lost": 6}},
 }
 
 
-@pytest.mark.parametrize("default", sorted(DECODE_WINDOW_TALLIES))
-def test_decode_window_tallies_the_docs_state(default):
+@pytest.mark.parametrize("demand", sorted(DECODE_TALLIES))
+def test_decode_demand_tallies_the_docs_state(demand):
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS, DECODE_WINDOW]
     both = {key for key, group in read_runs(files, "fleetplan (ensemble) decode-window").items()
             if group["default"] is not None}
+    groups = {"burst": lambda: burst_default(files), "weighted": lambda: read_runs(files, "fleetplan (ensemble)"),
+              "window": lambda: read_runs(files, "fleetplan (ensemble) decode-window")}[demand]()
     tally: dict[str, dict[str, int]] = {}
-    for (workload, scale, sla), verdicts in by_draw(read_runs(files, default), TIE_POINTS, TIE_COST).items():
+    for (workload, scale, sla), verdicts in by_draw(groups, TIE_POINTS, TIE_COST).items():
         if workload.startswith("servegen"):
             continue
         kind = "shape kept" if "shift" in workload else f"flat {sla[0]:g}/{sla[1]:g}"
         for seed, found in verdicts.items():
             if (workload + (f"-seed{seed}" if seed else ""), scale, sla) in both:
                 tally.setdefault(kind, {})[found] = tally.setdefault(kind, {}).get(found, 0) + 1
-    assert tally == DECODE_WINDOW_TALLIES[default]
+    assert tally == DECODE_TALLIES[demand]
 
 
 def test_decode_window_with_the_shape_kept_meets_what_the_docs_say():
@@ -526,7 +571,7 @@ def test_decode_window_with_the_shape_kept_meets_what_the_docs_say():
     row and meets as much or less: 0.1-0.4 points less on Mooncake, at most 0.03 on conv (not
     0.1-0.4, as the section said), 8.4 on code x50, the same on code x19."""
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS, DECODE_WINDOW]
-    default, window = (read_runs(files, d) for d in ("fleetplan (ensemble)", "fleetplan (ensemble) decode-window"))
+    default, window = burst_default(files), read_runs(files, "fleetplan (ensemble) decode-window")
     drops: dict[str, list[float]] = {}
     for (workload, scale, sla), group in sorted(window.items()):
         if "shift" in workload and group["default"] is not None:

@@ -159,8 +159,10 @@ VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quanti
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
 # decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)
 VARIANTS["fleetplan (ensemble) decode-window"] = {"load_predictor": "ensemble", "decode_demand": "window"}
-# decode's slot-wait count held to the share of the window's requests that wait too long (docs/sizing.md)
+# decode's slot-wait count held to the share of the window's requests that wait too long (docs/sizing.md;
+# the default since 2026-12-06), and the default before it, whose rows bench/results/decode-weighted keeps
 VARIANTS["fleetplan (ensemble) decode-weighted"] = {"load_predictor": "ensemble", "decode_demand": "weighted"}
+VARIANTS["fleetplan (ensemble) decode-burst"] = {"load_predictor": "ensemble", "decode_demand": "burst"}
 # both: each role on its own tokens' quantile, decode on the window's rather than the busiest minute's
 VARIANTS["fleetplan (ensemble) tokens decode-window"] = {**VARIANTS["fleetplan (ensemble) tokens"], "decode_demand": "window"}
 

@@ -125,9 +125,16 @@ async def test_metrics_endpoint(kafka_bootstrap, connector_topics, service_facto
     await service_factory(CountingApplier(), metrics_port=port)
     await produce(kafka_bootstrap, connector_topics["decisions_topic"], [make_decision("a", 0)])
     await read_events(kafka_bootstrap, connector_topics["acks_topic"], 1)
-    body = await asyncio.to_thread(
-        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    )
-    assert 'fleetplan_connector_decisions_total{backend="counting",outcome="applied"} 1.0' in body
+    applied = 'fleetplan_connector_decisions_total{backend="counting",outcome="applied"} 1.0'
+    # the worker counts an outcome once the ack's send has returned, which a consumer can beat
+    # to the ack by a few milliseconds: scrape until it has (a CI run saw the race)
+    for _ in range(50):
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        )
+        if applied in body:
+            break
+        await asyncio.sleep(0.1)
+    assert applied in body
     assert 'fleetplan_connector_target_replicas{deployment="a",role="decode"} 3.0' in body
     assert "fleetplan_connector_consumer_lag" in body

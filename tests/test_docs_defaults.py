@@ -189,11 +189,12 @@ DEFAULTS_BEFORE = {
     "decode_scale_down": "absolute", "sizing_quantile_adapt_rate": "0",
     "load_predictor": "arima", "queueing_arrivals": "measured", "decode_sizing": "rate", "load_floor": "none",
     "calibrated_utilization": "null", "uncalibrated_headroom": "full", "burst_sizing": "both",
-    "discovered_engine_ttl_seconds": "0",
+    "discovered_engine_ttl_seconds": "0", "decode_demand": "burst",
 }
 """Each field whose default changed (or that arrived with a default that changed the fold) since the
 first recorded log (2026-11-30, examples/events/), with the value that gives the behaviour before
-(models/config.py's history; the "default until" notes in planner.md and sizing.md)."""
+(models/config.py's history; the "default until" and "default since" notes in planner.md and sizing.md:
+``decode_demand``'s row said only since when ``weighted`` was the default, and the table missed it)."""
 
 
 def test_the_audit_section_names_every_default_that_changed():
@@ -209,7 +210,7 @@ def test_the_audit_section_names_every_default_that_changed():
     missing = [f"{f}: {v}" for f, v in DEFAULTS_BEFORE.items() if f"`{f}: {v}`" not in section]
     assert not missing, f"runtime.md's audit section does not name {missing}"
     noted = {f for line in PLANNER_MD.read_text().splitlines()
-             if line.startswith("| `") and "the default until" in line
+             if line.startswith("| `") and ("the default until" in line or "the default since" in line)
              for f in re.findall(r"`([a-z_]+)`", _cells(line)[0])}
     assert noted <= set(DEFAULTS_BEFORE)
 

@@ -241,7 +241,8 @@ def slot_replicas(
     ``rest`` ``(share, rps)``: only part of the requests arrive at
     ``demand_rps`` (a window's busiest burst); ``share`` of them arrive at
     ``rps``, and the share that waits too long is the two parts' misses
-    weighted by their requests (``window_miss_share``).
+    weighted by their requests (``window_miss_share``), never on fewer
+    engines than the burst's rate needs.
     """
     if demand_rps <= 0:
         return minimum
@@ -259,8 +260,10 @@ def slot_replicas(
             demand_rps, rest_share, rest_rps,
         )
 
-    lightest = min(demand_rps, rest_rps) if rest_share > 0 else demand_rps
-    return _fewest(lightest / engine_rps, share, minimum, miss)
+    # searched from the burst's rate, not the rest's: under it the burst's backlog runs into the
+    # window's other seconds, which no steady miss at the rest's rate sees (and a burst far over
+    # the rest ran the search out of MAX_EXTRA_ENGINES)
+    return _fewest(demand_rps / engine_rps, share, minimum, miss)
 
 
 def window_miss_share(miss_at, burst_rps: float, rest_share: float, rest_rps: float) -> float:

@@ -445,6 +445,19 @@ def test_a_burst_weighted_by_its_share_of_the_window_spends_the_engine_only_the_
     assert slot_replicas(21.5, 5.5, 71, b, 0.99, 1, rest=(0.64, 19.6)) == 5
 
 
+def test_weighting_never_sizes_below_the_bursts_own_rate():
+    """Below the burst's rate the fleet has no steady state for that minute: its backlog runs into the
+    window's other seconds, which the steady miss at the rest's rate does not see. Searched from the
+    rest's rate, a window whose burst holds under ``1 - share`` of its requests (a share of 0.6, or a
+    short burst window) was sized under the burst; and a burst more than ``MAX_EXTRA_ENGINES`` over
+    the rest ran the search out and returned a count that meets nothing (13,001 engines for a burst
+    of 15,000 engines' rate, where the burst alone asks for 15,002)."""
+    b = MOONCAKE_SLOT_BUDGETS
+    assert slot_replicas(20.3, 5.5, 71, b, 0.6, 1, rest=(0.7, 10.0)) >= 4  # 20.3 rps is 3.7 engines' rate
+    burst = 15_000 * 5.5
+    assert slot_replicas(burst, 5.5, 71, b, 0.99, 1, rest=(0.5, burst / 5)) > 15_000
+
+
 @settings(max_examples=40)
 @given(st.floats(1.0, 400), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(10.0, 80.0),
        st.sampled_from([8, 64, 256]), st.floats(0.01, 8.0))

@@ -243,9 +243,12 @@ def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
     for key, group in before.items():
         (gpu0, att0), (gpu, att) = group["default"], now[key]["default"]
         if (gpu, att) != (gpu0, att0):
-            moved[key[0]] = (round(gpu0 - gpu, 2), round((att - att0) * 100, 2))
-            assert gpu < gpu0
-    assert moved == {
+            # the whole key: by workload alone a second moved row of it (conv x34 beside x35.7) was
+            # folded into the first and the count of moved rows went unchecked
+            moved[key] = (round(gpu0 - gpu, 2), round((att - att0) * 100, 2))
+            assert 0.0005 <= gpu0 - gpu < 0.295
+    assert len(moved) == 11
+    assert {workload: change for (workload, _, _), change in moved.items()} == {
         "azure-conv-30min": (0.0, 0.0), "azure-conv-30min-seed1": (0.0, 0.0),
         "azure-conv-30min-shift30": (0.05, 0.0), "mooncake-conv-30min": (0.05, 0.0),
         "mooncake-conv-30min-seed1": (0.19, 0.0), "mooncake-conv-30min-seed2": (0.0, 0.0),

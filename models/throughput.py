@@ -204,10 +204,13 @@ def propose_throughput(
     ``sized_num_req`` is the busiest burst's) is what prefill's rate count
     sizes for when its queueing floor applies: the floor, which models
     waiting, sizes for the burst, and the rate count for the window's work.
-    ``decode_num_req`` (``decode_demand: window``: the window's quantile of
-    decode's work) is what decode's counts size for in place of its
-    ``sized_num_req``, which ``sized_rps`` still reports: the burst's quantile,
-    as the forecast check and ``quantile_exceeded`` score it.
+    ``decode_num_req`` (the window's quantile of decode's work, with
+    ``decode_demand`` other than ``burst``) is, with ``window``, what decode's
+    counts size for in place of its ``sized_num_req``; with ``weighted``, what
+    the slot-wait count takes the rest of the window's requests from
+    (``burst_rest``), the rate count keeping the burst. ``sized_rps`` reports
+    the burst's quantile either way, as the forecast check and
+    ``quantile_exceeded`` score it.
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds

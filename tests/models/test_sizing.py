@@ -714,15 +714,22 @@ def test_without_a_floor_and_a_burst_quantile_the_rate_count_keeps_the_sized_rat
         assert [t.estimates["prefill"].rate_replicas for t in ticks] == [4] * 3 + [3] * 12
 
 
-def _long_answer_run(make_fleet, **config):
-    """fleetplan's sizing on ``_minute_bursts`` with 1,500-token answers (4.3 rps a decode engine)."""
+def _answer_run(make_fleet, rates, answers, **config):
+    """fleetplan's sizing over ten windows of three minutes at ``rates`` rps, split among
+    ``answers``, ``(share, osl)`` each."""
     evs = [ready("p0", "prefill"), ready("d0", "decode")]
     for w in range(10):
-        for m, rate in enumerate((10, 40, 10)):
+        for m, rate in enumerate(rates):
             t0 = T0 + INTERVAL * w + 60 * m
-            evs += requests(rate, t0 + 0.5, t0 + 60, osl=1500, tag=f"w{w}m{m}_")
+            for share, osl in answers:
+                evs += requests(rate * share, t0 + 0.5, t0 + 60, osl=osl, tag=f"w{w}m{m}o{osl}_")
     fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=20, **config)
     return [o for o in fleet.run(evs) if o.predicted is not None]
+
+
+def _long_answer_run(make_fleet, **config):
+    """``_minute_bursts``' 10, 40 and 10 rps with 1,500-token answers (4.3 rps a decode engine)."""
+    return _answer_run(make_fleet, (10, 40, 10), ((1.0, 1500),), **config)
 
 
 def test_decode_demand_window_sizes_decode_for_the_windows_quantile_and_nothing_else(make_fleet):
@@ -779,16 +786,9 @@ def test_decode_demand_window_on_the_token_basis_sizes_decode_for_its_answers_wi
 
 
 def _mixed_answer_run(make_fleet, rates, **config):
-    """Ten windows of three minutes at ``rates``; one answer in six is 3 tokens, with almost no ITL to
-    spare for a slot wait, the rest 1,500 (decode at its batch limit, 5.17 rps an engine)."""
-    evs = [ready("p0", "prefill"), ready("d0", "decode")]
-    for w in range(10):
-        for m, rate in enumerate(rates):
-            t0 = T0 + INTERVAL * w + 60 * m
-            evs += requests(rate * 5 / 6, t0 + 0.5, t0 + 60, osl=1500, tag=f"w{w}m{m}L_")
-            evs += requests(rate / 6, t0 + 0.5, t0 + 60, osl=3, tag=f"w{w}m{m}S_")
-    fleet = make_fleet(sizing="fleetplan", max_throughput_scaling_replicas=20, **config)
-    return [o for o in fleet.run(evs) if o.predicted is not None]
+    """One answer in six is 3 tokens, with almost no ITL to spare for a slot wait, the rest 1,500
+    (decode at its batch limit, 5.17 rps an engine)."""
+    return _answer_run(make_fleet, rates, ((5 / 6, 1500), (1 / 6, 3)), **config)
 
 
 @pytest.mark.parametrize(("rates", "engines"), [

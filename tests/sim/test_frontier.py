@@ -235,8 +235,7 @@ def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
     """docs/sizing.md: every trace row the default ran with burst, run again with weighted: 33 to the
     bit, 11 cheaper by 0.0005-0.29 GPU-hours (decode engines), and none meets less but spread
     Mooncake with its shape kept at seed 2 (0.05 points, for 0.05 GPU-hours less)."""
-    files = [*RECORDED, *sorted((VERDICTS.parent / "shape-kept").glob("*.json")),
-             *sorted((VERDICTS.parent / "draws").glob("*.json"))]
+    files = [*RECORDED, *SHAPE_KEPT, *DRAWS]  # module constants, defined with their tests below
     now, before = read_runs(files, "fleetplan (ensemble)"), read_runs([BURST], "fleetplan (ensemble) decode-burst")
     assert len(before) == 44
     moved = {}

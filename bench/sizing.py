@@ -156,6 +156,8 @@ GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER, "departu
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
 # the defaults with each role sized for the quantile of its own tokens (docs/sizing.md); asked for by name
 VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quantile_basis": "tokens"}
+# the count, with prefill's queueing floor held to its prompt tokens' burst too (docs/sizing.md)
+VARIANTS["fleetplan (ensemble) floor-tokens"] = {"load_predictor": "ensemble", "quantile_basis": "floor_tokens"}
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
 # decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)
 VARIANTS["fleetplan (ensemble) decode-window"] = {"load_predictor": "ensemble", "decode_demand": "window"}

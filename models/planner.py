@@ -344,7 +344,7 @@ class Planner:
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
-            work = _work_series(cfg)
+            work, window_work = _work_series(cfg), _window_series(cfg)
             of = {w: state.forecaster.quantile(cfg.sizing_quantile, horizon, of=f"peak{w}")
                   for w in dict.fromkeys(w for role in cfg.roles for w in work[role])}
             sized = {role: max(forecast[0], *(of[w] for w in work[role])) for role in cfg.roles}
@@ -355,9 +355,10 @@ class Planner:
             utilization = _sizing_utilization(cfg, coverage)
 
             def window_of(role: str) -> float:
-                # each series has its own adaptive level: the window's is held under the burst's
-                return min(sized[role], max(forecast[0], *(state.forecaster.quantile(
-                    cfg.sizing_quantile, horizon, of=f"window{w}") for w in work[role])))
+                # each series has its own adaptive level: the window's is held under its burst's
+                series = window_work[role]
+                return min(max(forecast[0], *(of[w] for w in series)), max(forecast[0], *(
+                    state.forecaster.quantile(cfg.sizing_quantile, horizon, of=f"window{w}") for w in series)))
 
             if _bursts_to_queueing(cfg):
                 window = window_of("prefill")  # only prefill's rate count takes it (propose_throughput)
@@ -597,15 +598,32 @@ def _bursts_to_queueing(cfg: PlannerConfig) -> bool:
 
 
 def _work_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
-    """Per role, the suffixes of the quantile series its count is sized on (the larger wins).
+    """Per role, the suffixes of the burst quantile series its count is sized on (the larger wins).
 
     ``quantile_basis: requests``: the request count for every role.
     ``tokens``: prefill's prompt tokens, decode's answer tokens, and both for
     an aggregated engine, which does both kinds of work.
+    ``floor_tokens``: the request count, and for prefill, where its queueing
+    floor takes the burst and its rate count the window
+    (``_bursts_to_queueing``), its prompt tokens too: the floor has no
+    headroom of its own to carry prompts longer than forecast, while the
+    rate count's ``utilization`` already carries a few percent of them.
     """
-    if cfg.quantile_basis == "requests":
-        return {role: ("",) for role in cfg.roles}
-    return {role: tuple(f":{w}" for w in role_work(role)) for role in cfg.roles}
+    if cfg.quantile_basis == "tokens":
+        return {role: tuple(f":{w}" for w in role_work(role)) for role in cfg.roles}
+    work = {role: ("",) for role in cfg.roles}
+    if cfg.quantile_basis == "floor_tokens" and _bursts_to_queueing(cfg):
+        work["prefill"] = ("", ":prompt")
+    return work
+
+
+def _window_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
+    """Per role, the suffixes of the window quantile series its rate count (decode's counts, with
+    ``decode_demand`` other than ``burst``) is sized on: the tokens' with ``quantile_basis: tokens``,
+    the request count's otherwise (with ``floor_tokens`` the prompt tokens are the floor's alone)."""
+    if cfg.quantile_basis == "tokens":
+        return _work_series(cfg)
+    return {role: ("",) for role in cfg.roles}
 
 
 def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:

@@ -938,6 +938,43 @@ def test_the_token_basis_sizes_prefill_for_the_prompts_and_decode_for_the_answer
         c.estimates["prefill"].rate_replicas for c, _ in late)
 
 
+def test_the_floor_token_basis_holds_the_queueing_floor_to_the_prompts_and_the_rate_count_to_the_count(make_fleet):
+    """With ``floor_tokens`` prefill's queueing floor, which carries no headroom, sizes for the
+    larger of the count's burst P90 and the prompt tokens'; its rate count, whose utilisation is the
+    headroom, stays on the count's window P90, and decode on the count. Prompts half as long again
+    every other window, the count steady: the floor sizes above the count, the rate count does not."""
+    kw = {"throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20, "sizing": "fleetplan"}
+    by_count = _prompt_swings(make_fleet(quantile_basis="requests", **kw), 12)
+    floor_fleet = make_fleet(quantile_basis="floor_tokens", **kw)
+    by_floor = _prompt_swings(floor_fleet, 12)
+    assert len(by_count) == len(by_floor) == 13
+    late = list(zip(by_count[4:], by_floor[4:], strict=True))
+    for c, f in late:
+        assert f.predicted.rps == c.predicted.rps and f.predicted.isl == c.predicted.isl
+        assert f.predicted.window_sized_rps == c.predicted.window_sized_rps is not None
+        assert f.estimates["prefill"].rate_replicas == c.estimates["prefill"].rate_replicas
+        assert f.estimates["decode"] == c.estimates["decode"]
+        # sized_rps reports what the floor sized for: the prompts' P90, over the count's
+        assert f.predicted.sized_rps > 1.15 * c.predicted.sized_rps
+        assert f.estimates["prefill"].queueing_replicas >= c.estimates["prefill"].queueing_replicas
+    assert sum(f.estimates["prefill"].queueing_replicas for _, f in late) > sum(
+        c.estimates["prefill"].queueing_replicas for c, _ in late)
+    asked = {of for _, _, of in _state(floor_fleet).forecaster.last_asked}
+    assert asked == {"peak", "peak:prompt", "window"}
+
+
+@pytest.mark.parametrize("change", [{"burst_sizing": "both"}, {"prefill_sizing": "rate"}, {"burst_window_seconds": 0}])
+def test_the_floor_token_basis_is_the_request_basis_where_no_floor_takes_the_burst(make_fleet, change):
+    """Where prefill's queueing floor does not take the burst apart from the rate count (no floor,
+    no burst sub-window, or the rate count sized for the burst as well), the prompts would reach the
+    rate count and its headroom twice: ``floor_tokens`` then sizes as ``requests`` does, to the bit."""
+    kw = {"throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20, "sizing": "fleetplan",
+          **change}
+    by_count = _prompt_swings(make_fleet(quantile_basis="requests", **kw), 8)
+    by_floor = _prompt_swings(make_fleet(quantile_basis="floor_tokens", **kw), 8)
+    assert by_floor == by_count and len(by_count) == 9
+
+
 def test_the_request_basis_asks_the_counts_series_alone(make_fleet):
     """The default asks the count's quantiles alone (the burst's and the window's) and sizes every
     role for them, as before the field."""

@@ -156,15 +156,16 @@ GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER, "departu
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
 # the defaults with each role sized for the quantile of its own tokens (docs/sizing.md); asked for by name
 VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quantile_basis": "tokens"}
-# the count, with prefill's queueing floor held to its prompt tokens' burst too (docs/sizing.md)
-VARIANTS["fleetplan (ensemble) floor-tokens"] = {"load_predictor": "ensemble", "quantile_basis": "floor_tokens"}
+# the default until 2026-12-06: every count on the request count, prefill's queueing floor too (docs/sizing.md)
+VARIANTS["fleetplan (ensemble) requests-basis"] = {"load_predictor": "ensemble", "quantile_basis": "requests"}
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
+# decode's demand, as measured before quantile_basis: floor_tokens (on the request basis):
 # decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)
-VARIANTS["fleetplan (ensemble) decode-window"] = {"load_predictor": "ensemble", "decode_demand": "window"}
+VARIANTS["fleetplan (ensemble) decode-window"] = {**VARIANTS["fleetplan (ensemble) requests-basis"], "decode_demand": "window"}
 # decode's slot-wait count held to the share of the window's requests that wait too long (docs/sizing.md;
 # the default since 2026-12-06), and the default before it, whose rows bench/results/decode-weighted keeps
-VARIANTS["fleetplan (ensemble) decode-weighted"] = {"load_predictor": "ensemble", "decode_demand": "weighted"}
-VARIANTS["fleetplan (ensemble) decode-burst"] = {"load_predictor": "ensemble", "decode_demand": "burst"}
+VARIANTS["fleetplan (ensemble) decode-weighted"] = {**VARIANTS["fleetplan (ensemble) requests-basis"], "decode_demand": "weighted"}
+VARIANTS["fleetplan (ensemble) decode-burst"] = {**VARIANTS["fleetplan (ensemble) requests-basis"], "decode_demand": "burst"}
 # both: each role on its own tokens' quantile, decode on the window's rather than the busiest minute's
 VARIANTS["fleetplan (ensemble) tokens decode-window"] = {**VARIANTS["fleetplan (ensemble) tokens"], "decode_demand": "window"}
 

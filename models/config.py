@@ -195,10 +195,10 @@ class PlannerConfig(BaseModel):
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)
     # what the sizing quantile is of: "requests", the request count; "tokens", each role's work,
     # the count scaled by how far each window's mean prompt (prefill) or answer (decode) ran over
-    # its forecast, so a window of longer prompts is not read as covered; "floor_tokens", the
-    # count, and for prefill's queueing floor the larger of the count and its prompt tokens
-    # (docs/sizing.md)
-    quantile_basis: Literal["requests", "tokens", "floor_tokens"] = "requests"
+    # its forecast, so a window of longer prompts is not read as covered; "floor_tokens" (the
+    # default since 2026-12-06), the count, and for prefill's queueing floor, which has no headroom
+    # of its own, the larger of the count and its prompt tokens (docs/sizing.md)
+    quantile_basis: Literal["requests", "tokens", "floor_tokens"] = "floor_tokens"
     sizing_quantile_adapt_rate: float = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
     startup_seconds: float = Field(120.0, ge=0, le=MAX_STARTUP_SECONDS, allow_inf_nan=False)
     burst_window_seconds: int = Field(60, ge=0)

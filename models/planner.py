@@ -344,7 +344,7 @@ class Planner:
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
-            work, window_work = _work_series(cfg), _window_series(cfg)
+            work, window_work = work_series(cfg), window_series(cfg)
             of = {w: state.forecaster.quantile(cfg.sizing_quantile, horizon, of=f"peak{w}")
                   for w in dict.fromkeys(w for role in cfg.roles for w in work[role])}
             sized = {role: max(forecast[0], *(of[w] for w in work[role])) for role in cfg.roles}
@@ -597,7 +597,7 @@ def _bursts_to_queueing(cfg: PlannerConfig) -> bool:
             and cfg.prefill_sizing == "queueing" and "prefill" in cfg.roles)
 
 
-def _work_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
+def work_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
     """Per role, the suffixes of the burst quantile series its count is sized on (the larger wins).
 
     ``quantile_basis: requests``: the request count for every role.
@@ -617,12 +617,12 @@ def _work_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
     return work
 
 
-def _window_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
+def window_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
     """Per role, the suffixes of the window quantile series its rate count (decode's counts, with
     ``decode_demand`` other than ``burst``) is sized on: the tokens' with ``quantile_basis: tokens``,
     the request count's otherwise (with ``floor_tokens`` the prompt tokens are the floor's alone)."""
     if cfg.quantile_basis == "tokens":
-        return _work_series(cfg)
+        return work_series(cfg)
     return {role: ("",) for role in cfg.roles}
 
 

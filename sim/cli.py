@@ -523,6 +523,7 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fleetplan.sim import experiment
+    from fleetplan.sim.forecast_check import sized_basis
     from fleetplan.sim.policy import PolicyError
     from fleetplan.sim.report import write_report
 
@@ -585,7 +586,7 @@ def _execute(run: dict, out: Path | None, as_json: bool, baselines: bool, oracle
         arrivals = [(w.t, w.num_req, w.duration_s) for w in sizing.traffic]
         title = f"fleetplan simulate: {run['policy']} on {workload.name} ({setup.config.mode}, {run['profile']})"
         write_report(out / "report.html", ordered, setup.config.ttft_ms, setup.config.itl_ms, sizing.window_s, arrivals,
-                     title, sized_basis=setup.config.quantile_basis)
+                     title, sized_basis=sized_basis(setup.config))
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:

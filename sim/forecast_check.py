@@ -23,7 +23,10 @@ requests is not what they promise to cover: a sub-window is then read as
 the most work any role's lengths give (its prompt tokens over the
 forecast prompt, its answer tokens over the forecast answer), as the sized
 rate is the most any role was sized for; the window's P90 (prefill's) on
-its prompt tokens.
+its prompt tokens. With ``floor_tokens`` the sized rate is the larger of
+the count's quantile and the prompt tokens' (prefill's queueing floor), so
+a sub-window is read as the larger of its requests and its prompt tokens;
+the window's P90, the rate count's, is of the count.
 
 Sub-windows are aligned to multiples of the burst length on the run's
 clock, as the core's are; ticks whose horizon runs past the end of the
@@ -37,9 +40,12 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
-from fleetplan.models.quantiles import role_work
+from fleetplan.models.planner import work_series
 
-__all__ = ["forecast_coverage", "run_coverage", "coverage_line"]
+__all__ = ["forecast_coverage", "run_coverage", "coverage_line", "sized_basis"]
+
+# the planner's quantile series (their suffixes, ``work_series``) as the arrivals' kinds of work
+SERIES_KIND = {"": "requests", ":prompt": "isl", ":answer": "osl"}
 
 
 def forecast_coverage(
@@ -57,9 +63,10 @@ def forecast_coverage(
     ``burst_s`` is the core's burst sub-window (``PlannerConfig.burst_seconds``;
     0 sizes the window's mean) and ``quantile`` the sizing quantile (None when
     the run sizes the point). ``work`` (``quantile_basis: tokens``: the
-    lengths the fleet's roles work on, ``"isl"`` and/or ``"osl"``) scores the
-    quantiles on those tokens, ``arrivals`` then being ``(time, isl, osl)``.
-    None when no tick can be scored.
+    lengths the fleet's roles work on, ``"isl"`` and/or ``"osl"``;
+    ``floor_tokens``: ``"requests"`` and ``"isl"``) scores the sized rate on
+    the most of those kinds of work a sub-window brought, ``arrivals`` then
+    being ``(time, isl, osl)``. None when no tick can be scored.
     """
     burst = burst_s if burst_s > 0 else interval_s
     if work is None:
@@ -87,7 +94,8 @@ def forecast_coverage(
             window_peak = _peak(times, interval_s, t, end, aligned_at=t) if "window_sized_rps" in row else 0
         else:  # the busiest sub-window's work, in requests of the lengths forecast at the tick
             peak = max(_work_peak(times, tokens, row, k, burst, t, end) for k in work)
-            window_peak = _work_peak(times, tokens, row, "isl", interval_s, t, end, aligned_at=t) \
+            window_kind = "requests" if "requests" in work else "isl"  # what prefill's rate count is of
+            window_peak = _work_peak(times, tokens, row, window_kind, interval_s, t, end, aligned_at=t) \
                 if "window_sized_rps" in row else 0
         sized.add(peak / burst > row["sized_rps"], row)
         if "window_sized_rps" in row:
@@ -104,8 +112,8 @@ def forecast_coverage(
     }
     if sized.counts["scored"]:
         out["sized"] = {"quantile": quantile, "burst_s": burst, **sized.summary()}
-        if work is not None:
-            out["sized"]["basis"] = "tokens"  # of the roles' tokens, not the requests
+        if work is not None:  # of the roles' tokens, or of the count and prefill's prompt tokens
+            out["sized"]["basis"] = _basis_of(work)
         # the planner's own score of its conformal quantiles at its last tick (models/quantiles.py
         # ``exceedances``): what a live deployment reports, beside the simulator's count
         live = next((row["quantile_exceeded"] for row in reversed(ticks) if "quantile_exceeded" in row), None)
@@ -151,22 +159,34 @@ def run_coverage(result, workload, config) -> dict | None:
 
 
 def _work_of(config) -> tuple[str, ...] | None:
-    """The lengths whose tokens the run's sizing quantile is of: None for the request count.
+    """What the run's sizing quantile is of: None for the request count alone; else the kinds
+    (``"requests"``, ``"isl"``, ``"osl"``) whose largest the sized rate covers.
 
-    As the planner sizes them (``quantile_basis: tokens``): prefill on the
-    prompts, decode on the answers, an aggregated engine on both.
+    As the planner sizes them (``models.planner.work_series``): with
+    ``quantile_basis: tokens`` prefill on the prompts, decode on the answers,
+    an aggregated engine on both; with ``floor_tokens`` every role on the
+    count and prefill's queueing floor on its prompt tokens too.
     """
-    if config.quantile_basis != "tokens":
-        return None
-    length = {"prompt": "isl", "answer": "osl"}
-    return tuple(dict.fromkeys(length[w] for role in config.roles for w in role_work(role)))
+    kinds = tuple(dict.fromkeys(SERIES_KIND[w] for series in work_series(config).values() for w in series))
+    return None if kinds == ("requests",) else kinds
+
+
+def sized_basis(config) -> str:
+    """What the run's sized rate is of, as the planner applied its ``quantile_basis``: ``requests``,
+    ``tokens``, or ``floor_tokens`` (``requests`` where no queueing floor took the burst apart)."""
+    work = _work_of(config)
+    return "requests" if work is None else _basis_of(work)
+
+
+def _basis_of(work: tuple[str, ...]) -> str:
+    return "floor_tokens" if "requests" in work else "tokens"
 
 
 def _work_peak(times, tokens, row: dict, kind: str, burst: float, start: float, end: float,
                aligned_at: float = 0.0) -> float:
     """The busiest sub-window's ``kind`` tokens over the tick's forecast mean of them: requests of
     the forecast length. Where the tick forecast none, its requests, as the planner's ratio of 1."""
-    value = row.get(f"predicted_{kind}") or 0.0
+    value = 0.0 if kind == "requests" else row.get(f"predicted_{kind}") or 0.0
     if not (math.isfinite(value) and value > 0):
         return _peak(times, burst, start, end, aligned_at=aligned_at)
     return _peak(times, burst, start, end, aligned_at=aligned_at, tokens=tokens[kind]) / value
@@ -186,7 +206,8 @@ def coverage_line(coverage: dict | None) -> str | None:
     sized = coverage.get("sized")
     if sized:
         q = "the sized rate" if sized["quantile"] is None else f"the P{100 * sized['quantile']:g}"
-        of = " (tokens, the most any role's)" if sized.get("basis") == "tokens" else ""
+        of = {"tokens": " (tokens, the most any role's)",
+              "floor_tokens": " (requests or prefill's prompt tokens, the more)"}.get(sized.get("basis"), "")
         parts.append(_misses_text(f"{q} of the busiest {sized['burst_s']:g} s{of} over the startup horizon", sized))
     window = coverage.get("window")
     if window:

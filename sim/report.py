@@ -43,7 +43,8 @@ def write_report(
     """``results[0]`` is the main policy; ``arrivals`` is (window start, count) per window, or
     (window start, count, seconds the window covers) where the last one is cut short.
     ``sized_basis`` is the main run's ``quantile_basis``: with ``tokens`` its sized-for lines
-    are of the roles' tokens, in requests of the forecast lengths, and say so."""
+    are of the roles' tokens, in requests of the forecast lengths, and say so; with
+    ``floor_tokens`` the sized-for line is the larger of the count's and prefill's prompt tokens'."""
     horizon = max(r.end_s for r in results)
     fig = make_subplots(
         rows=6, cols=1, shared_xaxes=True, vertical_spacing=0.035,
@@ -65,11 +66,12 @@ def write_report(
     # for: the upper quantile of the busiest burst window over the startup horizon, above the point;
     # "window sized-for" the window count's, which prefill's rate count sizes for (burst_sizing: queueing)
     tokens = sized_basis == "tokens"
+    sized_of = {"tokens": "; tokens, the most any role's",
+                "floor_tokens": "; requests or prefill's prompt tokens, the more"}.get(sized_basis, "")
     for key, name, color, dash in (
         ("observed_rps", "observed rps (planner)", "#444444", "dot"),
         ("predicted_rps", "predicted rps (planner)", "#1f77b4", "dash"),
-        ("sized_rps", "sized-for rps (planner" + ("; tokens, the most any role's)" if tokens else ")"),
-         "#d62728", "dash"),
+        ("sized_rps", f"sized-for rps (planner{sized_of})", "#d62728", "dash"),
         ("window_sized_rps", "window sized-for rps (prefill rate count" + ("; prompt tokens)" if tokens else ")"),
          "#ff7f0e", "dot"),
     ):

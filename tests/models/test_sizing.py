@@ -976,10 +976,10 @@ def test_the_floor_token_basis_is_the_request_basis_where_no_floor_takes_the_bur
 
 
 def test_the_request_basis_asks_the_counts_series_alone(make_fleet):
-    """The default asks the count's quantiles alone (the burst's and the window's) and sizes every
-    role for them, as before the field."""
+    """The request basis (the default until 2026-12-06) asks the count's quantiles alone (the
+    burst's and the window's) and sizes every role for them, as before the field."""
     kw = {"throughput_sizing": "startup_quantile", "max_throughput_scaling_replicas": 20, "sizing": "fleetplan"}
-    fleet = make_fleet(**kw)
+    fleet = make_fleet(quantile_basis="requests", **kw)
     ticks = _prompt_swings(fleet, 6)
     assert fleet.planner.config.quantile_basis == "requests"
     asked = {of for _, _, of in _state(fleet).forecaster.last_asked}

@@ -372,6 +372,29 @@ def test_rate_scale_shift_keeps_the_traces_minutes_and_is_in_the_summary(tmp_pat
     assert kept.std() / kept.mean() > 2 * flat.std() / flat.mean()
 
 
+@pytest.mark.parametrize(("extra", "label"), [
+    ("burst_window_seconds: 20\n", "sized-for rps (planner; requests or prefill's prompt tokens, the more)"),
+    ("burst_window_seconds: 20\nquantile_basis: requests\n", "sized-for rps (planner)"),
+    # the quickstart's: a burst sub-window as long as its 60-s ticks, so no queueing floor takes the
+    # burst apart from the rate count, and floor_tokens sizes as requests does
+    ("", "sized-for rps (planner)"),
+])
+def test_the_reports_sized_line_says_what_the_run_sized_for(tmp_path, extra, label):
+    """The default, floor_tokens, sizes prefill's queueing floor for the larger of the count and
+    its prompt tokens, and the report's sized-for line says so where the planner applied it."""
+    config = tmp_path / "c.yaml"
+    config.write_text(QUICKSTART.read_text() + "\n" + extra)
+    out = tmp_path / "run"
+    result = simulate("--trace", CODE, "--config", config, "--duration", 180, "--rate-scale", 2,
+                      "--no-baselines", "--json", "--out", out)
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text().replace("\\u0027", "'")
+    assert label in html
+    others = {"sized-for rps (planner; requests or prefill's prompt tokens, the more)",
+              "sized-for rps (planner; tokens, the most any role's)"} - {label}
+    assert not any(other in html for other in others)
+
+
 def test_a_token_basis_runs_report_says_its_sized_line_is_of_tokens(tmp_path):
     """The run's quantile_basis reaches the report: its sized-for line is of the roles' tokens."""
     config = tmp_path / "c.yaml"

@@ -95,10 +95,15 @@ def test_nothing_to_score():
     assert coverage_line(out).startswith("forecast: point forecast off by 0.0 %")
 
 
-def test_the_planners_own_count_of_its_exceeded_quantiles_is_the_simulators(tmp_path):
+@pytest.mark.parametrize(("basis", "simulator"), [("requests", (4, 44)), ("floor_tokens", (3, 44))])
+def test_the_planners_own_count_of_its_exceeded_quantiles_is_the_simulators(tmp_path, basis, simulator):
     """What a live deployment reports (``predicted.quantile_exceeded``, scored by the forecaster as
     each quantile's windows close) is what the simulator counts afterwards from the arrivals: the
-    conformal P90s of the busiest 5 s over the horizon, 4 of 44 exceeded on Azure code at 10-s ticks."""
+    conformal P90s of the busiest 5 s over the horizon, 4 of 44 exceeded on Azure code at 10-s ticks.
+    With ``floor_tokens`` the sized rate is the larger of two quantiles (the count's and prefill's
+    prompt tokens'): the planner reports the record of the one that was larger at its last tick
+    (4 of 44), the simulator reads each sub-window as the larger of its requests and
+    its prompt tokens against the larger quantile (3 of 44), so the two counts need not agree."""
     import orjson
     from typer.testing import CliRunner
 
@@ -108,15 +113,17 @@ def test_the_planners_own_count_of_its_exceeded_quantiles_is_the_simulators(tmp_
     _register_optional()
     config = tmp_path / "fast.yaml"
     config.write_text("throughput_adjustment_interval_seconds: 10\nload_adjustment_interval_seconds: 5\n"
-                      "burst_window_seconds: 5\nstartup_seconds: 20\nenable_load_scaling: false\n")
+                      "burst_window_seconds: 5\nstartup_seconds: 20\nenable_load_scaling: false\n"
+                      f"quantile_basis: {basis}\n")
     result = CliRunner().invoke(app, [
         "simulate", "--trace", str(CODE), "--profile", "h200-llama3.1-8b", "--config", str(config),
         "--rate-scale", "20", "--startup", "15", "--out", str(tmp_path / "run"), "--json", "--no-baselines",
     ])
     assert result.exit_code == 0, result.output
     sized = orjson.loads(result.stdout)["forecast"]["sized"]
-    assert (sized["planner_exceeded"], sized["planner_scored"]) == (sized["calibrated_exceeded"],
-                                                                     sized["calibrated_scored"]) == (4, 44)
+    assert (sized["planner_exceeded"], sized["planner_scored"]) == (4, 44)
+    assert (sized["calibrated_exceeded"], sized["calibrated_scored"]) == simulator
+    assert sized.get("basis", "requests") == basis
 
 
 # --- quantile_basis: tokens: the sized rate is of each role's tokens, not of the requests ---------
@@ -191,7 +198,10 @@ def test_run_coverage_reads_the_basis_from_the_config():
             "sized_rps": 12.0, "horizon_windows": 1, "quantile_calibrated": True}
     result = SimpleNamespace(ticks=[tick])
     kw = {"throughput_adjustment_interval_seconds": 180, "burst_window_seconds": 60}
-    assert run_coverage(result, workload, config_from_dict(kw))["sized"]["exceeded"] == 0
+    assert run_coverage(result, workload, config_from_dict({**kw, "quantile_basis": "requests"}))["sized"]["exceeded"] == 0
+    # the default, floor_tokens: the count (10) is covered, prefill's prompt tokens (15 rps of work) are not
+    floor = run_coverage(result, workload, config_from_dict(kw))["sized"]
+    assert (floor["exceeded"], floor["basis"]) == (1, "floor_tokens")
     assert run_coverage(result, workload, config_from_dict({**kw, "quantile_basis": "tokens"}))["sized"]["exceeded"] == 1
     # a fleet of one role is scored on its own work: the long prompts are prefill's, not decode's
     by_mode = {mode: run_coverage(result, workload, config_from_dict({**kw, "mode": mode, "quantile_basis": "tokens"}))

@@ -160,6 +160,8 @@ DOCUMENTED = {
     # prefill's rate count on the window's P90, the busiest minute left to the queueing floor:
     # conv at 1x goes from lost to a tie
     "fleetplan (ensemble)": {**BEFORE_WINDOW_RATE, ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie",
+                             # floor_tokens (2026-12-06): the same attainment for 5 % more, from won to a tie
+                             ("azure-conv-30min", 34.0, (200.0, 20.0)): "tie",
                              # the week's scored days, every forecaster warmed on the days before
                              ("servegen-m-large-24h-day4-warm4d", 0.1714, (500.0, 50.0)): "won",
                              ("servegen-m-large-24h-day5-warm5d", 0.1714, (500.0, 50.0)): "won",
@@ -219,16 +221,65 @@ DOCUMENTED_REVISION1 = {
 # committed files hold its rows, and bench/results/decode-weighted/burst.json every trace row as
 # decode_demand: burst, the default before, ran it (docs/sizing.md)
 BURST = VERDICTS.parent / "decode-weighted" / "burst.json"
+# quantile_basis: floor_tokens (the default since 2026-12-06) took the default's rows' places too;
+# bench/results/floor-tokens/requests.json keeps every row it replaced, as the request basis ran it
+REQUESTS = VERDICTS.parent / "floor-tokens" / "requests.json"
+
+
+def default_before(files: list[Path], *kept: tuple[Path, str]) -> dict[tuple, dict]:
+    """``read_runs`` of the default, its rows replaced by those of each ``(file, policy)`` in turn
+    where that file has one: the default as it was before the changes whose rows those files keep."""
+    groups = read_runs(files, "fleetplan (ensemble)")
+    for path, policy in kept:
+        before = read_runs([path], policy)
+        for key, group in groups.items():
+            if key in before:
+                group["default"] = before[key]["default"]
+    return groups
+
+
+def requests_default(files: list[Path]) -> dict[tuple, dict]:
+    """The default as it was with ``quantile_basis: requests`` (and ``decode_demand: weighted``)."""
+    return default_before(files, (REQUESTS, "fleetplan (ensemble) requests-basis"))
 
 
 def burst_default(files: list[Path]) -> dict[tuple, dict]:
-    """``read_runs`` of the default as it was with ``decode_demand: burst``; the days are the same."""
-    groups = read_runs(files, "fleetplan (ensemble)")
-    burst = read_runs([BURST], "fleetplan (ensemble) decode-burst")
-    for key, group in groups.items():
-        if key in burst:
-            group["default"] = burst[key]["default"]
-    return groups
+    """The default as it was with ``decode_demand: burst`` (on the request basis); the days are the same."""
+    return default_before(files, (REQUESTS, "fleetplan (ensemble) requests-basis"),
+                          (BURST, "fleetplan (ensemble) decode-burst"))
+
+
+# the trace rows floor_tokens moved: (workload, scale, SLA) -> (GPU-hours more, points more)
+FLOOR_TOKENS_MOVED = {
+    ("azure-code-30min", 45.0, (500.0, 50.0)): (0.05, 0.0),
+    ("azure-code-30min-seed2", 50.0, (500.0, 50.0)): (0.05, 0.81),
+    ("azure-code-30min-shift30", 19.0, (500.0, 50.0)): (0.38, 0.0),
+    ("azure-conv-30min", 30.6, (200.0, 20.0)): (0.0, 0.0),
+    ("azure-conv-30min", 34.0, (200.0, 20.0)): (0.3, 0.07),
+    ("azure-conv-30min", 34.0, (500.0, 50.0)): (0.05, 0.0),
+    ("azure-conv-30min", 37.4, (200.0, 20.0)): (0.0, 0.0),
+    ("azure-conv-30min-shift30", 27.0, (500.0, 50.0)): (0.35, 12.8),
+    ("azure-conv-30min-shift30", 34.0, (500.0, 50.0)): (0.35, 10.04),
+    ("azure-conv-30min-shift30-seed1", 34.0, (500.0, 50.0)): (0.45, 28.31),
+    ("azure-conv-30min-shift30-seed2", 34.0, (500.0, 50.0)): (0.45, 28.92),
+}
+
+
+def test_floor_tokens_moved_eleven_trace_rows_and_none_meets_less():
+    """docs/sizing.md: every trace row the default ran on the request basis, run again with
+    floor_tokens: 33 to the bit, 11 spend more on prefill's floor (up to 0.45 GPU-hours) for as
+    much attainment or more, up to 29 points more on conv with its shape kept."""
+    files = [*RECORDED, *SHAPE_KEPT, *DRAWS]
+    now, before = read_runs(files, "fleetplan (ensemble)"), read_runs([REQUESTS], "fleetplan (ensemble) requests-basis")
+    traces = {key for key in before if not key[0].startswith("servegen")}
+    assert len(traces) == 44
+    moved = {}
+    for key in traces:
+        (gpu0, att0), (gpu, att) = before[key]["default"], now[key]["default"]
+        if (gpu, att) != (gpu0, att0):
+            assert gpu > gpu0 and att >= att0, key
+            moved[(key[0], round(key[1], 1), key[2])] = (round(gpu - gpu0, 2), round((att - att0) * 100, 2))
+    assert moved == FLOOR_TOKENS_MOVED
 
 
 def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
@@ -236,7 +287,7 @@ def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
     bit, 11 cheaper by 0.0005-0.29 GPU-hours (decode engines), and none meets less but spread
     Mooncake with its shape kept at seed 2 (0.05 points, for 0.05 GPU-hours less)."""
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS]  # module constants, defined with their tests below
-    now, before = read_runs(files, "fleetplan (ensemble)"), read_runs([BURST], "fleetplan (ensemble) decode-burst")
+    now, before = requests_default(files), read_runs([BURST], "fleetplan (ensemble) decode-burst")
     assert len(before) == 44
     moved = {}
     for key, group in before.items():
@@ -407,8 +458,8 @@ TOKENS = VERDICTS.parent / "tokens" / "tokens.json"
 FLAT_TRACES = [VERDICTS / name for name in ("azure-conv-500-50.json", "azure-code-500-50.json", "mooncake-500-50.json")]
 SLA = (500.0, 50.0)
 SHAPE_KEPT_VERDICTS = {
-    "fleetplan (ensemble)": {
-        ("azure-conv-30min-shift30", 34.0, SLA): "lost", ("azure-conv-30min-shift30", 27.0, SLA): "lost",
+    "fleetplan (ensemble)": {  # floor_tokens (2026-12-06) turned conv x34 from lost to a tie
+        ("azure-conv-30min-shift30", 34.0, SLA): "tie", ("azure-conv-30min-shift30", 27.0, SLA): "lost",
         ("azure-code-30min-shift30", 50.0, SLA): "won", ("azure-code-30min-shift30", 19.0, SLA): "won",
         ("mooncake-conv-30min-shift30", 6.0, SLA): "won", ("mooncake-conv-30min-spread-shift30", 6.0, SLA): "lost",
     },
@@ -432,9 +483,10 @@ def test_the_shape_kept_runs_give_the_documented_verdicts(default):
     assert found == expected
 
 
-# docs/sizing.md's tally of the token basis over the recorded verdicts' rows, beside the default's
+# docs/sizing.md's tally of the token basis over the recorded verdicts' rows, beside the default's of
+# then (the request basis, as requests.json keeps it)
 TALLIES = {
-    "fleetplan (ensemble)": {"traces": {"won": 5, "tie": 12, "lost": 3}, "servegen": {"won": 9, "tie": 1}},
+    "fleetplan (ensemble) requests-basis": {"traces": {"won": 5, "tie": 12, "lost": 3}, "servegen": {"won": 9, "tie": 1}},
     "fleetplan (ensemble) tokens": {"traces": {"won": 5, "tie": 11, "lost": 4}, "servegen": {"won": 9, "lost": 1}},
     "fleetplan (ensemble) tokens util0.9": {"traces": {"won": 6, "tie": 8, "lost": 6}, "servegen": {}},  # not run
 }
@@ -442,7 +494,8 @@ TALLIES = {
 
 @pytest.mark.parametrize("default", sorted(TALLIES))
 def test_the_token_basis_tallies_the_docs_state(default):
-    groups = read_runs([*RECORDED, TOKENS], default)
+    groups = (requests_default([*RECORDED, TOKENS]) if default.endswith("requests-basis")
+              else read_runs([*RECORDED, TOKENS], default))
     tally: dict[str, dict[str, int]] = {"traces": {}, "servegen": {}}
     for (workload, _, _), group in groups.items():
         if group["default"] is None or "shift" in workload:
@@ -482,13 +535,15 @@ DRAW_VERDICTS = {
     # decode_demand: weighted (2026-12-06) turned both seed-1 losses into ties: burst's 5th decode engine
     ("mooncake-conv-30min", 6.0): {0: "won", 1: "tie", 2: "won"},
     ("mooncake-conv-30min-spread", 6.0): {0: "tie", 1: "tie", 2: "lost"},
-    ("azure-conv-30min-shift30", 34.0): {0: "lost", 1: "lost", 2: "lost"},
+    # quantile_basis: floor_tokens (2026-12-06) turned seed 0 into a tie; 1 and 2 are lost by 2 points, not 18-25
+    ("azure-conv-30min-shift30", 34.0): {0: "tie", 1: "lost", 2: "lost"},
     ("mooncake-conv-30min-spread-shift30", 6.0): {0: "lost", 1: "won", 2: "lost"},
     # seed 0 on revision 2 against the constant's sweep, seed 1 on revision 5 against three predictors
     ("servegen-m-large-24h", 0.1714): {0: "won", 1: "won"},
     ("servegen-m-mid-24h", 0.0667): {0: "won", 1: "won"},
     **{(f"servegen-m-large-24h-day{d}-warm{d}d", 0.1714): {0: "won", 1: "won"} for d in (4, 5, 6)},
-    # m-mid's warm day 5, a tie at seed 0, is lost at seed 1; day 6 is won at both (day 4 not drawn)
+    # m-mid's warm day 5, a tie at seed 0, is lost at seed 1; days 4 and 6 are won at both
+    ("servegen-m-mid-24h-day4-warm4d", 0.0667): {0: "won", 1: "won"},
     ("servegen-m-mid-24h-day5-warm5d", 0.0667): {0: "tie", 1: "lost"},
     ("servegen-m-mid-24h-day6-warm6d", 0.0667): {0: "won", 1: "won"},
 }
@@ -505,16 +560,18 @@ def test_the_draws_give_the_documented_verdicts():
 
 def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():
     """docs/forecasting.md and benchmarks.md: each predictor's frontier read at the default's
-    GPU-hours, day 0, m-large's warm days and m-mid's day 6, the frozen ARIMA that does not hold the
-    m-large day, and m-mid's warm day 5, which is lost."""
+    GPU-hours, day 0, the warm days but m-mid's 5th, the frozen ARIMA that does not hold the
+    m-large day, and m-mid's warm day 5, which is lost. The default's rows are floor_tokens's
+    (2026-12-06); the request basis's, in floor-tokens/requests.json, give the same verdicts."""
     groups = read_runs(DRAWS, "fleetplan (ensemble)")
     stated = {
-        "servegen-m-large-24h-seed1": ((487.66, 97.89), {"arima_frozen": None, "constant": 96.60, "kalman": 96.10}),
-        "servegen-m-mid-24h-seed1": ((669.80, 97.36), {"arima_frozen": 93.07, "constant": 95.10, "kalman": 95.17}),
-        "servegen-m-large-24h-day4-warm4d-seed1": ((501.98, 96.70), {"constant": 95.70, "kalman": 95.68}),
-        "servegen-m-large-24h-day5-warm5d-seed1": ((631.11, 93.85), {"constant": 92.83, "kalman": 92.78}),
-        "servegen-m-large-24h-day6-warm6d-seed1": ((480.31, 95.92), {"constant": 95.10, "kalman": 95.27}),
-        "servegen-m-mid-24h-day6-warm6d-seed1": ((442.84, 96.36), {"constant": 95.89}),
+        "servegen-m-large-24h-seed1": ((490.90, 97.94), {"arima_frozen": None, "constant": 96.69, "kalman": 96.17}),
+        "servegen-m-mid-24h-seed1": ((677.10, 97.51), {"arima_frozen": 93.20, "constant": 95.29, "kalman": 95.33}),
+        "servegen-m-large-24h-day4-warm4d-seed1": ((501.42, 96.77), {"constant": 95.70, "kalman": 95.67}),
+        "servegen-m-large-24h-day5-warm5d-seed1": ((635.36, 93.95), {"constant": 92.87, "kalman": 92.82}),
+        "servegen-m-large-24h-day6-warm6d-seed1": ((480.99, 95.93), {"constant": 95.12, "kalman": 95.28}),
+        "servegen-m-mid-24h-day4-warm4d-seed1": ((417.18, 96.43), {"constant": 94.71, "kalman": 93.82}),
+        "servegen-m-mid-24h-day6-warm6d-seed1": ((445.53, 96.45), {"constant": 95.93}),
     }
     for (workload, _, sla), group in groups.items():
         if workload in stated:
@@ -525,12 +582,16 @@ def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():
             assert {p: None if a is None else round(a * 100, 2) for p, (a, _) in readings.items()} == at_spend
             assert all(cost is None for _, cost in readings.values())  # none reaches the default's attainment
     assert not stated
-    # m-mid's warm day 5 is the one lost: the constant meets the default's 96.26 % from 377.20
-    # GPU-hours, 3.1 % under its 389.13, and Kalman meets 95.75 % at that spend
+    # m-mid's warm day 5 is the one lost: the constant meets the default's 96.27 % from 377.95
+    # GPU-hours, 3.1 % under its 390.04 (on the request basis 96.26 % at 389.13, from 377.20)
     day5 = groups[("servegen-m-mid-24h-day5-warm5d-seed1", 0.0667, SLA)]
     found, readings = verdict(day5["default"], day5["refs"], TIE_POINTS, TIE_COST)
-    assert (found, round(day5["default"][0], 2), round(day5["default"][1] * 100, 2)) == ("lost", 389.13, 96.26)
-    assert round(readings["constant"][1], 2) == 377.20 and round(readings["kalman"][0] * 100, 2) == 95.75
+    assert (found, round(day5["default"][0], 2), round(day5["default"][1] * 100, 2)) == ("lost", 390.04, 96.27)
+    assert round(readings["constant"][1], 2) == 377.95 and readings["kalman"][0] is None  # its sweep ends at 389.35
+    before = requests_default(DRAWS)
+    assert {w: verdict(g["default"], g["refs"], TIE_POINTS, TIE_COST)[0] for (w, _, _), g in before.items()
+            if w.startswith("servegen")} == {w: verdict(g["default"], g["refs"], TIE_POINTS, TIE_COST)[0]
+                                             for (w, _, _), g in groups.items() if w.startswith("servegen")}
     large = [r for r in json.loads((VERDICTS.parent / "draws" / "servegen-500-50.json").read_text())["rows"]
              if r["workload"] == "servegen-m-large-24h-seed1" and "arima_frozen" in r["policy"]]
     assert sorted(round(r["attainment"] * 100, 2) for r in large) == [59.38, 61.13]
@@ -542,7 +603,7 @@ def test_pooled_over_levels_and_draws_code_is_the_frozen_arimas_at_055():
     pools = pooled([VERDICTS / "azure-code-500-50.json", VERDICTS.parent / "draws" / "code-500-50.json"],
                    "fleetplan (ensemble)")[("azure-code-30min", SLA)]
     rounded = {p: (round(g, 2), round(a * 100, 2), round(w * 100, 2)) for p, (g, a, w) in pools.items()}
-    assert rounded["fleetplan (ensemble)"] == (60.73, 98.65, 97.28)
+    assert rounded["fleetplan (ensemble)"] == (60.83, 98.74, 97.28)  # (60.73, 98.65, 97.28) on the request basis
     assert rounded["reference forecast (arima_frozen) util0.55"] == (59.43, 98.92, 97.58)
     assert rounded["reference forecast (constant) util0.55"] == (59.44, 98.57, 95.52)
     assert rounded["reference forecast (kalman) util0.55"] == (60.08, 98.74, 96.98)
@@ -566,7 +627,7 @@ def test_decode_demand_tallies_the_docs_state(demand):
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS, DECODE_WINDOW]
     both = {key for key, group in read_runs(files, "fleetplan (ensemble) decode-window").items()
             if group["default"] is not None}
-    groups = {"burst": lambda: burst_default(files), "weighted": lambda: read_runs(files, "fleetplan (ensemble)"),
+    groups = {"burst": lambda: burst_default(files), "weighted": lambda: requests_default(files),
               "window": lambda: read_runs(files, "fleetplan (ensemble) decode-window")}[demand]()
     tally: dict[str, dict[str, int]] = {}
     for (workload, scale, sla), verdicts in by_draw(groups, TIE_POINTS, TIE_COST).items():
@@ -598,7 +659,7 @@ def test_decode_window_with_the_shape_kept_meets_what_the_docs_say():
 def test_decode_window_on_the_servegen_days_is_the_documented_loss():
     """docs/sizing.md: every day meets less for fewer GPU-hours, and two won days become ties."""
     files = [*RECORDED, DECODE_WINDOW]
-    default = read_runs(files, "fleetplan (ensemble)")
+    default = requests_default(files)
     window = read_runs(files, "fleetplan (ensemble) decode-window")
     days = sorted(key for key, group in window.items() if key[0].startswith("servegen") and group["default"])
     assert len(days) == 10

@@ -42,6 +42,18 @@ def test_the_tokens_row_is_the_default_with_the_token_basis_asked_for_by_name():
     ``quantile_basis: tokens`` and nothing else, run when named, not with the ablation's list."""
     tokens = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) tokens"]})
     default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
-    assert tokens.quantile_basis == "tokens" and default.quantile_basis == "requests"
-    assert tokens.model_copy(update={"quantile_basis": "requests"}) == default
+    assert tokens.quantile_basis == "tokens" and default.quantile_basis == "floor_tokens"
+    assert tokens.model_copy(update={"quantile_basis": "floor_tokens"}) == default
     assert "fleetplan (ensemble) tokens" not in ABLATION
+
+
+def test_the_rows_measured_on_the_request_basis_keep_it():
+    """``requests-basis`` is the default until 2026-12-06 (bench/results/floor-tokens), and decode's
+    demand variants were measured on it, so they keep it: run again, they give their committed rows."""
+    default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
+    before = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) requests-basis"]})
+    assert before == default.model_copy(update={"quantile_basis": "requests"})
+    for demand in ("window", "weighted", "burst"):
+        variant = config_from_dict({**SLA, **VARIANTS[f"fleetplan (ensemble) decode-{demand}"]})
+        assert variant == before.model_copy(update={"decode_demand": demand})
+    assert "fleetplan (ensemble) requests-basis" not in ABLATION

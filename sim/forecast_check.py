@@ -42,10 +42,12 @@ from itertools import accumulate
 
 from fleetplan.models.planner import work_series
 
-__all__ = ["forecast_coverage", "run_coverage", "coverage_line", "sized_basis"]
+__all__ = ["BASIS_TEXT", "forecast_coverage", "run_coverage", "coverage_line", "sized_basis"]
 
 # the planner's quantile series (their suffixes, ``work_series``) as the arrivals' kinds of work
 SERIES_KIND = {"": "requests", ":prompt": "isl", ":answer": "osl"}
+# what a sized rate of each basis but the request count's is of, as the summary line and the report name it
+BASIS_TEXT = {"tokens": "tokens, the most any role's", "floor_tokens": "requests or prefill's prompt tokens, the more"}
 
 
 def forecast_coverage(
@@ -206,8 +208,8 @@ def coverage_line(coverage: dict | None) -> str | None:
     sized = coverage.get("sized")
     if sized:
         q = "the sized rate" if sized["quantile"] is None else f"the P{100 * sized['quantile']:g}"
-        of = {"tokens": " (tokens, the most any role's)",
-              "floor_tokens": " (requests or prefill's prompt tokens, the more)"}.get(sized.get("basis"), "")
+        basis = BASIS_TEXT.get(sized.get("basis"))
+        of = f" ({basis})" if basis else ""
         parts.append(_misses_text(f"{q} of the busiest {sized['burst_s']:g} s{of} over the startup horizon", sized))
     window = coverage.get("window")
     if window:

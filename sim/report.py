@@ -22,6 +22,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from fleetplan.sim.forecast_check import BASIS_TEXT
 from fleetplan.sim.metrics import windowed
 from fleetplan.sim.retune import describe_changes
 from fleetplan.sim.runner import RunResult
@@ -66,8 +67,7 @@ def write_report(
     # for: the upper quantile of the busiest burst window over the startup horizon, above the point;
     # "window sized-for" the window count's, which prefill's rate count sizes for (burst_sizing: queueing)
     tokens = sized_basis == "tokens"
-    sized_of = {"tokens": "; tokens, the most any role's",
-                "floor_tokens": "; requests or prefill's prompt tokens, the more"}.get(sized_basis, "")
+    sized_of = f"; {BASIS_TEXT[sized_basis]}" if sized_basis in BASIS_TEXT else ""
     for key, name, color, dash in (
         ("observed_rps", "observed rps (planner)", "#444444", "dot"),
         ("predicted_rps", "predicted rps (planner)", "#1f77b4", "dash"),

@@ -190,6 +190,11 @@ class PlannerConfig(BaseModel):
     # calibrated_utilization as that grows from a point forecast's 1/2 to sizing_quantile;
     # "full" keeps target_utilization until the quantile is conformal (docs/sizing.md)
     uncalibrated_headroom: Literal["full", "coverage"] = "coverage"
+    # which roles' scale-downs the throughput loop holds while its sizing quantile has scored no
+    # forecast error (coverage 0: the first tick or two of a new deployment): "decode" (the default
+    # since 2026-12-06), whose slot count replaces the rate count's headroom, so nothing in its count
+    # carries the unknown error; "all" holds prefill too; "none" releases on the first tick (docs/sizing.md)
+    hold_until_scored: Literal["none", "decode", "all"] = "decode"
     hold_scale_down_until_floor: bool = True
     throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)

@@ -114,6 +114,7 @@ class _Scratch:
     proposal: ThroughputProposal | None = None  # the throughput loop's sizing, for the estimates
     signals: dict[Role, LoadSignal] = field(default_factory=dict)
     measured_floor: dict[Role, int] | None = None  # load-only: the measured traffic's, once a tick
+    held_until_scored: bool = False  # the throughput loop kept a role's engines (hold_until_scored)
 
 
 class Planner:
@@ -259,7 +260,7 @@ class Planner:
             else:
                 decision = self._decide(state, now, baseline, proposed, reason_t, reason_l, scratch)
         elif scratch.throughput_targets is not None and reason_t == "scale":
-            reason_t = "no_change"
+            reason_t = "held_until_scored" if scratch.held_until_scored else "no_change"
 
         estimates = self._estimates(state, scratch)
         return TickReport(
@@ -340,7 +341,7 @@ class Planner:
             # are measured); the sizing holds, as before traffic, until a request finishes
             scratch.throughput_reason = "no_traffic_data"
             return
-        sized = horizon = utilization = calibrated = window = exceeded = decode = None
+        sized = horizon = utilization = calibrated = window = exceeded = decode = coverage = None
         if cfg.throughput_sizing == "startup_quantile":
             horizon = startup_horizon_windows(state)
             # never below the point forecast (an uncalibrated quantile is the point)
@@ -380,11 +381,13 @@ class Planner:
         if proposal.targets is None:
             scratch.throughput_reason = proposal.reason
             return
+        targets = _hold_until_scored(cfg, proposal.targets, baseline, coverage)
+        scratch.held_until_scored = targets != proposal.targets
         if cfg.load_enabled:
-            state.lower_bound = dict(proposal.targets)
+            state.lower_bound = targets
             scratch.throughput_reason = "set_lower_bound"
         else:
-            scratch.throughput_targets = proposal.targets
+            scratch.throughput_targets = targets
             scratch.throughput_reason = "scale"
 
     def _load_loop(self, state, now, baseline, minimums, in_progress, kv_hit, accept, scratch) -> None:
@@ -624,6 +627,28 @@ def window_series(cfg: PlannerConfig) -> dict[str, tuple[str, ...]]:
     if cfg.quantile_basis == "tokens":
         return work_series(cfg)
     return {role: ("",) for role in cfg.roles}
+
+
+def _hold_until_scored(
+    cfg: PlannerConfig, targets: dict[Role, int], baseline: dict[Role, int], coverage: float | None,
+) -> dict[Role, int]:
+    """``targets`` with the scale-downs of the roles ``hold_until_scored`` names kept at ``baseline``
+    while the sizing quantile has scored no forecast error (``coverage`` 0; None: no quantile).
+
+    Until one window it forecast has closed, the quantile is that window's
+    raw count and nothing says how far off the forecast runs. Prefill's rate
+    count still has ``target_utilization``'s headroom under its floor;
+    decode's slot count, which replaces that headroom, has none, so a first
+    tick that releases a decode engine bets the ITL on a forecast with no
+    track record: on Azure conv with its shape kept the answers of the next
+    window ran over their forecast lengths' capacity and minutes 4-7 met
+    58-98 % (docs/sizing.md). Holding releases one tick costs an engine
+    for that tick where it was spare; it never adds engines.
+    """
+    if cfg.hold_until_scored == "none" or coverage is None or coverage > 0:
+        return dict(targets)
+    held = cfg.roles if cfg.hold_until_scored == "all" else ("decode",)
+    return {role: max(n, baseline[role]) if role in held else n for role, n in targets.items()}
 
 
 def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:

@@ -401,7 +401,7 @@ class ClockEvent(_Envelope):
 
 ThroughputReason = Literal[
     "disabled", "not_due", "no_traffic_data", "model_not_ready",
-    "set_lower_bound", "scale", "no_change", "scaling_in_progress",
+    "set_lower_bound", "scale", "no_change", "held_until_scored", "scaling_in_progress",
     "gpu_budget_guard_hold", "gpu_budget_reconcile",
 ]
 LoadReason = Literal[

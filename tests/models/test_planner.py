@@ -558,3 +558,44 @@ def test_the_ack_timeout_ends_on_the_tick_it_runs_out(make_fleet):
     out = fleet.run([ready("p0", "prefill"), ready("d0", "decode"), *requests(20, T0 + 1, T0 + 365)])
     ds = decisions(out)
     assert [(d.decision_id, d.time) for d in ds] == [(0, T0 + 180), (1, T0 + 360)]
+
+
+
+def _first_ticks(make_fleet, hold: str):
+    """Fleetplan's sizing on a warm fleet of 3 prefill and 4 decode engines under 20 rps that 2 and 1
+    serve, ticked three times (the startup horizon is 2 windows: 120 s of startup and a 180-s window)."""
+    fleet = make_fleet(sizing="fleetplan", hold_until_scored=hold)
+    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+    evs += [*requests(20, T0 + 1, T0 + 545), ack(0, T0 + 200), ack(1, T0 + 380)]
+    out = fleet.run(sorted(evs, key=lambda e: e.time))
+    return {o.time - T0: o for o in out if o.time - T0 in (180, 360, 540)}
+
+
+def test_decode_keeps_its_engines_until_the_quantile_has_scored_a_forecast(make_fleet):
+    ticks = _first_ticks(make_fleet, "decode")
+    first = ticks[180]
+    assert first.estimates["decode"].queueing_replicas == 1  # decode's own count releases 3 engines
+    assert first.targets == {"prefill": 2, "decode": 4}  # prefill, whose rate count keeps its headroom, is not held
+    assert first.predicted.quantile_calibrated is False
+    # the first forecast spans two windows: until both have closed, decode is all the hold keeps
+    assert ticks[360].targets == {"prefill": 2, "decode": 4}
+    assert ticks[360].throughput_reason == "held_until_scored" and ticks[360].decision is None
+    assert ticks[540].targets == {"prefill": 2, "decode": 1} and ticks[540].throughput_reason == "scale"
+
+
+@pytest.mark.parametrize("hold, first_targets, reason", [
+    ("none", {"prefill": 2, "decode": 1}, "scale"),
+    ("all", {"prefill": 3, "decode": 4}, "held_until_scored"),
+])
+def test_hold_until_scored_names_the_roles_held(make_fleet, hold, first_targets, reason):
+    first = _first_ticks(make_fleet, hold)[180]
+    assert first.targets == first_targets and first.throughput_reason == reason
+
+
+def test_with_the_load_loop_the_hold_is_in_the_throughput_lower_bound(make_fleet):
+    fleet = make_fleet(sizing="fleetplan", enable_load_scaling=True)
+    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+    out = fleet.run([*evs, *requests(20, T0 + 1, T0 + 185)])
+    (first,) = [o for o in out if o.time == T0 + 180]
+    assert first.throughput_reason == "set_lower_bound"
+    assert first.lower_bound == {"prefill": 2, "decode": 4}

@@ -635,15 +635,16 @@ def _hold_until_scored(
     """``targets`` with the scale-downs of the roles ``hold_until_scored`` names kept at ``baseline``
     while the sizing quantile has scored no forecast error (``coverage`` 0; None: no quantile).
 
-    Until one window it forecast has closed, the quantile is that window's
-    raw count and nothing says how far off the forecast runs. Prefill's rate
-    count still has ``target_utilization``'s headroom under its floor;
-    decode's slot count, which replaces that headroom, has none, so a first
-    tick that releases a decode engine bets the ITL on a forecast with no
-    track record: on Azure conv with its shape kept the answers of the next
-    window ran over their forecast lengths' capacity and minutes 4-7 met
-    58-98 % (docs/sizing.md). Holding releases one tick costs an engine
-    for that tick where it was spare; it never adds engines.
+    Until the windows of its first forecast (the startup horizon, one to
+    three ticks) have closed, the quantile is the last window's raw count
+    and nothing says how far off the forecast runs. Prefill's rate count
+    still has ``target_utilization``'s headroom under its floor; decode's
+    slot count, which replaces that headroom, has none, so a first tick that
+    releases a decode engine bets the ITL on a forecast with no track
+    record: on Azure conv with its shape kept the next window's longer
+    prompts cut each decode engine's rate by a tenth and minutes 4-7 met
+    58-98 % (docs/sizing.md). The hold costs the engines that were spare
+    for those ticks; it never adds one.
     """
     if cfg.hold_until_scored == "none" or coverage is None or coverage > 0:
         return dict(targets)

@@ -154,10 +154,18 @@ VARIANTS.update({name: {**VARIANTS["fleetplan (ensemble) -coverage" if "-coverag
                  for name in RETUNE})
 GROUPS = {"frontier": FRONTIER, "forecast-frontier": FORECAST_FRONTIER, "departures": DEPARTURES}
 ABLATION = [name for name in VARIANTS if not any(name in group for group in GROUPS.values())]
+# the variants below measured before decode held its engines until the quantile scored a forecast
+# (hold_until_scored: decode, 2026-12-06) keep releasing on the first tick, as their rows were run
+RELEASE_FIRST = {"hold_until_scored": "none"}
 # the defaults with each role sized for the quantile of its own tokens (docs/sizing.md); asked for by name
-VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quantile_basis": "tokens"}
+VARIANTS["fleetplan (ensemble) tokens"] = {"load_predictor": "ensemble", "quantile_basis": "tokens", **RELEASE_FIRST}
 # the default until 2026-12-06: every count on the request count, prefill's queueing floor too (docs/sizing.md)
-VARIANTS["fleetplan (ensemble) requests-basis"] = {"load_predictor": "ensemble", "quantile_basis": "requests"}
+VARIANTS["fleetplan (ensemble) requests-basis"] = {"load_predictor": "ensemble", "quantile_basis": "requests",
+                                                    **RELEASE_FIRST}
+# the default until 2026-12-06 (later that day): every role released on the first tick; and every role held
+# until the quantile has scored a forecast, prefill too (docs/sizing.md; bench/results/hold-until-scored)
+VARIANTS["fleetplan (ensemble) hold-none"] = {"load_predictor": "ensemble", "hold_until_scored": "none"}
+VARIANTS["fleetplan (ensemble) hold-all"] = {"load_predictor": "ensemble", "hold_until_scored": "all"}
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
 # decode's demand, as measured before quantile_basis: floor_tokens (on the request basis):
 # decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)

@@ -599,3 +599,22 @@ def test_with_the_load_loop_the_hold_is_in_the_throughput_lower_bound(make_fleet
     (first,) = [o for o in out if o.time == T0 + 180]
     assert first.throughput_reason == "set_lower_bound"
     assert first.lower_bound == {"prefill": 2, "decode": 4}
+
+
+def test_the_hold_does_not_delay_the_minimum_when_traffic_stops(make_fleet):
+    """Forecasts of zero traffic pool their errors apart; the fleet still goes to its minimum when it did."""
+    from fleetplan.schemas import ClockEvent
+
+    def reached_minimum(hold: str) -> float:
+        fleet = make_fleet(sizing="fleetplan", hold_until_scored=hold)
+        evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+        evs += [*requests(60, T0 + 1, T0 + 1260), *(ClockEvent(deployment="d", time=T0 + t) for t in (1440, 1620, 1800))]
+        decided = []
+        for event in sorted(evs, key=lambda e: e.time):
+            for o in fleet.run([event]):
+                if o.decision is not None:
+                    decided.append(o)
+                    fleet.run([ack(o.decision.decision_id, o.time + 1)])
+        return min(d.time for d in decided if d.decision.targets == {"prefill": 1, "decode": 1}) - T0
+
+    assert reached_minimum("decode") == reached_minimum("none") == 1800

@@ -39,11 +39,12 @@ def test_the_defaults_row_is_the_default_config():
 
 def test_the_tokens_row_is_the_default_with_the_token_basis_asked_for_by_name():
     """docs/sizing.md's token-basis rows: fleetplan's defaults (``fleetplan (ensemble)``) with
-    ``quantile_basis: tokens`` and nothing else, run when named, not with the ablation's list."""
+    ``quantile_basis: tokens``, releasing on the first tick as they were run (``hold_until_scored:
+    none``, the default until 2026-12-06), run when named, not with the ablation's list."""
     tokens = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) tokens"]})
     default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
     assert tokens.quantile_basis == "tokens" and default.quantile_basis == "floor_tokens"
-    assert tokens.model_copy(update={"quantile_basis": "floor_tokens"}) == default
+    assert tokens.model_copy(update={"quantile_basis": "floor_tokens", "hold_until_scored": "decode"}) == default
     assert "fleetplan (ensemble) tokens" not in ABLATION
 
 
@@ -52,8 +53,19 @@ def test_the_rows_measured_on_the_request_basis_keep_it():
     demand variants were measured on it, so they keep it: run again, they give their committed rows."""
     default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
     before = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) requests-basis"]})
-    assert before == default.model_copy(update={"quantile_basis": "requests"})
+    assert before == default.model_copy(update={"quantile_basis": "requests", "hold_until_scored": "none"})
     for demand in ("window", "weighted", "burst"):
         variant = config_from_dict({**SLA, **VARIANTS[f"fleetplan (ensemble) decode-{demand}"]})
         assert variant == before.model_copy(update={"decode_demand": demand})
     assert "fleetplan (ensemble) requests-basis" not in ABLATION
+
+
+@pytest.mark.parametrize("name, hold", [("hold-none", "none"), ("hold-all", "all")])
+def test_the_hold_rows_are_the_default_with_another_hold(name, hold):
+    """bench/results/hold-until-scored: the default before 2026-12-06's hold (every role released on the
+    first tick) and every role held, and nothing else changed."""
+    default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
+    variant = config_from_dict({**SLA, **VARIANTS[f"fleetplan (ensemble) {name}"]})
+    assert default.hold_until_scored == "decode"
+    assert variant == default.model_copy(update={"hold_until_scored": hold})
+    assert f"fleetplan (ensemble) {name}" not in ABLATION

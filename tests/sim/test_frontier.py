@@ -162,6 +162,8 @@ DOCUMENTED = {
     "fleetplan (ensemble)": {**BEFORE_WINDOW_RATE, ("azure-conv-30min", 34.0, (500.0, 50.0)): "tie",
                              # floor_tokens (2026-12-06): the same attainment for 5 % more, from won to a tie
                              ("azure-conv-30min", 34.0, (200.0, 20.0)): "tie",
+                             # hold_until_scored: decode (2026-12-06): 100.00 % at 6.02, from a tie to won
+                             ("azure-conv-30min", 37.4, (500.0, 50.0)): "won",
                              # the week's scored days, every forecaster warmed on the days before
                              ("servegen-m-large-24h-day4-warm4d", 0.1714, (500.0, 50.0)): "won",
                              ("servegen-m-large-24h-day5-warm5d", 0.1714, (500.0, 50.0)): "won",
@@ -226,6 +228,13 @@ BURST = VERDICTS.parent / "decode-weighted" / "burst.json"
 REQUESTS = VERDICTS.parent / "floor-tokens" / "requests.json"
 
 
+# hold_until_scored: decode (the default since 2026-12-06) moved 7 of the default's trace rows;
+# bench/results/hold-until-scored keeps all 44 as the default ran them before (none.json) and with
+# every role held (all.json)
+HOLD_NONE = VERDICTS.parent / "hold-until-scored" / "none.json"
+HOLD_ALL = VERDICTS.parent / "hold-until-scored" / "all.json"
+
+
 def default_before(files: list[Path], *kept: tuple[Path, str]) -> dict[tuple, dict]:
     """``read_runs`` of the default, its rows replaced by those of each ``(file, policy)`` in turn
     where that file has one: the default as it was before the changes whose rows those files keep."""
@@ -236,6 +245,11 @@ def default_before(files: list[Path], *kept: tuple[Path, str]) -> dict[tuple, di
             if key in before:
                 group["default"] = before[key]["default"]
     return groups
+
+
+def released_first(files: list[Path]) -> dict[tuple, dict]:
+    """The default as it was with ``hold_until_scored: none`` (and ``quantile_basis: floor_tokens``)."""
+    return default_before(files, (HOLD_NONE, "fleetplan (ensemble) hold-none"))
 
 
 def requests_default(files: list[Path]) -> dict[tuple, dict]:
@@ -270,7 +284,7 @@ def test_floor_tokens_moved_eleven_trace_rows_and_none_meets_less():
     floor_tokens: 33 to the bit, 11 spend more on prefill's floor (up to 0.45 GPU-hours) for as
     much attainment or more, up to 29 points more on conv with its shape kept."""
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS]
-    now, before = read_runs(files, "fleetplan (ensemble)"), read_runs([REQUESTS], "fleetplan (ensemble) requests-basis")
+    now, before = released_first(files), read_runs([REQUESTS], "fleetplan (ensemble) requests-basis")
     traces = {key for key in before if not key[0].startswith("servegen")}
     assert len(traces) == 44
     moved = {}
@@ -280,6 +294,55 @@ def test_floor_tokens_moved_eleven_trace_rows_and_none_meets_less():
             assert gpu > gpu0 and att >= att0, key
             moved[(key[0], round(key[1], 1), key[2])] = (round(gpu - gpu0, 2), round((att - att0) * 100, 2))
     assert moved == FLOOR_TOKENS_MOVED
+
+
+# the trace rows the hold moved: (workload, scale, SLA) -> (GPU-hours more, points more)
+HOLD_MOVED = {
+    ("azure-conv-30min", 37.4, (500.0, 50.0)): (0.05, 0.91),
+    ("azure-conv-30min-shift30", 27.0, (500.0, 50.0)): (0.05, 7.77),
+    ("azure-conv-30min-shift30", 34.0, (500.0, 50.0)): (0.05, 2.19),
+    ("azure-conv-30min-shift30-seed1", 34.0, (500.0, 50.0)): (0.05, 2.19),
+    ("azure-conv-30min-shift30-seed2", 34.0, (500.0, 50.0)): (0.05, 2.19),
+    ("mooncake-conv-30min-spread-shift30-seed2", 6.0, (500.0, 50.0)): (0.05, 0.05),
+    ("azure-code-30min-shift30", 50.0, (500.0, 50.0)): (-0.0, 0.0),  # 3 GPU-seconds fewer
+}
+
+
+def test_the_hold_moved_seven_trace_rows_for_a_decode_engine_at_most():
+    """docs/sizing.md: every trace row run again with hold_until_scored: decode: 37 to the bit; six
+    meet 0.05-7.8 points more for 0.05 GPU-hours (a decode engine for the first ticks), and code x50
+    with its shape kept is the same attainment for 3 GPU-seconds less."""
+    files = [*RECORDED, *SHAPE_KEPT, *DRAWS]
+    now, before = read_runs(files, "fleetplan (ensemble)"), read_runs([HOLD_NONE], "fleetplan (ensemble) hold-none")
+    assert len(before) == 44
+    moved = {}
+    for key, group in before.items():
+        (gpu0, att0), (gpu, att) = group["default"], now[key]["default"]
+        if (gpu, att) != (gpu0, att0):
+            assert att >= att0 and gpu - gpu0 < 0.05, key
+            moved[(key[0], round(key[1], 1), key[2])] = (round(gpu - gpu0, 2), round((att - att0) * 100, 2))
+    assert moved == HOLD_MOVED
+
+
+# the verdicts of the 44 trace rows, each draw with a reference sweep, for each hold (docs/sizing.md)
+HOLD_TALLIES = {
+    "none": {"won": 9, "tie": 19, "lost": 16},
+    "decode": {"won": 12, "tie": 17, "lost": 15},
+    "all": {"won": 16, "tie": 12, "lost": 16},
+}
+
+
+@pytest.mark.parametrize("hold", sorted(HOLD_TALLIES))
+def test_the_holds_tally_the_docs_state(hold):
+    files = [*RECORDED, *SHAPE_KEPT, *DRAWS, HOLD_ALL]
+    groups = {"none": lambda: released_first(files), "decode": lambda: read_runs(files, "fleetplan (ensemble)"),
+              "all": lambda: read_runs(files, "fleetplan (ensemble) hold-all")}[hold]()
+    tally: dict[str, int] = {}
+    for (workload, _, _), verdicts in by_draw(groups, TIE_POINTS, TIE_COST).items():
+        if not workload.startswith("servegen"):
+            for found in verdicts.values():
+                tally[found] = tally.get(found, 0) + 1
+    assert tally == HOLD_TALLIES[hold]
 
 
 def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
@@ -458,8 +521,10 @@ TOKENS = VERDICTS.parent / "tokens" / "tokens.json"
 FLAT_TRACES = [VERDICTS / name for name in ("azure-conv-500-50.json", "azure-code-500-50.json", "mooncake-500-50.json")]
 SLA = (500.0, 50.0)
 SHAPE_KEPT_VERDICTS = {
-    "fleetplan (ensemble)": {  # floor_tokens (2026-12-06) turned conv x34 from lost to a tie
-        ("azure-conv-30min-shift30", 34.0, SLA): "tie", ("azure-conv-30min-shift30", 27.0, SLA): "lost",
+    # floor_tokens (2026-12-06) turned conv x34 from lost to a tie, and the hold until a forecast is scored
+    # (the same day) to won, and x27 from lost to won
+    "fleetplan (ensemble)": {
+        ("azure-conv-30min-shift30", 34.0, SLA): "won", ("azure-conv-30min-shift30", 27.0, SLA): "won",
         ("azure-code-30min-shift30", 50.0, SLA): "won", ("azure-code-30min-shift30", 19.0, SLA): "won",
         ("mooncake-conv-30min-shift30", 6.0, SLA): "won", ("mooncake-conv-30min-spread-shift30", 6.0, SLA): "lost",
     },
@@ -535,8 +600,9 @@ DRAW_VERDICTS = {
     # decode_demand: weighted (2026-12-06) turned both seed-1 losses into ties: burst's 5th decode engine
     ("mooncake-conv-30min", 6.0): {0: "won", 1: "tie", 2: "won"},
     ("mooncake-conv-30min-spread", 6.0): {0: "tie", 1: "tie", 2: "lost"},
-    # quantile_basis: floor_tokens (2026-12-06) turned seed 0 into a tie; 1 and 2 are lost by 2 points, not 18-25
-    ("azure-conv-30min-shift30", 34.0): {0: "tie", 1: "lost", 2: "lost"},
+    # quantile_basis: floor_tokens (2026-12-06) turned seed 0 into a tie, 1 and 2 lost by 2 points, not 18-25;
+    # hold_until_scored: decode (the same day) seed 0 into won, and 1 and 2 lost by 1.2 and 0.1
+    ("azure-conv-30min-shift30", 34.0): {0: "won", 1: "lost", 2: "lost"},
     ("mooncake-conv-30min-spread-shift30", 6.0): {0: "lost", 1: "won", 2: "lost"},
     # seed 0 on revision 2 against the constant's sweep, seed 1 on revision 5 against three predictors
     ("servegen-m-large-24h", 0.1714): {0: "won", 1: "won"},

@@ -191,7 +191,7 @@ class PlannerConfig(BaseModel):
     # "full" keeps target_utilization until the quantile is conformal (docs/sizing.md)
     uncalibrated_headroom: Literal["full", "coverage"] = "coverage"
     # which roles' scale-downs the throughput loop holds while its sizing quantile has scored no
-    # forecast error (coverage 0: until its first startup horizon has closed, 1-3 ticks): "decode" (the default
+    # forecast error (coverage 0: for its first startup horizon, 2 ticks at the defaults): "decode" (the default
     # since 2026-12-06), whose slot count replaces the rate count's headroom, so nothing in its count
     # carries the unknown error; "all" holds prefill too; "none" releases on the first tick (docs/sizing.md)
     hold_until_scored: Literal["none", "decode", "all"] = "decode"

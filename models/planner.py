@@ -635,8 +635,8 @@ def _hold_until_scored(
     """``targets`` with the scale-downs of the roles ``hold_until_scored`` names kept at ``baseline``
     while the sizing quantile has scored no forecast error (``coverage`` 0; None: no quantile).
 
-    Until the windows of its first forecast (the startup horizon, one to
-    three ticks) have closed, the quantile is the last window's raw count
+    Until the windows of its first forecast (the startup horizon, 2 ticks
+    at the defaults) have closed, the quantile is the last window's raw count
     and nothing says how far off the forecast runs. Prefill's rate count
     still has ``target_utilization``'s headroom under its floor; decode's
     slot count, which replaces that headroom, has none, so a first tick that

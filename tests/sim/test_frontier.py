@@ -23,11 +23,16 @@ from fleetplan.sim import REVISION
 
 VERDICTS = Path(__file__).parents[2] / "bench" / "results" / "verdicts"
 RECORDED = sorted(VERDICTS.glob("*.json"))
+# the ServeGen days (day 0) as simulator revision 2 measured them, with the default's ablation copies
+# and +retune1h rows; the main file holds revision 5's default and reference rows since 2026-12-06
+REVISION2 = sorted((VERDICTS / "revision2").glob("*.json"))
 # the files that carry the default's ablation copies (-windowrate, -coverage, -calibrated); the
 # warm days' file, run after them, holds the default and the reference's sweep only
-ABLATED = [path for path in RECORDED if path.name != "servegen-warm-500-50.json"]
+ABLATED = [*(path for path in RECORDED if not path.name.startswith("servegen")), *REVISION2]
+# every file as the variants measured before 2026-12-06's revision-5 ServeGen days were read with it
+HISTORIC = [*ABLATED, VERDICTS / "servegen-warm-500-50.json"]
 # the ServeGen file as simulator revision 1 measured it, its -coverage +retune1h rows included
-# (revision 2's +retune1h rows, on today's default, are in the main file)
+# (revision 2's +retune1h rows are in revision2/)
 REVISION1 = sorted((VERDICTS / "revision1").glob("*.json"))
 
 # (GPU-hours, attainment, utilisation): a sweep from 0.9 down to 0.5
@@ -380,7 +385,8 @@ def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
 # day, run again on revision 4, is the committed row).
 # Revision 5 (2026-12-05, prefix caching) moves only workloads with prefix hashes: Mooncake's rows
 # were run again, the Azure rows of revision 4 are current (UNMOVED_BY).
-STALE: dict[str, int] = {name: 2 for name in ("servegen-500-50.json", "servegen-warm-500-50.json")}
+# The day-0 file was run again on revision 5 on 2026-12-06 (its revision-2 rows are in revision2/).
+STALE: dict[str, int] = {"servegen-warm-500-50.json": 2}
 UNMOVED_BY: dict[int, Callable[[str], bool]] = {5: lambda workload: not workload.startswith("mooncake")}
 
 
@@ -400,21 +406,22 @@ def test_the_committed_runs_say_which_simulator_measured_them():
 
 
 @pytest.mark.parametrize(("files", "default"), [
-    *((RECORDED, d) for d in sorted(DOCUMENTED)),
+    *((RECORDED if d == "fleetplan (ensemble)" else HISTORIC, d) for d in sorted(DOCUMENTED)),
     *((REVISION1, d) for d in sorted(DOCUMENTED_REVISION1)),
 ])
 def test_the_committed_runs_give_the_documented_verdicts(files, default):
-    expected = (DOCUMENTED if files is RECORDED else DOCUMENTED_REVISION1)[default]
+    expected = (DOCUMENTED if files is not REVISION1 else DOCUMENTED_REVISION1)[default]
     groups = read_runs(files, default)
     found = {key: verdict(groups[key]["default"], groups[key]["refs"], TIE_POINTS, TIE_COST)[0]
              for key in expected}
     assert found == expected
 
 
-def test_the_revision1_record_is_revision1_throughout():
-    assert [p.name for p in REVISION1] == ["servegen-500-50.json"]
-    for path in REVISION1:
-        assert {row.get("sim_revision", 1) for row in json.loads(path.read_text())["rows"]} == {1}
+@pytest.mark.parametrize(("files", "revision"), [(REVISION1, 1), (REVISION2, 2)])
+def test_the_earlier_records_are_of_their_revision_throughout(files, revision):
+    assert [p.name for p in files] == ["servegen-500-50.json"]
+    for path in files:
+        assert {row.get("sim_revision", 1) for row in json.loads(path.read_text())["rows"]} == {revision}
 
 
 def test_calibrated_headroom_moves_only_the_runs_long_enough_to_calibrate():
@@ -559,8 +566,8 @@ TALLIES = {
 
 @pytest.mark.parametrize("default", sorted(TALLIES))
 def test_the_token_basis_tallies_the_docs_state(default):
-    groups = (requests_default([*RECORDED, TOKENS]) if default.endswith("requests-basis")
-              else read_runs([*RECORDED, TOKENS], default))
+    groups = (requests_default([*HISTORIC, TOKENS]) if default.endswith("requests-basis")
+              else read_runs([*HISTORIC, TOKENS], default))
     tally: dict[str, dict[str, int]] = {"traces": {}, "servegen": {}}
     for (workload, _, _), group in groups.items():
         if group["default"] is None or "shift" in workload:
@@ -604,7 +611,7 @@ DRAW_VERDICTS = {
     # hold_until_scored: decode (the same day) seed 0 into won, and 1 and 2 lost by 1.2 and 0.1
     ("azure-conv-30min-shift30", 34.0): {0: "won", 1: "lost", 2: "lost"},
     ("mooncake-conv-30min-spread-shift30", 6.0): {0: "lost", 1: "won", 2: "lost"},
-    # seed 0 on revision 2 against the constant's sweep, seed 1 on revision 5 against three predictors
+    # day 0 on revision 5 at both seeds (since 2026-12-06), against the constant's sweep at seed 0, three predictors at 1
     ("servegen-m-large-24h", 0.1714): {0: "won", 1: "won"},
     ("servegen-m-mid-24h", 0.0667): {0: "won", 1: "won"},
     **{(f"servegen-m-large-24h-day{d}-warm{d}d", 0.1714): {0: "won", 1: "won"} for d in (4, 5, 6)},
@@ -662,6 +669,26 @@ def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():
              if r["workload"] == "servegen-m-large-24h-seed1" and "arima_frozen" in r["policy"]]
     assert sorted(round(r["attainment"] * 100, 2) for r in large) == [59.38, 61.13]
     assert {round(r["forecast"]["point"]["under_share"] * 100) for r in large} == {68}
+
+
+def test_the_servegen_day_0_rows_on_revision_5_are_won_by_the_margins_the_docs_state():
+    """bench/results/verdicts/README.md and docs/forecasting.md: day 0 at seed 0, run again on revision 5
+    with the default of 2026-12-06, is won at every level, and no reference reaches its attainment."""
+    groups = read_runs([VERDICTS / "servegen-500-50.json"], "fleetplan (ensemble)")
+    stated = {
+        ("servegen-m-large-24h", 0.1543): ((450.83, 97.77), 96.05),
+        ("servegen-m-large-24h", 0.1714): ((488.50, 97.67), 96.40),
+        ("servegen-m-large-24h", 0.1885): ((523.62, 97.89), 96.81),
+        ("servegen-m-mid-24h", 0.0667): ((668.29, 97.36), 95.00),
+    }
+    found = {}
+    for (workload, scale, sla), group in groups.items():
+        assert sla == SLA
+        verdict_found, readings = verdict(group["default"], group["refs"], TIE_POINTS, TIE_COST)
+        assert verdict_found == "won" and all(cost is None for _, cost in readings.values())
+        found[(workload, round(scale, 4))] = ((round(group["default"][0], 2), round(group["default"][1] * 100, 2)),
+                                              round(readings["constant"][0] * 100, 2))
+    assert found == stated
 
 
 def test_pooled_over_levels_and_draws_code_is_the_frozen_arimas_at_055():
@@ -724,7 +751,7 @@ def test_decode_window_with_the_shape_kept_meets_what_the_docs_say():
 
 def test_decode_window_on_the_servegen_days_is_the_documented_loss():
     """docs/sizing.md: every day meets less for fewer GPU-hours, and two won days become ties."""
-    files = [*RECORDED, DECODE_WINDOW]
+    files = [*HISTORIC, DECODE_WINDOW]
     default = requests_default(files)
     window = read_runs(files, "fleetplan (ensemble) decode-window")
     days = sorted(key for key, group in window.items() if key[0].startswith("servegen") and group["default"])

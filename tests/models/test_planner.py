@@ -8,6 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleetplan.models.config import config_from_dict
+from fleetplan.models.planner import _hold_until_scored
 from fleetplan.schemas import ControlEvent, SetAdvisory, SetMinEndpoints
 from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
@@ -618,3 +620,23 @@ def test_the_hold_does_not_delay_the_minimum_when_traffic_stops(make_fleet):
         return min(d.time for d in decided if d.decision.targets == {"prefill": 1, "decode": 1}) - T0
 
     assert reached_minimum("decode") == reached_minimum("none") == 1800
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    hold=st.sampled_from(["none", "decode", "all"]),
+    targets=st.fixed_dictionaries({"prefill": st.integers(1, 64), "decode": st.integers(1, 64)}),
+    baseline=st.fixed_dictionaries({"prefill": st.integers(1, 64), "decode": st.integers(1, 64)}),
+    coverage=st.one_of(st.none(), st.just(0.0), st.floats(0.01, 0.9)),
+)
+def test_the_hold_only_keeps_engines_the_fleet_has(hold, targets, baseline, coverage):
+    """Whatever the counts: a held role keeps at most its current engines above what its counts ask,
+    a scale-up is never cut, nothing is held once a forecast is scored or without a quantile."""
+    cfg = config_from_dict({"hold_until_scored": hold})
+    out = _hold_until_scored(cfg, targets, baseline, coverage)
+    held = {"none": (), "decode": ("decode",), "all": ("prefill", "decode")}[hold]
+    for role in targets:
+        if role in held and coverage == 0.0:
+            assert out[role] == max(targets[role], baseline[role])
+        else:
+            assert out[role] == targets[role]

@@ -640,3 +640,11 @@ def test_the_hold_only_keeps_engines_the_fleet_has(hold, targets, baseline, cove
             assert out[role] == max(targets[role], baseline[role])
         else:
             assert out[role] == targets[role]
+
+
+def test_an_aggregated_deployment_is_held_only_when_every_role_is():
+    """Its engines' count is a rate count with target_utilization's headroom, as prefill's is."""
+    targets, baseline = {"agg": 2}, {"agg": 5}
+    for hold, kept in (("none", 2), ("decode", 2), ("all", 5)):
+        cfg = config_from_dict({"mode": "agg", "hold_until_scored": hold})
+        assert _hold_until_scored(cfg, targets, baseline, 0.0) == {"agg": kept}

@@ -114,7 +114,6 @@ class _Scratch:
     proposal: ThroughputProposal | None = None  # the throughput loop's sizing, for the estimates
     signals: dict[Role, LoadSignal] = field(default_factory=dict)
     measured_floor: dict[Role, int] | None = None  # load-only: the measured traffic's, once a tick
-    held_until_scored: bool = False  # the throughput loop kept a role's engines (hold_until_scored)
 
 
 class Planner:
@@ -260,7 +259,8 @@ class Planner:
             else:
                 decision = self._decide(state, now, baseline, proposed, reason_t, reason_l, scratch)
         elif scratch.throughput_targets is not None and reason_t == "scale":
-            reason_t = "held_until_scored" if scratch.held_until_scored else "no_change"
+            # the counts asked for a change the hold kept (the proposal's targets are before it)
+            reason_t = "held_until_scored" if scratch.throughput_targets != scratch.proposal.targets else "no_change"
 
         estimates = self._estimates(state, scratch)
         return TickReport(
@@ -382,7 +382,6 @@ class Planner:
             scratch.throughput_reason = proposal.reason
             return
         targets = _hold_until_scored(cfg, proposal.targets, baseline, coverage)
-        scratch.held_until_scored = targets != proposal.targets
         if cfg.load_enabled:
             state.lower_bound = targets
             scratch.throughput_reason = "set_lower_bound"

@@ -39,7 +39,8 @@ attainment averaged over the load levels the default ran at (policies that
 ran at all of them; the draws of a workload count as levels), and its worst level. ``--by-draw`` adds, below the
 verdicts, each row's verdict at every draw of its workload the runs hold
 (``bench/sizing.py --seeds``: a workload drawn at seed N is named -seedN,
-seed 0 keeps its name): whether a verdict is the policy's or one draw's.
+seed 0 keeps its name): whether a verdict is the policy's or one draw's; and then
+each workload's verdicts counted over its levels and draws, and over every row.
 """
 
 from __future__ import annotations
@@ -181,6 +182,23 @@ def by_draw(groups: dict[tuple, dict], tie_points: float, tie_cost: float) -> di
     return {key: dict(sorted(draws.items())) for key, draws in out.items()}
 
 
+VERDICT_KINDS = ("won", "tie", "lost")
+
+
+def tally(draws: dict[tuple, dict[int, str]]) -> dict[tuple[str, tuple], dict[str, int]]:
+    """Per (workload as drawn at seed 0, SLA): its verdicts counted over every load level and draw.
+
+    ``draws`` is ``by_draw``'s. A status is read over a workload's levels and draws together, since
+    one level at one draw can rest on a tenth of a point (docs/forecasting.md's glance table).
+    """
+    out: dict[tuple[str, tuple], dict[str, int]] = {}
+    for (workload, _, sla), verdicts in draws.items():
+        counts = out.setdefault((workload, sla), dict.fromkeys(VERDICT_KINDS, 0))
+        for found in verdicts.values():
+            counts[found] = counts.get(found, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def _draw(workload: str) -> tuple[str, int]:
     """(the workload as drawn at seed 0, the seed): ``w-seed3`` is draw 3 of ``w``."""
     match = DRAW.match(workload)
@@ -249,8 +267,16 @@ def print_by_draw(draws: dict[tuple, dict[int, str]]) -> None:
     print("\n| workload | SLA | verdict by draw | won | tie | lost |\n|---|---|---|---:|---:|---:|")
     for (workload, scale, sla), verdicts in draws.items():
         each = ", ".join(f"{seed}: {v}" for seed, v in verdicts.items())
-        counts = [sum(v == kind for v in verdicts.values()) for kind in ("won", "tie", "lost")]
+        counts = [sum(v == kind for v in verdicts.values()) for kind in VERDICT_KINDS]
         print(f"| {workload} ×{scale:g} | {sla[0]:g}/{sla[1]:g} | {each} | " + " | ".join(map(str, counts)) + " |")
+    totals = tally(draws)
+    print("\n| workload, every level and draw | SLA | verdicts | won | tie | lost |\n|---|---|---:|---:|---:|---:|")
+    for (workload, sla), counts in totals.items():
+        print(f"| {workload} | {sla[0]:g}/{sla[1]:g} | {sum(counts.values())} | "
+              + " | ".join(str(counts[kind]) for kind in VERDICT_KINDS) + " |")
+    every = {kind: sum(counts[kind] for counts in totals.values()) for kind in VERDICT_KINDS}
+    rows = sum(sum(counts.values()) for counts in totals.values())  # an unread verdict counts here only
+    print(f"| every row | | {rows} | " + " | ".join(str(every[kind]) for kind in VERDICT_KINDS) + " |")
 
 
 def print_pooled(pools: dict[tuple, dict[str, tuple[float, float, float]]]) -> None:

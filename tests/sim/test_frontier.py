@@ -17,6 +17,7 @@ from bench.frontier import (
     pareto,
     pooled,
     read_runs,
+    tally,
     verdict,
 )
 from fleetplan.sim import REVISION
@@ -348,12 +349,9 @@ def test_the_holds_tally_the_docs_state(hold):
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS, HOLD_ALL]
     groups = {"none": lambda: released_first(files), "decode": lambda: read_runs(files, "fleetplan (ensemble)"),
               "all": lambda: read_runs(files, "fleetplan (ensemble) hold-all")}[hold]()
-    tally: dict[str, int] = {}
-    for (workload, _, _), verdicts in by_draw(groups, TIE_POINTS, TIE_COST).items():
-        if not workload.startswith("servegen"):
-            for found in verdicts.values():
-                tally[found] = tally.get(found, 0) + 1
-    assert tally == HOLD_TALLIES[hold]
+    traces = [counts for (workload, _), counts in tally(by_draw(groups, TIE_POINTS, TIE_COST)).items()
+              if not workload.startswith("servegen")]
+    assert {kind: sum(counts[kind] for counts in traces) for kind in HOLD_TALLIES[hold]} == HOLD_TALLIES[hold]
 
 
 def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
@@ -574,14 +572,14 @@ TALLIES = {
 def test_the_token_basis_tallies_the_docs_state(default):
     groups = (requests_default([*HISTORIC, TOKENS]) if default.endswith("requests-basis")
               else read_runs([*HISTORIC, TOKENS], default))
-    tally: dict[str, dict[str, int]] = {"traces": {}, "servegen": {}}
+    counted: dict[str, dict[str, int]] = {"traces": {}, "servegen": {}}
     for (workload, _, _), group in groups.items():
         if group["default"] is None or "shift" in workload:
             continue
         kind = "servegen" if workload.startswith("servegen") else "traces"
         found = verdict(group["default"], group["refs"], TIE_POINTS, TIE_COST)[0]
-        tally[kind][found] = tally[kind].get(found, 0) + 1
-    assert tally == TALLIES[default]
+        counted[kind][found] = counted[kind].get(found, 0) + 1
+    assert counted == TALLIES[default]
 
 
 def test_by_draw_gathers_a_rows_verdicts_over_the_draws_of_its_workload():
@@ -600,6 +598,21 @@ def test_by_draw_gathers_a_rows_verdicts_over_the_draws_of_its_workload():
         ("conv-shift30", 34.0, SLA): {0: "won", 1: "lost", 12: "tie"},
         ("conv-shift30", 35.7, SLA): {1: "won"},
     }
+
+
+def test_tally_counts_a_workloads_verdicts_over_its_levels_and_draws_by_sla():
+    draws = {
+        ("conv", 35.7, SLA): {0: "lost", 1: "tie"},
+        ("conv", 34.0, SLA): {0: "won", 1: "won", 2: "tie"},
+        ("conv", 34.0, (200.0, 20.0)): {0: "unread"},
+        ("code", 50.0, SLA): {0: "lost"},
+    }
+    assert tally(draws) == {
+        ("code", SLA): {"won": 0, "tie": 0, "lost": 1},
+        ("conv", (200.0, 20.0)): {"won": 0, "tie": 0, "lost": 0, "unread": 1},
+        ("conv", SLA): {"won": 2, "tie": 2, "lost": 1},
+    }
+    assert list(tally(draws)) == [("code", SLA), ("conv", (200.0, 20.0)), ("conv", SLA)]
 
 
 # docs/forecasting.md's "Other draws of the same traces": each row's verdict at seeds 0, 1 and 2
@@ -728,15 +741,15 @@ def test_decode_demand_tallies_the_docs_state(demand):
             if group["default"] is not None}
     groups = {"burst": lambda: burst_default(files), "weighted": lambda: requests_default(files),
               "window": lambda: read_runs(files, "fleetplan (ensemble) decode-window")}[demand]()
-    tally: dict[str, dict[str, int]] = {}
+    counted: dict[str, dict[str, int]] = {}
     for (workload, scale, sla), verdicts in by_draw(groups, TIE_POINTS, TIE_COST).items():
         if workload.startswith("servegen"):
             continue
         kind = "shape kept" if "shift" in workload else f"flat {sla[0]:g}/{sla[1]:g}"
         for seed, found in verdicts.items():
             if (workload + (f"-seed{seed}" if seed else ""), scale, sla) in both:
-                tally.setdefault(kind, {})[found] = tally.setdefault(kind, {}).get(found, 0) + 1
-    assert tally == DECODE_TALLIES[demand]
+                counted.setdefault(kind, {})[found] = counted.setdefault(kind, {}).get(found, 0) + 1
+    assert counted == DECODE_TALLIES[demand]
 
 
 def test_decode_window_with_the_shape_kept_meets_what_the_docs_say():

@@ -14,13 +14,15 @@ workload, rate scale, SLA and variant, through ``bench/sizing.py``'s
 order, so the verdicts can be read again with nothing else changed. It
 prints each row's attainment and GPU-hours before and after.
 
-Without ``--out`` the file is rewritten in place.
+Without ``--out`` the file is rewritten in place. It is written again after each row, so a run
+stopped partway keeps the rows it finished.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -105,17 +107,27 @@ def main() -> None:
         tasks.append((i, replace(spec, scale=row["scale"]), sla, row["policy"]))
     started = time.time()
     new_rows = list(rows)
+    out = args.out or args.file
     with ProcessPoolExecutor(args.jobs) as pool:
         for i, row in pool.map(_task, tasks):
             old = rows[i]
             for j in copies[(row["workload"], row["scale"], row["policy"])]:
                 new_rows[j] = row
+            _write(out, {**doc, "rows": new_rows})
             print(f"[{time.time() - started:5.0f}s] {row['workload']} x{row['scale']:g} {row['policy']}: "
                   f"{old['attainment']:.2%} {old['gpu_hours']:.2f} -> {row['attainment']:.2%} "
                   f"{row['gpu_hours']:.2f} GPU-h", flush=True)
-    out = args.out or args.file
-    out.write_text(json.dumps({**doc, "rows": new_rows}, indent=1))
+    _write(out, {**doc, "rows": new_rows})  # also when no row was run
     print(f"{len(tasks)} runs for {sum(map(len, copies.values()))} rows in {time.time() - started:.0f} s; written to {out}")
+
+
+def _write(out: Path, doc: dict) -> None:
+    """Write the file as it stands after each row, whole or not at all: a re-run of the ServeGen days
+    takes hours, and one stopped partway keeps the rows it finished (each carries its sim_revision,
+    so the rows not yet run again still say which simulator measured them)."""
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(doc, indent=1))
+    os.replace(partial, out)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,40 @@ def test_a_shape_kept_trace_is_a_workload_it_knows(monkeypatch, tmp_path):
     assert (kept.kind, kept.shift, kept.path) == ("trace", 30.0, known["azure-conv-30min"].path)
     assert known["mooncake-conv-30min-spread-shift7.5"].shift == 7.5
     assert "servegen-m-large-24h-shift30" not in known and "azure-conv-30min-shiftx" not in known
+
+
+def test_a_run_stopped_partway_keeps_the_rows_it_finished(monkeypatch, tmp_path):
+    """The file is written after each row: re-running the ServeGen days takes hours, and a stop
+    after the first row used to lose it with the rest."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import remeasure
+
+    runs = tmp_path / "runs.json"
+    rows = [_row("fleetplan (ensemble)"), _row("reference forecast (constant) util0.8")]
+    runs.write_text(json.dumps({"sla": [500.0, 50.0], "rows": rows}))
+
+    class StoppedAfterOneRow:
+        """A pool whose run is stopped (^C) once the first row is back."""
+
+        def __init__(self, jobs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, task, tasks):
+            index, spec, sla, policy = tasks[0]
+            yield index, {**rows[index], "attainment": 0.75, "gpu_hours": 1.5, "sim_revision": REVISION}
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(remeasure, "ProcessPoolExecutor", StoppedAfterOneRow)
+    monkeypatch.setattr(sys, "argv", ["remeasure.py", str(runs), "--data", str(tmp_path)])
+    with pytest.raises(KeyboardInterrupt):
+        remeasure.main()
+    kept = json.loads(runs.read_text())["rows"]
+    assert (kept[0]["attainment"], kept[0]["gpu_hours"], kept[0]["sim_revision"]) == (0.75, 1.5, REVISION)
+    assert kept[1] == rows[1]  # not run again: as it was
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.json"]  # no half-written file left beside it

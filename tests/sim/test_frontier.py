@@ -25,13 +25,15 @@ from fleetplan.sim import REVISION
 VERDICTS = Path(__file__).parents[2] / "bench" / "results" / "verdicts"
 RECORDED = sorted(VERDICTS.glob("*.json"))
 # the ServeGen days (day 0) as simulator revision 2 measured them, with the default's ablation copies
-# and +retune1h rows; the main file holds revision 5's default and reference rows since 2026-12-06
+# and +retune1h rows, and the warm days 4-6 (the default and the reference's sweep); the main files
+# hold revision 5's rows since 2026-12-06
 REVISION2 = sorted((VERDICTS / "revision2").glob("*.json"))
 # the files that carry the default's ablation copies (-windowrate, -coverage, -calibrated); the
 # warm days' file, run after them, holds the default and the reference's sweep only
-ABLATED = [*(path for path in RECORDED if not path.name.startswith("servegen")), *REVISION2]
+ABLATED = [*(path for path in RECORDED if not path.name.startswith("servegen")),
+           VERDICTS / "revision2" / "servegen-500-50.json"]
 # every file as the variants measured before 2026-12-06's revision-5 ServeGen days were read with it
-HISTORIC = [*ABLATED, VERDICTS / "servegen-warm-500-50.json"]
+HISTORIC = [*ABLATED, VERDICTS / "revision2" / "servegen-warm-500-50.json"]
 # the ServeGen file as simulator revision 1 measured it, its -coverage +retune1h rows included
 # (revision 2's +retune1h rows are in revision2/)
 REVISION1 = sorted((VERDICTS / "revision1").glob("*.json"))
@@ -389,8 +391,8 @@ def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():
 # day, run again on revision 4, is the committed row).
 # Revision 5 (2026-12-05, prefix caching) moves only workloads with prefix hashes: Mooncake's rows
 # were run again, the Azure rows of revision 4 are current (UNMOVED_BY).
-# The day-0 file was run again on revision 5 on 2026-12-06 (its revision-2 rows are in revision2/).
-STALE: dict[str, int] = {"servegen-warm-500-50.json": 2}
+# Both ServeGen files were run again on revision 5 on 2026-12-06 (their revision-2 rows are in revision2/).
+STALE: dict[str, int] = {}
 UNMOVED_BY: dict[int, Callable[[str], bool]] = {5: lambda workload: not workload.startswith("mooncake")}
 
 
@@ -421,9 +423,12 @@ def test_the_committed_runs_give_the_documented_verdicts(files, default):
     assert found == expected
 
 
-@pytest.mark.parametrize(("files", "revision"), [(REVISION1, 1), (REVISION2, 2)])
-def test_the_earlier_records_are_of_their_revision_throughout(files, revision):
-    assert [p.name for p in files] == ["servegen-500-50.json"]
+@pytest.mark.parametrize(("files", "revision", "names"), [
+    (REVISION1, 1, ["servegen-500-50.json"]),
+    (REVISION2, 2, ["servegen-500-50.json", "servegen-warm-500-50.json"]),
+])
+def test_the_earlier_records_are_of_their_revision_throughout(files, revision, names):
+    assert [p.name for p in files] == names
     for path in files:
         assert {row.get("sim_revision", 1) for row in json.loads(path.read_text())["rows"]} == {revision}
 
@@ -650,6 +655,43 @@ def test_the_draws_give_the_documented_verdicts():
     assert found == DRAW_VERDICTS
 
 
+# docs/forecasting.md's "Every verdict at a glance" and benchmarks.md's end-to-end table: each workload's
+# verdicts (won, tied, lost) over its levels and draws, as bench/frontier.py --by-draw counts them
+TIGHT = (200.0, 20.0)
+GLANCE = {
+    ("azure-code-30min", TIGHT): (2, 1, 0),
+    ("azure-code-30min", SLA): (0, 1, 8),
+    ("azure-code-30min-shift30", SLA): (2, 0, 0),
+    ("azure-conv-30min", TIGHT): (0, 3, 0),
+    ("azure-conv-30min", SLA): (1, 6, 2),
+    ("azure-conv-30min-shift30", SLA): (2, 0, 2),
+    ("mooncake-conv-30min", TIGHT): (0, 1, 0),
+    ("mooncake-conv-30min", SLA): (3, 2, 0),
+    ("mooncake-conv-30min-shift30", SLA): (1, 0, 0),
+    ("mooncake-conv-30min-spread", TIGHT): (0, 1, 0),
+    ("mooncake-conv-30min-spread", SLA): (0, 2, 1),
+    ("mooncake-conv-30min-spread-shift30", SLA): (1, 0, 2),
+    ("servegen-m-large-24h", SLA): (4, 0, 0),
+    **{(f"servegen-m-large-24h-day{d}-warm{d}d", SLA): (2, 0, 0) for d in (4, 5, 6)},
+    ("servegen-m-mid-24h", SLA): (2, 0, 0),
+    ("servegen-m-mid-24h-day4-warm4d", SLA): (2, 0, 0),
+    ("servegen-m-mid-24h-day5-warm5d", SLA): (0, 1, 1),
+    ("servegen-m-mid-24h-day6-warm6d", SLA): (2, 0, 0),
+}
+
+
+def test_every_verdict_at_a_glance_is_the_tally_the_docs_state():
+    counts = tally(by_draw(read_runs([*RECORDED, *SHAPE_KEPT, *DRAWS], "fleetplan (ensemble)"), TIE_POINTS, TIE_COST))
+    assert {key: (c["won"], c["tie"], c["lost"]) for key, c in counts.items()} == GLANCE
+    assert all(set(c) == {"won", "tie", "lost"} for c in counts.values())  # none unread
+
+    def total(traces: bool) -> tuple[int, ...]:
+        return tuple(sum(won_tie_lost[k] for (w, _), won_tie_lost in GLANCE.items()
+                         if w.startswith("servegen") != traces) for k in range(3))
+    assert total(traces=True) == (12, 17, 15)  # the 44 trace verdicts of HOLD_TALLIES["decode"]
+    assert total(traces=False) == (16, 1, 1)
+
+
 def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():
     """docs/forecasting.md and benchmarks.md: each predictor's frontier read at the default's
     GPU-hours, day 0, the warm days but m-mid's 5th, the frozen ARIMA that does not hold the
@@ -707,6 +749,30 @@ def test_the_servegen_day_0_rows_on_revision_5_are_won_by_the_margins_the_docs_s
         assert verdict_found == "won" and all(cost is None for _, cost in readings.values())
         found[(workload, round(scale, 4))] = ((round(group["default"][0], 2), round(group["default"][1] * 100, 2)),
                                               round(readings["constant"][0] * 100, 2))
+    assert found == stated
+
+
+def test_the_warm_days_on_revision_5_give_the_margins_the_docs_state():
+    """bench/results/verdicts/README.md and docs/forecasting.md: days 4-6 warmed, run again on revision 5
+    with the default of 2026-12-06: (the default, the constant at its spend, the constant's GPU-hours
+    for its attainment), and the same verdicts as revision 2's rows."""
+    stated = {
+        "servegen-m-large-24h-day4-warm4d": ((513.75, 96.68), 95.34, None),
+        "servegen-m-large-24h-day5-warm5d": ((643.83, 94.18), 92.72, None),
+        "servegen-m-large-24h-day6-warm6d": ((490.72, 96.15), 95.32, None),
+        "servegen-m-mid-24h-day4-warm4d": ((413.90, 96.11), 93.82, None),
+        "servegen-m-mid-24h-day5-warm5d": ((380.18, 96.13), 96.25, 373.56),
+        "servegen-m-mid-24h-day6-warm6d": ((446.36, 96.09), 95.73, None),
+    }
+    now = read_runs([VERDICTS / "servegen-warm-500-50.json"], "fleetplan (ensemble)")
+    before = read_runs([VERDICTS / "revision2" / "servegen-warm-500-50.json"], "fleetplan (ensemble)")
+    found = {}
+    for key, group in now.items():
+        result, readings = verdict(group["default"], group["refs"], TIE_POINTS, TIE_COST)
+        assert result == verdict(before[key]["default"], before[key]["refs"], TIE_POINTS, TIE_COST)[0], key
+        at, cost = readings["constant"]
+        found[key[0]] = ((round(group["default"][0], 2), round(group["default"][1] * 100, 2)), round(at * 100, 2),
+                         None if cost is None else round(cost, 2))
     assert found == stated
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim.sim_helpers import InlinePool
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -218,16 +220,7 @@ def _sizing_tasks(monkeypatch, *argv: str, choose=None) -> list[tuple]:
         sys.path.remove(str(ROOT / "bench"))
     tasks = []
 
-    class Pool:
-        def __init__(self, jobs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
+    class Pool(InlinePool):
         def map(self, fn, work):
             tasks.extend(work)
             return []

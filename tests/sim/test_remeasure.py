@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleetplan.sim import REVISION
+from tests.sim.sim_helpers import InlinePool
 
 ROOT = Path(__file__).parents[2]
 CODE_HEAD = ROOT / "tests" / "data" / "traces" / "azure2023_code_head30.csv"
@@ -108,17 +109,8 @@ def test_a_run_stopped_partway_keeps_the_rows_it_finished(monkeypatch, tmp_path)
     rows = [_row("fleetplan (ensemble)"), _row("reference forecast (constant) util0.8")]
     runs.write_text(json.dumps({"sla": [500.0, 50.0], "rows": rows}))
 
-    class StoppedAfterOneRow:
+    class StoppedAfterOneRow(InlinePool):
         """A pool whose run is stopped (^C) once the first row is back."""
-
-        def __init__(self, jobs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
 
         def map(self, task, tasks):
             index, spec, sla, policy = tasks[0]

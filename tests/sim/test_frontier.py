@@ -684,12 +684,10 @@ def test_every_verdict_at_a_glance_is_the_tally_the_docs_state():
     counts = tally(by_draw(read_runs([*RECORDED, *SHAPE_KEPT, *DRAWS], "fleetplan (ensemble)"), TIE_POINTS, TIE_COST))
     assert {key: (c["won"], c["tie"], c["lost"]) for key, c in counts.items()} == GLANCE
     assert all(set(c) == {"won", "tie", "lost"} for c in counts.values())  # none unread
-
-    def total(traces: bool) -> tuple[int, ...]:
-        return tuple(sum(won_tie_lost[k] for (w, _), won_tie_lost in GLANCE.items()
-                         if w.startswith("servegen") != traces) for k in range(3))
-    assert total(traces=True) == (12, 17, 15)  # the 44 trace verdicts of HOLD_TALLIES["decode"]
-    assert total(traces=False) == (16, 1, 1)
+    traces = [c for (workload, _), c in GLANCE.items() if not workload.startswith("servegen")]
+    days = [c for (workload, _), c in GLANCE.items() if workload.startswith("servegen")]
+    assert tuple(map(sum, zip(*traces, strict=True))) == (12, 17, 15)  # the 44 trace verdicts of HOLD_TALLIES["decode"]
+    assert tuple(map(sum, zip(*days, strict=True))) == (16, 1, 1)
 
 
 def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():

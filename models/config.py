@@ -195,6 +195,12 @@ class PlannerConfig(BaseModel):
     # since 2026-12-06), whose slot count replaces the rate count's headroom, so nothing in its count
     # carries the unknown error; "all" holds prefill too; "none" releases on the first tick (docs/sizing.md)
     hold_until_scored: Literal["none", "decode", "all"] = "decode"
+    # prefill's queueing floor models the queue, not the forecast's error: "coverage" (the default
+    # since 2026-12-06) sizes it for the busiest burst times calibrated_utilization / the share
+    # uncalibrated_headroom gives, the rate count's headroom for that error, until the quantile is
+    # conformal (1.125 at the first ticks, 1 once conformal); "none" sizes it for the burst alone
+    # (docs/sizing.md)
+    floor_headroom: Literal["none", "coverage"] = "coverage"
     hold_scale_down_until_floor: bool = True
     throughput_sizing: Literal["point", "startup_quantile"] = "startup_quantile"
     sizing_quantile: float = Field(0.9, gt=0, lt=1, allow_inf_nan=False)

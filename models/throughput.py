@@ -185,6 +185,7 @@ def propose_throughput(
     utilization: float | None = None,
     window_num_req: float | None = None,
     decode_num_req: float | None = None,
+    floor_margin: float = 1.0,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -210,7 +211,9 @@ def propose_throughput(
     the slot-wait count takes the rest of the window's requests from
     (``burst_rest``), the rate count keeping the burst. ``sized_rps`` reports
     the burst's quantile either way, as the forecast check and
-    ``quantile_exceeded`` score it.
+    ``quantile_exceeded`` score it. ``floor_margin`` multiplies the rate
+    prefill's queueing floor sizes for: the headroom for the forecast's
+    error while its quantile is not conformal (``floor_headroom``).
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -229,6 +232,7 @@ def propose_throughput(
         horizon_windows=horizon_windows, quantile_calibrated=quantile_calibrated,
         quantile_exceeded=quantile_exceeded,
         arrival_dispersion=dispersion_points(arrival_dispersion) if floored else None,
+        floor_margin=floor_margin if floored else None,
     )
     factors = mix_factor or {}
     capacity: dict[Role, float] = {}
@@ -260,7 +264,7 @@ def propose_throughput(
                 # random arrivals need more engines than any fixed utilisation gives
                 budgets = queue_budgets if queue_budgets else (config.ttft_ms - cap.ttft_ms) / 1000.0
                 waiting = by_queueing[role] = queueing_replicas(
-                    demand_rps, capacity[role], budgets, config.queueing_sla_share, minimums[role],
+                    demand_rps * floor_margin, capacity[role], budgets, config.queueing_sla_share, minimums[role],
                     arrival_dispersion=arrival_dispersion,
                 )
             # the floor sizes for the burst, the rate count for the window's work; a floor with no

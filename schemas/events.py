@@ -448,6 +448,11 @@ class PredictedLoad(_Model):
         "prefill queueing floor stretched its waits by (one point at 1 s with the 1-s dispersion; "
         "1 for Poisson); null without a queueing floor",
     )
+    floor_margin: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] | None = Field(
+        None, description="the multiple of sized_rps the prefill queueing floor sized for: "
+        "calibrated_utilization over the share rate_replicas sized at while the sizing quantile is not "
+        "conformal (floor_headroom: coverage), else 1; null without a queueing floor",
+    )
 
 
 class RoleEstimate(_Model):

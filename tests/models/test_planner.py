@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetplan.models.config import config_from_dict
-from fleetplan.models.planner import _hold_until_scored
+from fleetplan.models.planner import _floor_margin, _hold_until_scored, _sizing_utilization
 from fleetplan.schemas import ControlEvent, SetAdvisory, SetMinEndpoints
 from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
@@ -563,10 +563,14 @@ def test_the_ack_timeout_ends_on_the_tick_it_runs_out(make_fleet):
 
 
 
-def _first_ticks(make_fleet, hold: str):
+def _first_ticks(make_fleet, hold: str, floor_headroom: str = "none"):
     """Fleetplan's sizing on a warm fleet of 3 prefill and 4 decode engines under 20 rps that 2 and 1
-    serve, ticked three times (the startup horizon is 2 windows: 120 s of startup and a 180-s window)."""
-    fleet = make_fleet(sizing="fleetplan", hold_until_scored=hold)
+    serve, ticked three times (the startup horizon is 2 windows: 120 s of startup and a 180-s window).
+
+    Prefill's floor takes no headroom for the forecast's error here (``floor_headroom: none``), so
+    the first tick releases a prefill engine and the roles each hold keeps differ; with it, 3 stay.
+    """
+    fleet = make_fleet(sizing="fleetplan", hold_until_scored=hold, floor_headroom=floor_headroom)
     evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
     evs += [*requests(20, T0 + 1, T0 + 545), ack(0, T0 + 200), ack(1, T0 + 380)]
     out = fleet.run(sorted(evs, key=lambda e: e.time))
@@ -595,7 +599,7 @@ def test_hold_until_scored_names_the_roles_held(make_fleet, hold, first_targets,
 
 
 def test_with_the_load_loop_the_hold_is_in_the_throughput_lower_bound(make_fleet):
-    fleet = make_fleet(sizing="fleetplan", enable_load_scaling=True)
+    fleet = make_fleet(sizing="fleetplan", enable_load_scaling=True, floor_headroom="none")
     evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
     out = fleet.run([*evs, *requests(20, T0 + 1, T0 + 185)])
     (first,) = [o for o in out if o.time == T0 + 180]
@@ -640,6 +644,56 @@ def test_the_hold_only_keeps_engines_the_fleet_has(hold, targets, baseline, cove
             assert out[role] == max(targets[role], baseline[role])
         else:
             assert out[role] == targets[role]
+
+
+def test_prefills_floor_keeps_the_headroom_for_the_forecasts_error_until_it_is_scored(make_fleet):
+    """The first tick sizes for the largest burst seen, which covers half the windows: the rate count
+    keeps target_utilization's headroom for that, and the floor now the same share of it."""
+    without, with_margin = _first_ticks(make_fleet, "decode"), _first_ticks(make_fleet, "decode", "coverage")
+    first = with_margin[180]
+    assert first.predicted.quantile_calibrated is False
+    assert first.predicted.floor_margin == pytest.approx(0.9 / 0.8)  # calibrated over target utilisation
+    assert without[180].predicted.floor_margin == 1.0
+    assert first.estimates["prefill"].queueing_replicas == 3 > without[180].estimates["prefill"].queueing_replicas
+    assert first.targets == {"prefill": 3, "decode": 4}  # decode held, as before; prefill kept by its floor
+
+
+def test_the_floors_margin_is_gone_once_the_quantile_is_conformal(make_fleet):
+    """Calibrated, the quantile carries the forecast's error: both settings size the floor alike."""
+    def ticks(floor_headroom: str):
+        fleet = make_fleet(sizing="fleetplan", floor_headroom=floor_headroom)
+        evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+        out = fleet.run(sorted([*evs, *requests(20, T0 + 1, T0 + 180 * 14 + 5)], key=lambda e: e.time))
+        return [o for o in out if o.predicted is not None and o.predicted.quantile_calibrated]
+
+    calibrated, without = ticks("coverage"), ticks("none")
+    assert len(calibrated) >= 2 and [o.time for o in calibrated] == [o.time for o in without]
+    for a, b in zip(calibrated, without, strict=True):
+        assert a.predicted.floor_margin == 1.0
+        assert a.estimates["prefill"].queueing_replicas == b.estimates["prefill"].queueing_replicas
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    floor_headroom=st.sampled_from(["none", "coverage"]),
+    target=st.floats(0.3, 1.0), calibrated=st.one_of(st.none(), st.floats(0.3, 1.0)),
+    uncalibrated=st.sampled_from(["full", "coverage"]), coverage=st.floats(0.0, 0.9),
+)
+def test_the_floors_margin_is_the_rate_counts_headroom_for_the_error(floor_headroom, target, calibrated,
+                                                                      uncalibrated, coverage):
+    """margin × the share sized at is calibrated_utilization: the floor takes exactly the headroom the
+    rate count keeps beyond the queue's, never less than none, and none once the quantile is conformal."""
+    cfg = config_from_dict({"floor_headroom": floor_headroom, "target_utilization": target,
+                            "calibrated_utilization": calibrated, "uncalibrated_headroom": uncalibrated})
+    share = _sizing_utilization(cfg, coverage)
+    margin = _floor_margin(cfg, share)
+    assert margin >= 1.0
+    if floor_headroom == "none" or calibrated is None or calibrated <= share:
+        assert margin == 1.0
+    else:
+        assert margin * share == pytest.approx(calibrated)
+    assert _floor_margin(cfg, _sizing_utilization(cfg, cfg.sizing_quantile)) == 1.0
+    assert _floor_margin(cfg, None) == 1.0  # sized for the point: no quantile, no margin
 
 
 def test_an_aggregated_deployment_is_held_only_when_every_role_is():

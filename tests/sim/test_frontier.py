@@ -768,10 +768,11 @@ def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():
             assert all(cost is None for _, cost in readings.values())  # none reaches the default's attainment
     assert not stated
     # m-mid's warm day 5 is the one lost: the constant meets the default's 96.27 % from 377.95
-    # GPU-hours, 3.1 % under its 390.04 (on the request basis 96.26 % at 389.13, from 377.20)
+    # GPU-hours, 3.1 % under its 390.24 (390.04 before floor_headroom: coverage; on the request
+    # basis 96.26 % at 389.13, from 377.20)
     day5 = groups[("servegen-m-mid-24h-day5-warm5d-seed1", 0.0667, SLA)]
     found, readings = verdict(day5["default"], day5["refs"], TIE_POINTS, TIE_COST)
-    assert (found, round(day5["default"][0], 2), round(day5["default"][1] * 100, 2)) == ("lost", 390.04, 96.27)
+    assert (found, round(day5["default"][0], 2), round(day5["default"][1] * 100, 2)) == ("lost", 390.24, 96.27)
     assert round(readings["constant"][1], 2) == 377.95 and readings["kalman"][0] is None  # its sweep ends at 389.35
     before = requests_default(DRAWS)
     assert {w: verdict(g["default"], g["refs"], TIE_POINTS, TIE_COST)[0] for (w, _, _), g in before.items()
@@ -813,7 +814,8 @@ def test_the_warm_days_on_revision_5_give_the_margins_the_docs_state():
         "servegen-m-large-24h-day5-warm5d": ((643.83, 94.18), 92.72, None),
         "servegen-m-large-24h-day6-warm6d": ((490.72, 96.15), 95.32, None),
         "servegen-m-mid-24h-day4-warm4d": ((413.90, 96.11), 93.82, None),
-        "servegen-m-mid-24h-day5-warm5d": ((380.18, 96.13), 96.25, 373.56),
+        # floor_headroom: coverage (2026-12-06): the same 96.13 % for 0.20 GPU-hours more (380.18 before)
+        "servegen-m-mid-24h-day5-warm5d": ((380.38, 96.13), 96.25, 373.56),
         "servegen-m-mid-24h-day6-warm6d": ((446.36, 96.09), 95.73, None),
     }
     now = read_runs([VERDICTS / "servegen-warm-500-50.json"], "fleetplan (ensemble)")

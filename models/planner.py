@@ -374,7 +374,7 @@ class Planner:
             quantile_exceeded=exceeded, mix_factor=factors,
             arrival_dispersion=queueing_dispersion(cfg, state.arrival_dispersion, state.dispersion_curve),
             queue_budgets=budgets, osl_classes=osl_classes, utilization=utilization, window_num_req=window,
-            decode_num_req=decode, floor_margin=_floor_margin(cfg, utilization),
+            decode_num_req=decode,
         )
         scratch.predicted = proposal.predicted
         scratch.proposal = proposal
@@ -680,26 +680,6 @@ def _sizing_utilization(cfg: PlannerConfig, coverage: float) -> float:
         return cfg.target_utilization  # a quantile that covers more never asks for more headroom
     share = (coverage - POINT_COVERAGE) / (q - POINT_COVERAGE)
     return cfg.target_utilization + (cfg.calibrated_utilization - cfg.target_utilization) * share
-
-
-def _floor_margin(cfg: PlannerConfig, utilization: float | None) -> float:
-    """The multiple of the sized burst prefill's queueing floor sizes for (``floor_headroom``).
-
-    ``target_utilization`` is headroom for two things, the queue an engine
-    builds near its rate and the forecast's error; ``calibrated_utilization``
-    for the queue alone, once the quantile's misses are held at 1 - q
-    (``_sizing_utilization``). So ``calibrated / utilization`` is the share
-    of the rate count's headroom that is for the forecast's error. The
-    queueing floor models the queue and had none of it: a new deployment's
-    first tick sized it for the largest burst seen, which covers half the
-    windows, and on Azure code it released two of the warm fleet's 13
-    engines a minute before a busier one (docs/sizing.md). 1 once the
-    quantile is conformal, without ``calibrated_utilization``, or with
-    ``floor_headroom: none``.
-    """
-    if cfg.floor_headroom == "none" or utilization is None or cfg.calibrated_utilization is None:
-        return 1.0
-    return max(1.0, cfg.calibrated_utilization / utilization)
 
 
 def _due(now: float, interval: int) -> bool:

@@ -165,6 +165,26 @@ def cap_change(desired: int, current: int, max_step: int, minimum: int) -> int:
     return max(capped, minimum) if desired >= minimum else capped
 
 
+def floor_margin(cfg: PlannerConfig, utilization: float | None) -> float:
+    """The multiple of the sized burst prefill's queueing floor sizes for (``floor_headroom``).
+
+    ``target_utilization`` is headroom for two things, the queue an engine
+    builds near its rate and the forecast's error; ``calibrated_utilization``
+    for the queue alone, once the quantile's misses are held at 1 - q
+    (``_sizing_utilization`` in models/planner.py). So ``calibrated / utilization`` is the share
+    of the rate count's headroom that is for the forecast's error. The
+    queueing floor models the queue and had none of it: a new deployment's
+    first tick sized it for the largest burst seen, which covers half the
+    windows, and on Azure code it released two of the warm fleet's 13
+    engines a minute before a busier one (docs/sizing.md). 1 once the
+    quantile is conformal, without ``calibrated_utilization``, or with
+    ``floor_headroom: none``.
+    """
+    if cfg.floor_headroom == "none" or utilization is None or cfg.calibrated_utilization is None:
+        return 1.0
+    return max(1.0, cfg.calibrated_utilization / utilization)
+
+
 def propose_throughput(
     config: PlannerConfig,
     current: Mapping[Role, int],
@@ -185,7 +205,6 @@ def propose_throughput(
     utilization: float | None = None,
     window_num_req: float | None = None,
     decode_num_req: float | None = None,
-    floor_margin: float = 1.0,
 ) -> ThroughputProposal:
     """Size every role for the forecast window.
 
@@ -211,9 +230,9 @@ def propose_throughput(
     the slot-wait count takes the rest of the window's requests from
     (``burst_rest``), the rate count keeping the burst. ``sized_rps`` reports
     the burst's quantile either way, as the forecast check and
-    ``quantile_exceeded`` score it. ``floor_margin`` multiplies the rate
-    prefill's queueing floor sizes for: the headroom for the forecast's
-    error while its quantile is not conformal (``floor_headroom``).
+    ``quantile_exceeded`` score it. Prefill's queueing floor sizes for that
+    rate times ``floor_margin(config, utilization)``: the headroom for the
+    forecast's error while its quantile is not conformal (``floor_headroom``).
     """
     num_req, isl, osl = forecast
     interval = config.throughput_adjustment_interval_seconds
@@ -224,6 +243,7 @@ def propose_throughput(
     sized = max(sized_of.values(), default=num_req)
     share = config.target_utilization if utilization is None else utilization
     floored = config.prefill_sizing == "queueing" and "prefill" in config.roles
+    margin = floor_margin(config, utilization)
     predicted = PredictedLoad(
         num_req=num_req, isl=isl, osl=osl, rps=num_req / interval,
         kv_hit_rate=kv_hit_rate, accept_length=accept_length,
@@ -232,7 +252,7 @@ def propose_throughput(
         horizon_windows=horizon_windows, quantile_calibrated=quantile_calibrated,
         quantile_exceeded=quantile_exceeded,
         arrival_dispersion=dispersion_points(arrival_dispersion) if floored else None,
-        floor_margin=floor_margin if floored else None,
+        floor_margin=margin if floored else None,
     )
     factors = mix_factor or {}
     capacity: dict[Role, float] = {}
@@ -264,7 +284,7 @@ def propose_throughput(
                 # random arrivals need more engines than any fixed utilisation gives
                 budgets = queue_budgets if queue_budgets else (config.ttft_ms - cap.ttft_ms) / 1000.0
                 waiting = by_queueing[role] = queueing_replicas(
-                    demand_rps * floor_margin, capacity[role], budgets, config.queueing_sla_share, minimums[role],
+                    demand_rps * margin, capacity[role], budgets, config.queueing_sla_share, minimums[role],
                     arrival_dispersion=arrival_dispersion,
                 )
             # the floor sizes for the burst, the rate count for the window's work; a floor with no

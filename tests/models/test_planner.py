@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetplan.models.config import config_from_dict
-from fleetplan.models.planner import _floor_margin, _hold_until_scored, _sizing_utilization
+from fleetplan.models.planner import _hold_until_scored, _sizing_utilization
+from fleetplan.models.throughput import floor_margin
 from fleetplan.schemas import ControlEvent, SetAdvisory, SetMinEndpoints
 from tests.models.factories import T0, ack, decisions, fpm, ready, requests
 
@@ -563,6 +564,11 @@ def test_the_ack_timeout_ends_on_the_tick_it_runs_out(make_fleet):
 
 
 
+def _warm_fleet():
+    """A warm fleet's engines, ready at the start: 3 prefill and 4 decode."""
+    return [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+
+
 def _first_ticks(make_fleet, hold: str, floor_headroom: str = "none"):
     """Fleetplan's sizing on a warm fleet of 3 prefill and 4 decode engines under 20 rps that 2 and 1
     serve, ticked three times (the startup horizon is 2 windows: 120 s of startup and a 180-s window).
@@ -571,7 +577,7 @@ def _first_ticks(make_fleet, hold: str, floor_headroom: str = "none"):
     the first tick releases a prefill engine and the roles each hold keeps differ; with it, 3 stay.
     """
     fleet = make_fleet(sizing="fleetplan", hold_until_scored=hold, floor_headroom=floor_headroom)
-    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+    evs = _warm_fleet()
     evs += [*requests(20, T0 + 1, T0 + 545), ack(0, T0 + 200), ack(1, T0 + 380)]
     out = fleet.run(sorted(evs, key=lambda e: e.time))
     return {o.time - T0: o for o in out if o.time - T0 in (180, 360, 540)}
@@ -600,7 +606,7 @@ def test_hold_until_scored_names_the_roles_held(make_fleet, hold, first_targets,
 
 def test_with_the_load_loop_the_hold_is_in_the_throughput_lower_bound(make_fleet):
     fleet = make_fleet(sizing="fleetplan", enable_load_scaling=True, floor_headroom="none")
-    evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+    evs = _warm_fleet()
     out = fleet.run([*evs, *requests(20, T0 + 1, T0 + 185)])
     (first,) = [o for o in out if o.time == T0 + 180]
     assert first.throughput_reason == "set_lower_bound"
@@ -613,7 +619,7 @@ def test_the_hold_does_not_delay_the_minimum_when_traffic_stops(make_fleet):
 
     def reached_minimum(hold: str) -> float:
         fleet = make_fleet(sizing="fleetplan", hold_until_scored=hold)
-        evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+        evs = _warm_fleet()
         evs += [*requests(60, T0 + 1, T0 + 1260), *(ClockEvent(deployment="d", time=T0 + t) for t in (1440, 1620, 1800))]
         decided = []
         for event in sorted(evs, key=lambda e: e.time):
@@ -662,7 +668,7 @@ def test_the_floors_margin_is_gone_once_the_quantile_is_conformal(make_fleet):
     """Calibrated, the quantile carries the forecast's error: both settings size the floor alike."""
     def ticks(floor_headroom: str):
         fleet = make_fleet(sizing="fleetplan", floor_headroom=floor_headroom)
-        evs = [ready(f"p{i}", "prefill") for i in range(3)] + [ready(f"d{i}", "decode") for i in range(4)]
+        evs = _warm_fleet()
         out = fleet.run(sorted([*evs, *requests(20, T0 + 1, T0 + 180 * 14 + 5)], key=lambda e: e.time))
         return [o for o in out if o.predicted is not None and o.predicted.quantile_calibrated]
 
@@ -686,14 +692,14 @@ def test_the_floors_margin_is_the_rate_counts_headroom_for_the_error(floor_headr
     cfg = config_from_dict({"floor_headroom": floor_headroom, "target_utilization": target,
                             "calibrated_utilization": calibrated, "uncalibrated_headroom": uncalibrated})
     share = _sizing_utilization(cfg, coverage)
-    margin = _floor_margin(cfg, share)
+    margin = floor_margin(cfg, share)
     assert margin >= 1.0
     if floor_headroom == "none" or calibrated is None or calibrated <= share:
         assert margin == 1.0
     else:
         assert margin * share == pytest.approx(calibrated)
-    assert _floor_margin(cfg, _sizing_utilization(cfg, cfg.sizing_quantile)) == 1.0
-    assert _floor_margin(cfg, None) == 1.0  # sized for the point: no quantile, no margin
+    assert floor_margin(cfg, _sizing_utilization(cfg, cfg.sizing_quantile)) == 1.0
+    assert floor_margin(cfg, None) == 1.0  # sized for the point: no quantile, no margin
 
 
 def test_an_aggregated_deployment_is_held_only_when_every_role_is():

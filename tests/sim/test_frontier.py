@@ -356,6 +356,13 @@ def test_the_hold_moved_seven_trace_rows_for_a_decode_engine_at_most():
         assert att >= att0 and gpu - gpu0 < 0.05, key
 
 
+def trace_tally(groups: dict[tuple, dict]) -> dict[str, int]:
+    """The 30-minute traces' verdicts over every level and draw: {won, tie, lost} summed."""
+    traces = [counts for (workload, _), counts in tally(by_draw(groups, TIE_POINTS, TIE_COST)).items()
+              if not workload.startswith("servegen")]
+    return {kind: sum(counts[kind] for counts in traces) for kind in ("won", "tie", "lost")}
+
+
 # the verdicts of the 44 trace rows, each draw with a reference sweep, for each hold (docs/sizing.md)
 HOLD_TALLIES = {
     "none": {"won": 9, "tie": 19, "lost": 16},
@@ -369,9 +376,7 @@ def test_the_holds_tally_the_docs_state(hold):
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS, HOLD_ALL]
     groups = {"none": lambda: released_first(files), "decode": lambda: floorless(files),
               "all": lambda: read_runs(files, "fleetplan (ensemble) hold-all")}[hold]()
-    traces = [counts for (workload, _), counts in tally(by_draw(groups, TIE_POINTS, TIE_COST)).items()
-              if not workload.startswith("servegen")]
-    assert {kind: sum(counts[kind] for counts in traces) for kind in HOLD_TALLIES[hold]} == HOLD_TALLIES[hold]
+    assert trace_tally(groups) == HOLD_TALLIES[hold]
 
 
 def test_the_floors_margin_moved_forty_trace_rows_and_buys_attainment_for_gpu_hours():
@@ -399,9 +404,7 @@ FLOOR_TALLIES = {"none": (12, 17, 15), "coverage": (21, 11, 12)}
 def test_the_floors_margin_tallies_the_docs_state(floor):
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS]
     groups = floorless(files) if floor == "none" else read_runs(files, "fleetplan (ensemble)")
-    traces = [counts for (workload, _), counts in tally(by_draw(groups, TIE_POINTS, TIE_COST)).items()
-              if not workload.startswith("servegen")]
-    assert tuple(sum(counts[kind] for counts in traces) for kind in ("won", "tie", "lost")) == FLOOR_TALLIES[floor]
+    assert tuple(trace_tally(groups).values()) == FLOOR_TALLIES[floor]
 
 
 def test_weighted_moved_only_decode_and_meets_as_much_for_as_much_or_less():

@@ -44,6 +44,7 @@ from quality import (
 )
 
 from fleetplan.models.config import REFERENCE_SIZING
+from fleetplan.sim.profiles import BUNDLED_PROFILES
 
 Q = {"throughput_sizing": "startup_quantile"}
 B = {"capacity_mix": "buckets"}
@@ -258,6 +259,11 @@ def main() -> None:
                              "copies' shifts, spread arrivals, ServeGen's requests and startup times, as "
                              "fleetplan simulate --seed); a workload drawn at a seed other than 0 is named "
                              "with -seedN. Is a verdict a property of the policy or of one draw?")
+    parser.add_argument("--profile", default=None, choices=sorted(BUNDLED_PROFILES),
+                        help="traces: run on this bundled engine profile instead of the H200 Llama-3.1-8B "
+                             "the recorded scales and defaults were measured on (a profile held out of the "
+                             "tuning); the scale is chosen for it as --choose-scale does, and the workload "
+                             "is named with -PROFILE")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rate_scale_shift(parser, args.rate_scale_shift)
@@ -276,8 +282,10 @@ def main() -> None:
     sla = tuple(float(x) for x in args.sla.split(","))
     chosen = []
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
+        if args.profile is not None and s.kind == "trace" and args.profile != s.profile:
+            s = replace(s, profile=args.profile, name=f"{s.name}-{args.profile}")
         base = SCALES.get(s.name, s.scale)
-        if args.choose_scale and s.kind == "trace":
+        if (args.choose_scale or s.name not in SCALES) and s.kind == "trace":
             base = choose_scale(replace(s, shift=args.rate_scale_shift), 10, integer=True).scale
             print(f"{s.name}: rate scale {base:g} by the busiest window", flush=True)
         scaled = [replace(s, scale=base * f) for f in factors]

@@ -269,6 +269,32 @@ def test_seeds_run_each_workload_at_each_draw_named_by_it(monkeypatch):
         ("azure-conv-30min-shift30", 34.0 * 1.05, 0), ("azure-conv-30min-shift30-seed3", 34.0 * 1.05, 3)]
 
 
+def test_profile_runs_the_traces_on_another_engine_at_a_scale_chosen_for_it(monkeypatch):
+    """bench/sizing.py --profile P: each trace runs on P, named -P, at the scale quality.py's rule
+    chooses on P (the recorded scales are the H200 8B's), times the load factors; a ServeGen day
+    keeps its own profile and recorded scale."""
+    from dataclasses import replace
+
+    asked = []
+
+    def choose(spec, target, integer):
+        asked.append((spec.name, spec.profile, target, integer))
+        return replace(spec, scale=7.0)
+
+    tasks = _sizing_tasks(monkeypatch, "--only", "code,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
+                          "--load-factors", "1,1.1", "--profile", "h100-llama3.3-70b", choose=choose)
+    code = "azure-code-30min-h100-llama3.3-70b"
+    assert asked == [(code, "h100-llama3.3-70b", 10, True)]
+    assert [(s.name, s.profile, s.scale) for s, _, _ in tasks] == [
+        (code, "h100-llama3.3-70b", 7.0), (code, "h100-llama3.3-70b", 7.0 * 1.1),
+        ("servegen-m-mid-24h", "h100-llama3.3-70b", 0.0667), ("servegen-m-mid-24h", "h100-llama3.3-70b", 0.0667 * 1.1)]
+
+
+def test_sizing_refuses_a_profile_it_does_not_bundle():
+    line = _refused(_bench("sizing.py", "--data", "/nonexistent", "--profile", "a100-opt-13b"))
+    assert "--profile: invalid choice: 'a100-opt-13b'" in line
+
+
 @pytest.mark.parametrize("seeds", ["-1", "one", "1,1", ","])
 def test_sizing_refuses_seeds_that_are_not_draws(seeds):
     line = _refused(_bench("sizing.py", "--data", "/nonexistent", "--seeds", seeds))

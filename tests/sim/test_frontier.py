@@ -913,3 +913,24 @@ def test_decode_window_on_the_servegen_days_is_the_documented_loss():
             changed[key[0]] = (before, after)
     assert changed == {"servegen-m-large-24h-day4-warm4d": ("won", "tie"),
                        "servegen-m-mid-24h-day6-warm6d": ("won", "tie")}
+
+
+# docs/forecasting.md's "On an engine the defaults were not tuned on": the four traces on the 70B profile
+OTHER_ENGINE = sorted((VERDICTS.parent / "other-engine").glob("*.json"))
+LOOSE = (2000.0, 50.0)
+ON_70B = {
+    **{(f"{trace}-h100-llama3.3-70b", sla): (n, 0, 0)
+       for trace, n in (("azure-code-30min", 5), ("mooncake-conv-30min", 3), ("mooncake-conv-30min-spread", 5))
+       for sla in (SLA, LOOSE)},
+    ("azure-conv-30min-h100-llama3.3-70b", SLA): (5, 0, 0),
+    ("azure-conv-30min-h100-llama3.3-70b", LOOSE): (0, 0, 5),
+}
+
+
+def test_on_the_engine_the_defaults_were_not_tuned_on_conv_at_the_loose_ttft_is_what_loses():
+    assert [p.name for p in OTHER_ENGINE] == ["h100-70b-2000-50.json", "h100-70b-500-50.json"]
+    rows = [row for path in OTHER_ENGINE for row in json.loads(path.read_text())["rows"]]
+    assert {row["profile"] for row in rows} == {"h100-llama3.3-70b"}
+    counts = tally(by_draw(read_runs(OTHER_ENGINE, "fleetplan (ensemble)"), TIE_POINTS, TIE_COST))
+    assert {key: (c["won"], c["tie"], c["lost"]) for key, c in counts.items()} == ON_70B
+    assert tuple(map(sum, zip(*ON_70B.values(), strict=True))) == (31, 0, 5)

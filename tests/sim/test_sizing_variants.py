@@ -60,12 +60,14 @@ def test_the_rows_measured_on_the_request_basis_keep_it():
     assert "fleetplan (ensemble) requests-basis" not in ABLATION
 
 
-@pytest.mark.parametrize("name, hold", [("hold-none", "none"), ("hold-all", "all")])
-def test_the_hold_rows_are_the_default_with_another_hold(name, hold):
+@pytest.mark.parametrize("name, hold, floor", [("hold-none", "none", "none"), ("hold-all", "all", "none"),
+                                               ("hold-all margin", "all", "coverage")])
+def test_the_hold_rows_are_the_default_with_another_hold(name, hold, floor):
     """bench/results/hold-until-scored: the default before 2026-12-06's hold (every role released on the
-    first tick) and every role held, and nothing else changed."""
+    first tick) and every role held, as they ran before the floor's margin (none.json, all.json), and
+    every role held on today's default (all-margin.json); nothing else changed."""
     default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
     variant = config_from_dict({**SLA, **VARIANTS[f"fleetplan (ensemble) {name}"]})
-    assert default.hold_until_scored == "decode"
-    assert variant == default.model_copy(update={"hold_until_scored": hold})
+    assert (default.hold_until_scored, default.floor_headroom) == ("decode", "coverage")
+    assert variant == default.model_copy(update={"hold_until_scored": hold, "floor_headroom": floor})
     assert f"fleetplan (ensemble) {name}" not in ABLATION

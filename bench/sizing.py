@@ -4,7 +4,8 @@ Usage:
 
     .venv/bin/python bench/sizing.py --data /work/shared/data \
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
-        [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--day 4 --warm-days 4] [--json out.json]
+        [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--day 4 --warm-days 4] [--json out.json] \
+        [--profile h100-llama3.3-70b]   # the traces on an engine the defaults were not tuned on
         # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept;
         # departures: today's defaults, each departure from Dynamo's sizing taken away
 

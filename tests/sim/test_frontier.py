@@ -940,12 +940,6 @@ def test_on_the_engine_the_defaults_were_not_tuned_on_conv_at_the_loose_ttft_is_
     assert tuple(map(sum, zip(*ON_70B.values(), strict=True))) == (31, 0, 5)
 
 
-def _moved(before: dict[tuple, dict], after: dict[tuple, dict]) -> list[tuple[float, float]]:
-    """(attainment points, GPU-hours) each row the default ran moved by, of the rows that moved."""
-    pairs = [(before[key]["default"], group["default"]) for key, group in after.items() if group["default"]]
-    return [((a1 - a0) * 100.0, g1 - g0) for (g0, a0), (g1, a1) in pairs if (g0, a0) != (g1, a1)]
-
-
 @pytest.mark.parametrize("engine", ["8b", "70b"])
 def test_every_role_held_on_todays_default_meets_more_for_more_and_wins_one_verdict_more(engine):
     """docs/sizing.md: hold_until_scored: all measured again with the floor's margin (2026-12-07). On the
@@ -955,14 +949,12 @@ def test_every_role_held_on_todays_default_meets_more_for_more_and_wins_one_verd
     within 0.14 points less (three rows)."""
     files = ([*RECORDED, *SHAPE_KEPT, *DRAWS, HOLD_ALL_8B] if engine == "8b" else [*OTHER_ENGINE, HOLD_ALL_70B])
     before, after = read_runs(files, "fleetplan (ensemble)"), read_runs(files, HOLD_ALL_MARGIN)
-    if engine == "8b":
-        after = {key: group for key, group in after.items() if not key[0].startswith("servegen")}
-    moved = _moved(before, after)
-    counts = tally(by_draw(after, TIE_POINTS, TIE_COST))
-    totals = tuple(sum(c[kind] for c in counts.values()) for kind in ("won", "tie", "lost"))
-    assert (len(after), len(moved), totals) == {"8b": (44, 21, (22, 10, 12)), "70b": (36, 26, (31, 1, 4))}[engine]
-    assert all(-0.15 < points < 7.45 and -0.001 < gpu < 1.201 for points, gpu in moved)
-    assert sum(points < 0 for points, _ in moved) == {"8b": 1, "70b": 2}[engine]
+    traces = {key: group for key, group in after.items() if not key[0].startswith("servegen")}
+    moved = moved_rows(before, traces, traces).values()
+    totals = tuple(trace_tally(traces).values())
+    assert (len(traces), len(moved), totals) == {"8b": (44, 21, (22, 10, 12)), "70b": (36, 26, (31, 1, 4))}[engine]
+    assert all(-0.15 < points < 7.45 and -0.001 < gpu < 1.201 for gpu, points in moved)
+    assert sum(points < 0 for _, points in moved) == {"8b": 1, "70b": 2}[engine]
 
 
 def test_every_role_held_moves_the_servegen_days_by_a_hundredth_of_a_point_at_most():
@@ -972,9 +964,9 @@ def test_every_role_held_moves_the_servegen_days_by_a_hundredth_of_a_point_at_mo
              VERDICTS.parent / "draws" / "servegen-500-50.json", HOLD_ALL_8B.with_name("all-margin-servegen.json")]
     before, after = read_runs(files, "fleetplan (ensemble)"), read_runs(files, HOLD_ALL_MARGIN)
     held = {key: group for key, group in after.items() if group["default"]}
-    moved = sorted(key[0] for key, group in held.items() if group["default"] != before[key]["default"])
-    assert (len(held), moved) == (12, ["servegen-m-mid-24h", "servegen-m-mid-24h-seed1"])
-    assert all(abs(points) < 0.015 and abs(gpu) < 0.8 for points, gpu in _moved(before, held))
+    moved = moved_rows(before, held, held)
+    assert (len(held), sorted(key[0] for key in moved)) == (12, ["servegen-m-mid-24h", "servegen-m-mid-24h-seed1"])
+    assert all(abs(points) < 0.015 and abs(gpu) < 0.8 for gpu, points in moved.values())
     day0 = [group for key, group in held.items() if "warm" not in key[0]]
     assert len(day0) == 6
     assert all(verdict(group["default"], group["refs"], TIE_POINTS, TIE_COST)[0] == "won" for group in day0)

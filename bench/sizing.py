@@ -166,17 +166,19 @@ VARIANTS["fleetplan (ensemble) requests-basis"] = {"load_predictor": "ensemble",
                                                     **RELEASE_FIRST}
 # the default until 2026-12-06 (later that day): every role released on the first tick; and every role held
 # until the quantile has scored a forecast, prefill too (docs/sizing.md; bench/results/hold-until-scored),
-# both measured before prefill's queueing floor kept the forecast's headroom; and every role held on
-# today's default (measured again 2026-12-07)
+# both measured before prefill's queueing floor kept the forecast's headroom; and the default until
+# 2026-12-07, decode alone held (hold_until_scored: all, every role, is the default since)
 NO_FLOOR_MARGIN = {"floor_headroom": "none"}
+HOLD_DECODE = {"hold_until_scored": "decode"}
 VARIANTS["fleetplan (ensemble) hold-none"] = {"load_predictor": "ensemble", "hold_until_scored": "none",
                                               **NO_FLOOR_MARGIN}
 VARIANTS["fleetplan (ensemble) hold-all"] = {"load_predictor": "ensemble", "hold_until_scored": "all",
                                              **NO_FLOOR_MARGIN}
-VARIANTS["fleetplan (ensemble) hold-all margin"] = {"load_predictor": "ensemble", "hold_until_scored": "all"}
+VARIANTS["fleetplan (ensemble) hold-decode"] = {"load_predictor": "ensemble", **HOLD_DECODE}
 # prefill's queueing floor without the headroom for the forecast's error before the quantile is
-# conformal, the default until floor_headroom: coverage (docs/sizing.md; bench/results/floor-headroom)
-VARIANTS["fleetplan (ensemble) floor-none"] = {"load_predictor": "ensemble", **NO_FLOOR_MARGIN}
+# conformal, the default until floor_headroom: coverage (docs/sizing.md; bench/results/floor-headroom),
+# measured while decode alone was held
+VARIANTS["fleetplan (ensemble) floor-none"] = {"load_predictor": "ensemble", **NO_FLOOR_MARGIN, **HOLD_DECODE}
 VARIANTS["fleetplan (ensemble) tokens util0.9"] = {**VARIANTS["fleetplan (ensemble) tokens"], "target_utilization": 0.9}
 # decode's demand, as measured before quantile_basis: floor_tokens (on the request basis):
 # decode's counts sized for the window's own count's quantile, not the busiest minute's (docs/sizing.md)

@@ -191,10 +191,11 @@ class PlannerConfig(BaseModel):
     # "full" keeps target_utilization until the quantile is conformal (docs/sizing.md)
     uncalibrated_headroom: Literal["full", "coverage"] = "coverage"
     # which roles' scale-downs the throughput loop holds while its sizing quantile has scored no
-    # forecast error (coverage 0: for its first startup horizon, 2 ticks at the defaults): "decode" (the default
-    # since 2026-12-06), whose slot count replaces the rate count's headroom, so nothing in its count
-    # carries the unknown error; "all" holds prefill too; "none" releases on the first tick (docs/sizing.md)
-    hold_until_scored: Literal["none", "decode", "all"] = "decode"
+    # forecast error (coverage 0: for its first startup horizon, 2 ticks at the defaults): "all" (the
+    # default since 2026-12-07) holds every role, since neither count knows how far off the first
+    # forecast runs; "decode" (the default on 2026-12-06) holds decode alone, whose slot count
+    # replaces the rate count's headroom; "none" releases on the first tick (docs/sizing.md)
+    hold_until_scored: Literal["none", "decode", "all"] = "all"
     # prefill's queueing floor models the queue, not the forecast's error: "coverage" (the default
     # since 2026-12-06) sizes it for the busiest burst times calibrated_utilization / the share
     # uncalibrated_headroom gives, the rate count's headroom for that error, until the quantile is

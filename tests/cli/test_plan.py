@@ -25,17 +25,19 @@ def test_plan_reproduces_the_recorded_decisions(tmp_path):
                    "--reports", tmp_path / "ticks.jsonl")
     assert result.exit_code == 0, result.output
     decisions = [orjson.loads(line) for line in result.stdout.splitlines()]
-    assert [d["decision_id"] for d in decisions] == [0, 1, 2, 3, 4]
-    # prefill follows the code trace's burst in the fourth minute (531 requests)
-    assert [d["targets"]["prefill"] for d in decisions] == [3, 2, 9, 3, 4]
+    assert [d["decision_id"] for d in decisions] == [0, 1, 2, 3]
+    # prefill follows the code trace's burst in the fourth minute (531 requests); before it, two idle
+    # minutes release nothing, since no forecast has been scored yet (hold_until_scored: all)
+    assert [d["targets"]["prefill"] for d in decisions] == [3, 11, 10, 3]
     # the acks in the log match the decisions the core just made
     acks = [orjson.loads(x) for x in EXAMPLE.read_bytes().splitlines() if b'"type":"ack"' in x]
-    assert [a["decision_id"] for a in acks] == [0, 1, 2, 3, 4]
+    assert [a["decision_id"] for a in acks] == [0, 1, 2, 3]
     assert [a["observed"] for a in acks] == [d["targets"] for d in decisions]
     # the clock heartbeats move the ticks through quiet minutes: no event arrives late
     assert "late" not in result.stderr
-    ticks = (tmp_path / "ticks.jsonl").read_bytes().splitlines()
-    assert len(ticks) == 10  # one per minute boundary up to the last ack at 640.5 s
+    ticks = [orjson.loads(line) for line in (tmp_path / "ticks.jsonl").read_bytes().splitlines()]
+    assert len(ticks) == 9  # one per minute boundary up to the last ack at 540.5 s
+    assert ticks[2]["throughput_reason"] == "held_until_scored"  # 180 s: prefill 3 -> 2 held
 
 def test_bad_line_names_file_line_and_field(tmp_path):
     log = tmp_path / "bad.jsonl"
@@ -52,7 +54,7 @@ def test_skip_invalid_keeps_going(tmp_path):
     log.write_bytes(b"not json\n" + EXAMPLE.read_bytes())
     result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--skip-invalid")
     assert result.exit_code == 0
-    assert len(result.stdout.splitlines()) == 5  # every decision, the bad line skipped
+    assert len(result.stdout.splitlines()) == 4  # every decision, the bad line skipped
     assert ":1: message: valid JSON" in result.output
 
 
@@ -92,8 +94,8 @@ def test_a_truncated_last_line_keeps_every_decision_before_it(tmp_path):
     log.write_bytes(data[: len(data) - 30])  # the writer died mid-line
     result = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b")
     assert result.exit_code == 2
-    assert f"{log}:1949: message: valid JSON" in result.stderr
-    assert [orjson.loads(x)["decision_id"] for x in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
+    assert f"{log}:1951: message: valid JSON" in result.stderr
+    assert [orjson.loads(x)["decision_id"] for x in result.stdout.splitlines()] == [0, 1, 2, 3]
 
 
 def test_a_reports_path_that_cannot_be_written_fails_before_folding(tmp_path):
@@ -129,14 +131,14 @@ def test_seed_out_writes_the_windows_a_new_planner_starts_from(tmp_path):
     original.run(read_events(EXAMPLE))
     state = original.state(seed.deployment)
     assert [w.start_s for w in seed.body.windows] == [row[0] for row in state.traffic_history]
-    assert len(seed.body.windows) == state.forecaster.windows_seen == 10
+    assert len(seed.body.windows) == state.forecaster.windows_seen == 9
     assert seed.time == state.max_time >= seed.body.windows[-1].end_s
 
     # a new planner started from the seed forecasts what the one that saw the traffic does
     fresh = Fleet(build_planner(CONFIG, "h100-llama3.3-70b"))
     fresh.run([seed, ClockEvent(deployment=seed.deployment, time=seed.time + 62.0)])  # its tick, and no traffic
     moved = fresh.state(seed.deployment)
-    assert moved.rejected_controls == 0 and moved.forecaster.windows_seen == 10
+    assert moved.rejected_controls == 0 and moved.forecaster.windows_seen == 9
     assert moved.forecaster.forecast() == state.forecaster.forecast()
 
 
@@ -155,7 +157,7 @@ def test_seed_out_with_a_warm_up_trace_writes_the_live_windows(tmp_path):
     assert result.exit_code == 0, result.output
     (line,) = seeds.read_bytes().splitlines()
     windows = decode_event(line).body.windows
-    assert len(windows) == 10 and all(w.start_s is not None for w in windows)
+    assert len(windows) == 9 and all(w.start_s is not None for w in windows)
 
 
 def test_seed_out_refuses_the_events_file():
@@ -210,7 +212,7 @@ def test_a_set_config_the_worker_would_dead_letter_is_a_bad_line(tmp_path):
     assert result.exit_code == 2
     assert f"{log}:3: body.changes: set_config: ttft_msx: unknown field" in result.stderr
     skipped = _plan("--events", log, "--config", CONFIG, "--profile", "h100-llama3.3-70b", "--skip-invalid")
-    assert skipped.exit_code == 0 and len(skipped.stdout.splitlines()) == 5
+    assert skipped.exit_code == 0 and len(skipped.stdout.splitlines()) == 4
     assert "skipped" in skipped.stderr and ":3: body.changes" in skipped.stderr
 
 
@@ -258,7 +260,7 @@ def test_a_log_from_a_pipe_is_read_once(tmp_path):
         os.close(read_end)
         writer.join()
     assert result.exit_code == 0, result.output
-    assert [orjson.loads(x)["decision_id"] for x in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
+    assert [orjson.loads(x)["decision_id"] for x in result.stdout.splitlines()] == [0, 1, 2, 3]
 
 
 def test_an_output_that_is_the_events_file_by_another_name_is_refused(tmp_path):

@@ -604,13 +604,16 @@ def test_hold_until_scored_names_the_roles_held(make_fleet, hold, first_targets,
     assert first.targets == first_targets and first.throughput_reason == reason
 
 
-def test_with_the_load_loop_the_hold_is_in_the_throughput_lower_bound(make_fleet):
-    fleet = make_fleet(sizing="fleetplan", enable_load_scaling=True, floor_headroom="none")
+@pytest.mark.parametrize("hold, bound", [(None, {"prefill": 3, "decode": 4}),  # all, the default since 2026-12-07
+                                         ("decode", {"prefill": 2, "decode": 4})])
+def test_with_the_load_loop_the_hold_is_in_the_throughput_lower_bound(make_fleet, hold, bound):
+    held = {} if hold is None else {"hold_until_scored": hold}
+    fleet = make_fleet(sizing="fleetplan", enable_load_scaling=True, floor_headroom="none", **held)
     evs = _warm_fleet()
     out = fleet.run([*evs, *requests(20, T0 + 1, T0 + 185)])
     (first,) = [o for o in out if o.time == T0 + 180]
     assert first.throughput_reason == "set_lower_bound"
-    assert first.lower_bound == {"prefill": 2, "decode": 4}
+    assert first.lower_bound == bound
 
 
 def test_the_hold_does_not_delay_the_minimum_when_traffic_stops(make_fleet):
@@ -629,7 +632,7 @@ def test_the_hold_does_not_delay_the_minimum_when_traffic_stops(make_fleet):
                     fleet.run([ack(o.decision.decision_id, o.time + 1)])
         return min(d.time for d in decided if d.decision.targets == {"prefill": 1, "decode": 1}) - T0
 
-    assert reached_minimum("decode") == reached_minimum("none") == 1800
+    assert reached_minimum("all") == reached_minimum("decode") == reached_minimum("none") == 1800
 
 
 @settings(max_examples=200, deadline=None)

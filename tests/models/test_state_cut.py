@@ -52,7 +52,10 @@ def _planner(mode: str, predictor: str, start: str) -> Planner:
 
 
 def _engines(mode: str) -> list[tuple[str, str]]:
-    return [("a0", "agg"), ("a1", "agg")] if mode == "agg" else [("p0", "prefill"), ("d0", "decode")]
+    """Three agg engines, one more than the traffic needs: a cold agg start makes its decisions once the
+    hold until a forecast is scored lets a scale-down through (with two, its one decision was the first
+    tick's release, which hold_until_scored: all, the default since 2026-12-07, keeps)."""
+    return [("a0", "agg"), ("a1", "agg"), ("a2", "agg")] if mode == "agg" else [("p0", "prefill"), ("d0", "decode")]
 
 
 @functools.cache

@@ -246,11 +246,16 @@ BURST = VERDICTS.parent / "decode-weighted" / "burst.json"
 REQUESTS = VERDICTS.parent / "floor-tokens" / "requests.json"
 
 
-# hold_until_scored: decode (the default since 2026-12-06) moved 7 of the default's trace rows;
+# hold_until_scored: decode (the default on 2026-12-06) moved 7 of the default's trace rows;
 # bench/results/hold-until-scored keeps all 44 as the default ran them before (none.json) and with
-# every role held (all.json)
+# every role held (all.json), both before the floor's margin. hold_until_scored: all (the default since
+# 2026-12-07) moved 21 of them, 26 of the 70B's 36 and 2 of the ServeGen days'; decode.json,
+# decode-servegen.json and other-engine/hold-decode.json keep them as decode alone held ran them
 HOLD_NONE = VERDICTS.parent / "hold-until-scored" / "none.json"
 HOLD_ALL = VERDICTS.parent / "hold-until-scored" / "all.json"
+HOLD_DECODE = "fleetplan (ensemble) hold-decode"
+HOLD_DECODE_FILES = [VERDICTS.parent / "hold-until-scored" / name for name in ("decode.json", "decode-servegen.json")]
+HOLD_DECODE_70B = VERDICTS.parent / "other-engine" / "hold-decode.json"
 # floor_headroom: coverage (the default since 2026-12-06) moved 40 of the 44; floor-headroom/none.json
 # keeps them as the default ran them before
 FLOOR_NONE = VERDICTS.parent / "floor-headroom" / "none.json"
@@ -266,6 +271,11 @@ def default_before(files: list[Path], *kept: tuple[Path, str]) -> dict[tuple, di
             if key in before:
                 group["default"] = before[key]["default"]
     return groups
+
+
+def decode_held(files: list[Path]) -> dict[tuple, dict]:
+    """The default as it was with ``hold_until_scored: decode`` (until 2026-12-07), on either engine."""
+    return default_before(files, *((path, HOLD_DECODE) for path in (*HOLD_DECODE_FILES, HOLD_DECODE_70B)))
 
 
 def floorless(files: list[Path]) -> dict[tuple, dict]:
@@ -384,7 +394,7 @@ def test_the_floors_margin_moved_forty_trace_rows_and_buys_attainment_for_gpu_ho
     38 spend more (0.05-0.69 GPU-hours), Mooncake at seed 1 0.05 less and spread Mooncake with its shape
     kept at seed 2 the same; all meet as much or more but Mooncake with its shape kept (0.03 points)."""
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS]
-    now, before = read_runs(files, "fleetplan (ensemble)"), read_runs([FLOOR_NONE], "fleetplan (ensemble) floor-none")
+    now, before = decode_held(files), read_runs([FLOOR_NONE], "fleetplan (ensemble) floor-none")
     assert len(before) == 44
     moved = moved_rows(before, now, before)
     assert len(moved) == 40
@@ -396,14 +406,16 @@ def test_the_floors_margin_moved_forty_trace_rows_and_buys_attainment_for_gpu_ho
                and "shift" not in workload) <= 0.1  # conv meets what it met: the margin is spend there
 
 
-# the verdicts of the 44 trace rows without and with the floor's margin (docs/sizing.md)
+# the verdicts of the 44 trace rows without and with the floor's margin, decode alone held (docs/sizing.md)
 FLOOR_TALLIES = {"none": (12, 17, 15), "coverage": (21, 11, 12)}
+# and the default's since every role is held (2026-12-07): spread Mooncake at seed 1 from a tie to won
+TRACE_TALLY = (22, 10, 12)
 
 
 @pytest.mark.parametrize("floor", sorted(FLOOR_TALLIES))
 def test_the_floors_margin_tallies_the_docs_state(floor):
     files = [*RECORDED, *SHAPE_KEPT, *DRAWS]
-    groups = floorless(files) if floor == "none" else read_runs(files, "fleetplan (ensemble)")
+    groups = floorless(files) if floor == "none" else decode_held(files)
     assert tuple(trace_tally(groups).values()) == FLOOR_TALLIES[floor]
 
 
@@ -683,9 +695,10 @@ DRAW_VERDICTS = {
     ("azure-conv-30min", 34.0): {0: "lost", 1: "tie", 2: "tie"},
     ("azure-conv-30min", 35.7): {0: "lost", 1: "lost", 2: "tie"},
     # decode_demand: weighted (2026-12-06) turned both seed-1 losses into ties: burst's 5th decode engine;
-    # floor_headroom: coverage (the same day) won seed 1, and spread Mooncake at seed 0
+    # floor_headroom: coverage (the same day) won seed 1, and spread Mooncake at seed 0; every role held
+    # (2026-12-07) spread Mooncake at seed 1
     ("mooncake-conv-30min", 6.0): {0: "won", 1: "won", 2: "won"},
-    ("mooncake-conv-30min-spread", 6.0): {0: "won", 1: "tie", 2: "lost"},
+    ("mooncake-conv-30min-spread", 6.0): {0: "won", 1: "won", 2: "lost"},
     # quantile_basis: floor_tokens (2026-12-06) turned seed 0 into a tie, 1 and 2 lost by 2 points, not 18-25;
     # hold_until_scored: decode (the same day) seed 0 into won, and 1 and 2 lost by 1.2 and 0.1
     ("azure-conv-30min-shift30", 34.0): {0: "won", 1: "lost", 2: "lost"},
@@ -725,7 +738,7 @@ GLANCE = {
     ("mooncake-conv-30min", SLA): (5, 0, 0),
     ("mooncake-conv-30min-shift30", SLA): (1, 0, 0),
     ("mooncake-conv-30min-spread", TIGHT): (1, 0, 0),
-    ("mooncake-conv-30min-spread", SLA): (1, 1, 1),
+    ("mooncake-conv-30min-spread", SLA): (2, 0, 1),
     ("mooncake-conv-30min-spread-shift30", SLA): (2, 1, 0),
     ("servegen-m-large-24h", SLA): (4, 0, 0),
     **{(f"servegen-m-large-24h-day{d}-warm{d}d", SLA): (2, 0, 0) for d in (4, 5, 6)},
@@ -742,7 +755,7 @@ def test_every_verdict_at_a_glance_is_the_tally_the_docs_state():
     assert all(set(c) == {"won", "tie", "lost"} for c in counts.values())  # none unread
     traces = [c for (workload, _), c in GLANCE.items() if not workload.startswith("servegen")]
     days = [c for (workload, _), c in GLANCE.items() if workload.startswith("servegen")]
-    assert tuple(map(sum, zip(*traces, strict=True))) == FLOOR_TALLIES["coverage"]  # the 44 trace verdicts
+    assert tuple(map(sum, zip(*traces, strict=True))) == TRACE_TALLY  # the 44 trace verdicts
     assert tuple(map(sum, zip(*days, strict=True))) == (16, 1, 1)
 
 
@@ -754,7 +767,8 @@ def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():
     groups = read_runs(DRAWS, "fleetplan (ensemble)")
     stated = {
         "servegen-m-large-24h-seed1": ((490.90, 97.94), {"arima_frozen": None, "constant": 96.69, "kalman": 96.17}),
-        "servegen-m-mid-24h-seed1": ((677.07, 97.52), {"arima_frozen": 93.19, "constant": 95.29, "kalman": 95.33}),
+        # every role held (2026-12-07): 97.52 % at 677.07 before, the references read at that spend
+        "servegen-m-mid-24h-seed1": ((677.31, 97.53), {"arima_frozen": 93.20, "constant": 95.29, "kalman": 95.33}),
         "servegen-m-large-24h-day4-warm4d-seed1": ((501.42, 96.77), {"constant": 95.70, "kalman": 95.67}),
         "servegen-m-large-24h-day5-warm5d-seed1": ((635.36, 93.95), {"constant": 92.87, "kalman": 92.82}),
         "servegen-m-large-24h-day6-warm6d-seed1": ((480.99, 95.93), {"constant": 95.12, "kalman": 95.28}),
@@ -790,13 +804,15 @@ def test_the_servegen_days_at_seed_1_are_won_by_the_margins_the_docs_state():
 def test_the_servegen_day_0_rows_on_revision_5_are_won_by_the_margins_the_docs_state():
     """bench/results/verdicts/README.md and docs/forecasting.md: day 0 at seed 0, run again on revision 5
     with the default of 2026-12-06, is won at every level, and no reference reaches its attainment
-    (with floor_headroom: coverage, the same day: m-large at 0.9x and 1.1x moved, 1x and m-mid did not)."""
+    (with floor_headroom: coverage, the same day: m-large at 0.9x and 1.1x moved, 1x and m-mid did not; with
+    every role held, 2026-12-07, m-mid by 0.01 points)."""
     groups = read_runs([VERDICTS / "servegen-500-50.json"], "fleetplan (ensemble)")
     stated = {
         ("servegen-m-large-24h", 0.1543): ((451.49, 97.80), 96.06),
         ("servegen-m-large-24h", 0.1714): ((488.50, 97.67), 96.40),
         ("servegen-m-large-24h", 0.1885): ((521.31, 97.89), 96.76),
-        ("servegen-m-mid-24h", 0.0667): ((668.29, 97.36), 95.00),
+        # every role held (2026-12-07): 97.36 % at 668.29 before
+        ("servegen-m-mid-24h", 0.0667): ((667.53, 97.37), 94.99),
     }
     found = {}
     for (workload, scale, sla), group in groups.items():
@@ -836,11 +852,12 @@ def test_the_warm_days_on_revision_5_give_the_margins_the_docs_state():
 def test_pooled_over_levels_and_draws_code_is_between_the_references_at_055_and_05():
     """docs/forecasting.md: one setting over code's three levels and three draws. Since floor_headroom:
     coverage (2026-12-06) the default spends between the reference's 0.55 and 0.5 and meets as much as
-    0.5 on average; until then it was the frozen ARIMA's at 0.55 for less."""
+    0.5 on average; until then it was the frozen ARIMA's at 0.55 for less. Every role held (2026-12-07)
+    adds 0.2 GPU-hours and 0.03 points."""
     files = [VERDICTS / "azure-code-500-50.json", VERDICTS.parent / "draws" / "code-500-50.json"]
     pools = pooled(files, "fleetplan (ensemble)")[("azure-code-30min", SLA)]
     rounded = {p: (round(g, 2), round(a * 100, 2), round(w * 100, 2)) for p, (g, a, w) in pools.items()}
-    assert rounded["fleetplan (ensemble)"] == (62.98, 99.41, 98.68)
+    assert rounded["fleetplan (ensemble)"] == (63.18, 99.44, 98.68)
     assert rounded["reference forecast (arima_frozen) util0.55"] == (59.43, 98.92, 97.58)
     assert rounded["reference forecast (arima_frozen) util0.5"] == (64.30, 99.64, 98.59)
     assert rounded["reference forecast (constant) util0.5"] == (64.27, 99.41, 97.68)
@@ -848,6 +865,8 @@ def test_pooled_over_levels_and_draws_code_is_between_the_references_at_055_and_
     before = pooled([*files, FLOOR_NONE], "fleetplan (ensemble) floor-none")[("azure-code-30min", SLA)]
     gpu, attainment, worst = before["fleetplan (ensemble) floor-none"]
     assert (round(gpu, 2), round(attainment * 100, 2), round(worst * 100, 2)) == (60.83, 98.74, 97.28)
+    decode = pooled([*files, HOLD_DECODE_FILES[0]], HOLD_DECODE)[("azure-code-30min", SLA)][HOLD_DECODE]
+    assert (round(decode[0], 2), round(decode[1] * 100, 2), round(decode[2] * 100, 2)) == (62.98, 99.41, 98.68)
 
 
 # docs/sizing.md's decode sections: verdicts of decode_demand: burst (the default until 2026-12-06),
@@ -917,53 +936,58 @@ def test_decode_window_on_the_servegen_days_is_the_documented_loss():
 
 # docs/forecasting.md's "On an engine the defaults were not tuned on": the four traces on the 70B profile
 OTHER_ENGINE = [VERDICTS.parent / "other-engine" / f"h100-70b-{sla}.json" for sla in ("2000-50", "500-50")]
-# every role held until the quantile has scored a forecast, on today's default (docs/sizing.md), on both engines
-HOLD_ALL_MARGIN = "fleetplan (ensemble) hold-all margin"
-HOLD_ALL_8B = VERDICTS.parent / "hold-until-scored" / "all-margin.json"
-HOLD_ALL_70B = VERDICTS.parent / "other-engine" / "hold-all-margin.json"
 LOOSE = (2000.0, 50.0)
-ON_70B = {
+# held out: the default of the day the rows were read (decode alone held); every role held since 2026-12-07
+# turned conv x7.7 at 2000/50 from lost to a tie, read on these rows after the tally, so not held out
+ON_70B_HELD_OUT = {
     **{(f"{trace}-h100-llama3.3-70b", sla): (n, 0, 0)
        for trace, n in (("azure-code-30min", 5), ("mooncake-conv-30min", 3), ("mooncake-conv-30min-spread", 5))
        for sla in (SLA, LOOSE)},
     ("azure-conv-30min-h100-llama3.3-70b", SLA): (5, 0, 0),
     ("azure-conv-30min-h100-llama3.3-70b", LOOSE): (0, 0, 5),
 }
+ON_70B = {**ON_70B_HELD_OUT, ("azure-conv-30min-h100-llama3.3-70b", LOOSE): (0, 1, 4)}
 
 
-def test_on_the_engine_the_defaults_were_not_tuned_on_conv_at_the_loose_ttft_is_what_loses():
+@pytest.mark.parametrize(("default", "expected", "totals"), [
+    ("today's", ON_70B, (31, 1, 4)), ("held out", ON_70B_HELD_OUT, (31, 0, 5))])
+def test_on_the_engine_the_defaults_were_not_tuned_on_conv_at_the_loose_ttft_is_what_loses(default, expected, totals):
     assert sorted((VERDICTS.parent / "other-engine").glob("h100-70b-*.json")) == OTHER_ENGINE
     rows = [row for path in OTHER_ENGINE for row in json.loads(path.read_text())["rows"]]
     assert {row["profile"] for row in rows} == {"h100-llama3.3-70b"}
-    counts = tally(by_draw(read_runs(OTHER_ENGINE, "fleetplan (ensemble)"), TIE_POINTS, TIE_COST))
-    assert {key: (c["won"], c["tie"], c["lost"]) for key, c in counts.items()} == ON_70B
-    assert tuple(map(sum, zip(*ON_70B.values(), strict=True))) == (31, 0, 5)
+    groups = read_runs(OTHER_ENGINE, "fleetplan (ensemble)") if default == "today's" else decode_held(OTHER_ENGINE)
+    counts = tally(by_draw(groups, TIE_POINTS, TIE_COST))
+    assert {key: (c["won"], c["tie"], c["lost"]) for key, c in counts.items()} == expected
+    assert tuple(map(sum, zip(*expected.values(), strict=True))) == totals
 
 
 @pytest.mark.parametrize("engine", ["8b", "70b"])
-def test_every_role_held_on_todays_default_meets_more_for_more_and_wins_one_verdict_more(engine):
-    """docs/sizing.md: hold_until_scored: all measured again with the floor's margin (2026-12-07). On the
-    44 trace rows it moves 21 and wins one verdict more (22/10/12 against 21/11/12); on the 70B it moves
-    26 of 36 and turns conv x7.7 at 2000/50 from lost to a tie (31/1/4 against 31/0/5). A moved row
+def test_every_role_held_meets_more_for_more_and_wins_one_verdict_more(engine):
+    """docs/sizing.md: hold_until_scored: all, the default since 2026-12-07, measured with the floor's margin.
+    On the 44 trace rows it moved 21 and wins one verdict more (22/10/12 against 21/11/12); on the 70B it
+    moved 26 of 36 and turns conv x7.7 at 2000/50 from lost to a tie (31/1/4 against 31/0/5). A moved row
     spends up to 1.2 GPU-hours more (one 70B row 0.0003 less) and meets up to 7.44 points more, or
     within 0.14 points less (three rows)."""
-    files = ([*RECORDED, *SHAPE_KEPT, *DRAWS, HOLD_ALL_8B] if engine == "8b" else [*OTHER_ENGINE, HOLD_ALL_70B])
-    before, after = read_runs(files, "fleetplan (ensemble)"), read_runs(files, HOLD_ALL_MARGIN)
-    traces = {key: group for key, group in after.items() if not key[0].startswith("servegen")}
+    files = [*RECORDED, *SHAPE_KEPT, *DRAWS] if engine == "8b" else OTHER_ENGINE
+    kept = read_runs([HOLD_DECODE_FILES[0] if engine == "8b" else HOLD_DECODE_70B], HOLD_DECODE)
+    before, after = decode_held(files), read_runs(files, "fleetplan (ensemble)")
+    traces = {key: after[key] for key in kept}
     moved = moved_rows(before, traces, traces).values()
     totals = tuple(trace_tally(traces).values())
-    assert (len(traces), len(moved), totals) == {"8b": (44, 21, (22, 10, 12)), "70b": (36, 26, (31, 1, 4))}[engine]
+    assert (len(traces), len(moved), totals) == {"8b": (44, 21, TRACE_TALLY), "70b": (36, 26, (31, 1, 4))}[engine]
     assert all(-0.15 < points < 7.45 and -0.001 < gpu < 1.201 for gpu, points in moved)
     assert sum(points < 0 for _, points in moved) == {"8b": 1, "70b": 2}[engine]
 
 
 def test_every_role_held_moves_the_servegen_days_by_a_hundredth_of_a_point_at_most():
     """docs/sizing.md: with hold_until_scored: all, m-large's day-0 rows and m-mid's warm days are the
-    default's to the bit, and m-mid's day-0 two move by at most 0.01 points and 0.8 GPU-hours."""
+    rows of decode alone held to the bit, and m-mid's day-0 two move by at most 0.01 points and 0.8
+    GPU-hours; m-large's warm days cannot be held (no quantile pool is empty after their warm-up)."""
     files = [*(VERDICTS / name for name in ("servegen-500-50.json", "servegen-warm-500-50.json")),
-             VERDICTS.parent / "draws" / "servegen-500-50.json", HOLD_ALL_8B.with_name("all-margin-servegen.json")]
-    before, after = read_runs(files, "fleetplan (ensemble)"), read_runs(files, HOLD_ALL_MARGIN)
-    held = {key: group for key, group in after.items() if group["default"]}
+             VERDICTS.parent / "draws" / "servegen-500-50.json"]
+    kept = read_runs([HOLD_DECODE_FILES[1]], HOLD_DECODE)
+    before, after = decode_held(files), read_runs(files, "fleetplan (ensemble)")
+    held = {key: after[key] for key in kept}
     moved = moved_rows(before, held, held)
     assert (len(held), sorted(key[0] for key in moved)) == (12, ["servegen-m-mid-24h", "servegen-m-mid-24h-seed1"])
     assert all(abs(points) < 0.015 and abs(gpu) < 0.8 for gpu, points in moved.values())

@@ -181,7 +181,9 @@ def test_an_audit_without_the_runs_profile_says_to_give_it(tmp_path):
     """A simulate log audited without --profile diverges at its first decision, since the
     simulator planned with one; the audit said only DIVERGED (until 2026-12-05)."""
     _register_optional()
-    run = runner.invoke(app, ["simulate", "--trace", str(CODE), "--duration", "300", "--no-baselines",
+    # 420 s: the first decision comes once a forecast is scored (hold_until_scored: all; until 2026-12-07
+    # the first tick's release made one within 300 s)
+    run = runner.invoke(app, ["simulate", "--trace", str(CODE), "--duration", "420", "--no-baselines",
                               "--out", str(tmp_path / "run")])
     assert run.exit_code == 0, run.output
     log = tmp_path / "run" / "events.jsonl"

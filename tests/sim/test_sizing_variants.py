@@ -44,7 +44,7 @@ def test_the_tokens_row_is_the_default_with_the_token_basis_asked_for_by_name():
     tokens = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) tokens"]})
     default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
     assert tokens.quantile_basis == "tokens" and default.quantile_basis == "floor_tokens"
-    assert tokens.model_copy(update={"quantile_basis": "floor_tokens", "hold_until_scored": "decode"}) == default
+    assert tokens.model_copy(update={"quantile_basis": "floor_tokens", "hold_until_scored": "all"}) == default
     assert "fleetplan (ensemble) tokens" not in ABLATION
 
 
@@ -61,13 +61,15 @@ def test_the_rows_measured_on_the_request_basis_keep_it():
 
 
 @pytest.mark.parametrize("name, hold, floor", [("hold-none", "none", "none"), ("hold-all", "all", "none"),
-                                               ("hold-all margin", "all", "coverage")])
+                                               ("hold-decode", "decode", "coverage"),
+                                               ("floor-none", "decode", "none")])
 def test_the_hold_rows_are_the_default_with_another_hold(name, hold, floor):
     """bench/results/hold-until-scored: the default before 2026-12-06's hold (every role released on the
-    first tick) and every role held, as they ran before the floor's margin (none.json, all.json), and
-    every role held on today's default (all-margin.json); nothing else changed."""
+    first tick) and every role held, as they ran before the floor's margin (none.json, all.json); the
+    default until 2026-12-07, decode alone held (decode.json), and that default without the floor's
+    margin (floor-headroom/none.json); nothing else changed, so each runs again to its rows."""
     default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
     variant = config_from_dict({**SLA, **VARIANTS[f"fleetplan (ensemble) {name}"]})
-    assert (default.hold_until_scored, default.floor_headroom) == ("decode", "coverage")
+    assert (default.hold_until_scored, default.floor_headroom) == ("all", "coverage")
     assert variant == default.model_copy(update={"hold_until_scored": hold, "floor_headroom": floor})
     assert f"fleetplan (ensemble) {name}" not in ABLATION

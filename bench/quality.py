@@ -79,6 +79,7 @@ class Spec:
     warm_days: int = 0  # ServeGen: days before it fed to the planner's forecaster first (sim/warm.py)
     shift: float | None = None  # traces: rate-scale copies shifted within this many seconds (None: anywhere)
     seed: int = 0  # the draw: rate-scale copies' shifts, spread arrivals, ServeGen's requests, startup times
+    tp: int | None = None  # of a profile stacked over parallel configs, this one (None: the profile's default)
 
 
 PREDICTORS = ("constant", "arima_frozen", "arima", "kalman", "ensemble", "prophet")
@@ -185,7 +186,8 @@ def make_setup(spec: Spec, sla, overrides=None):
     from fleetplan.sim.runner import make_setup as setup_of
 
     cfg = config_from_dict({"ttft_ms": sla[0], "itl_ms": sla[1], "max_gpu_budget": 4096, **(overrides or {})})
-    return cfg, setup_of(cfg, load_profile(spec.profile), SimOptions(router=spec.router, window_s=60.0, seed=spec.seed))
+    profile = load_profile(spec.profile, tp=spec.tp)
+    return cfg, setup_of(cfg, profile, SimOptions(router=spec.router, window_s=60.0, seed=spec.seed))
 
 
 def peak_need(spec: Spec, sla=SLAS[0]) -> tuple[int, dict]:
@@ -259,6 +261,7 @@ def _row(spec, sla, policy, result, wall, rounds=None, setup=None) -> dict:
     row = {
         "sim_revision": REVISION,
         "workload": spec.name, "scale": spec.scale, "profile": spec.profile, "sla": list(sla),
+        **({} if spec.tp is None else {"tp": spec.tp}),
         "policy": policy, "attainment": s.sla_attainment, "gpu_hours": s.gpu_hours,
         "ttft_p90_ms": s.ttft_p90_ms, "itl_p90_ms": s.itl_p90_ms, "requests": s.requests,
         "peak": s.peak_replicas, "mean_ready": s.mean_replicas, "decisions": s.decisions,

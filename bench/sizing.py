@@ -5,7 +5,7 @@ Usage:
     .venv/bin/python bench/sizing.py --data /work/shared/data \
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
         [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--day 4 --warm-days 4] [--json out.json] \
-        [--profile h100-llama3.3-70b]   # the traces on an engine the defaults were not tuned on
+        [--profile h100-llama3.3-70b [--tp 4]]   # the traces on an engine the defaults were not tuned on
         # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept;
         # departures: today's defaults, each departure from Dynamo's sizing taken away
 
@@ -195,6 +195,24 @@ SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30m
           "mooncake-conv-30min-spread": 6.0, "servegen-m-large-24h": 0.1714, "servegen-m-mid-24h": 0.0667}
 
 
+def held_out_engine(parser: argparse.ArgumentParser, profile: str | None, tp: int | None) -> str | None:
+    """The suffix of the traces' workloads on ``--profile`` (``-tpN`` with ``--tp``), or None without it;
+    a TP the profile does not hold is refused here, naming the ones it does, before any run."""
+    from fleetplan.sim.profiles import ProfileError, load_profile
+
+    if profile is None:
+        if tp is not None:
+            parser.error("--tp: picks one of --profile's parallel configs; give --profile too")
+        return None
+    if tp is None:
+        return profile
+    try:
+        load_profile(profile, tp=tp)
+    except ProfileError as err:
+        parser.error(f"--tp {tp}: {err}")
+    return f"{profile}-tp{tp}"
+
+
 def run_variant(spec: Spec, sla, name: str) -> dict:
     from fleetplan.models.planner import Planner
     from fleetplan.sim.experiment import initial_fleet, run_oracle, run_planner, size_workload
@@ -273,6 +291,10 @@ def main() -> None:
                              "the recorded scales and defaults were measured on (a profile held out of the "
                              "tuning); the scale is chosen for it as --choose-scale does, and the workload "
                              "is named with -PROFILE")
+    parser.add_argument("--tp", type=int, default=None,
+                        help="with --profile: of its parallel configs, the one at this tensor parallelism "
+                             "(the 70B holds TP2, TP4 and TP8; without it the fewest GPUs an engine); the "
+                             "workload is named with -PROFILE-tpN")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rate_scale_shift(parser, args.rate_scale_shift)
@@ -289,10 +311,11 @@ def main() -> None:
     if not seeds or min(seeds) < 0 or len(set(seeds)) < len(seeds):
         parser.error(f"--seeds: distinct whole numbers >= 0, comma-separated, got {args.seeds!r}")
     sla = tuple(float(x) for x in args.sla.split(","))
+    engine = held_out_engine(parser, args.profile, args.tp)
     chosen = []
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
-        if args.profile is not None and s.kind == "trace" and args.profile != s.profile:
-            s = replace(s, profile=args.profile, name=f"{s.name}-{args.profile}")
+        if engine is not None and s.kind == "trace" and (args.profile, args.tp) != (s.profile, s.tp):
+            s = replace(s, profile=args.profile, tp=args.tp, name=f"{s.name}-{engine}")
         base = SCALES.get(s.name, s.scale)
         if (args.choose_scale or s.name not in SCALES) and s.kind == "trace":
             base = choose_scale(replace(s, shift=args.rate_scale_shift), 10, integer=True).scale

@@ -290,6 +290,37 @@ def test_profile_runs_the_traces_on_another_engine_at_a_scale_chosen_for_it(monk
         ("servegen-m-mid-24h", "h100-llama3.3-70b", 0.0667), ("servegen-m-mid-24h", "h100-llama3.3-70b", 0.0667 * 1.1)]
 
 
+def test_tp_runs_the_traces_on_one_parallel_config_of_the_profile(monkeypatch):
+    """bench/sizing.py --profile P --tp N: the traces run on P's TP-N engine, named -P-tpN, at the scale
+    chosen on it; a ServeGen day keeps its own engine (its profile's default config)."""
+    from dataclasses import replace
+
+    asked = []
+
+    def choose(spec, target, integer):
+        asked.append((spec.name, spec.profile, spec.tp))
+        return replace(spec, scale=5.0)
+
+    tasks = _sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
+                          "--profile", "h100-llama3.3-70b", "--tp", "4", choose=choose)
+    conv = "azure-conv-30min-h100-llama3.3-70b-tp4"
+    assert asked == [(conv, "h100-llama3.3-70b", 4)]
+    assert [(s.name, s.profile, s.tp, s.scale) for s, _, _ in tasks] == [
+        (conv, "h100-llama3.3-70b", 4, 5.0), ("servegen-m-mid-24h", "h100-llama3.3-70b", None, 0.0667)]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tp", "4"], "--tp: picks one of --profile's parallel configs; give --profile too"),
+    (["--profile", "h100-llama3.3-70b", "--tp", "3"], "--tp 3: .*no config with tp=3 \\(have \\[8, 4, 2\\]\\)"),
+    (["--profile", "h200-llama3.1-8b", "--tp", "4"], "--tp 4: .*file is tp=1, asked for tp=4"),
+])
+def test_sizing_refuses_a_tp_the_profile_does_not_hold(argv, message):
+    import re
+
+    line = _refused(_bench("sizing.py", "--data", "/nonexistent", *argv))
+    assert re.search(message, line), line
+
+
 def test_sizing_refuses_a_profile_it_does_not_bundle():
     line = _refused(_bench("sizing.py", "--data", "/nonexistent", "--profile", "a100-opt-13b"))
     assert "--profile: invalid choice: 'a100-opt-13b'" in line

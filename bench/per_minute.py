@@ -3,7 +3,8 @@
 Usage:
 
     .venv/bin/python bench/per_minute.py --data /work/shared/data --workload azure-code-30min \\
-        [--sla 500,50] [--warm replayed|capacity] [--load-factor 1] [--set key=value ...]
+        [--sla 500,50] [--warm replayed|capacity] [--load-factor 1] [--set key=value ...] \
+        [--profile h100-llama3.3-70b [--tp 4] --scale 12]   # a row of bench/results/other-engine
 
 Runs fleetplan's default config with the throughput loop and ARIMA (the
 default predictor until 2026-12-01, which the docs' per-minute figures were
@@ -35,6 +36,7 @@ from quality import (
     Spec,
     build_workload,
     draw_seed,
+    held_out_engine,
     make_setup,
     named_trace_spec,
     rate_scale_shift,
@@ -43,6 +45,7 @@ from sizing import SCALES
 
 from fleetplan.models.planner import Planner
 from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload
+from fleetplan.sim.profiles import BUNDLED_PROFILES
 
 
 def main() -> None:
@@ -60,6 +63,12 @@ def main() -> None:
                         help="the draw of the workload (bench/sizing.py --seeds, fleetplan simulate --seed)")
     parser.add_argument("--load-factor", type=float, default=1.0,
                         help="multiple of the workload's recorded rate scale (bench/sizing.py --load-factors)")
+    parser.add_argument("--profile", choices=sorted(BUNDLED_PROFILES), default=None,
+                        help="run on this bundled engine profile (bench/sizing.py --profile); give --scale, "
+                             "the rate scale its row ran at, since the recorded ones are the H200 8B's")
+    parser.add_argument("--tp", type=int, default=None, help="with --profile: its parallel config (bench/sizing.py --tp)")
+    parser.add_argument("--scale", type=float, default=None,
+                        help="the rate scale itself, in place of the recorded one (times --load-factor)")
     add_set_option(parser)
     args = parser.parse_args()
     if not args.load_factor > 0:
@@ -68,8 +77,15 @@ def main() -> None:
     draw_seed(parser, args.seed)
     sla = tuple(float(v) for v in args.sla.split(","))
     overrides = parse_sets(parser, args.overrides)
+    if args.scale is not None and not args.scale > 0:
+        parser.error(f"--scale: a positive number, got {args.scale!r}")
+    if args.profile is not None and args.scale is None:
+        parser.error("--profile: give --scale too, the rate scale the row ran at on that engine")
+    held_out_engine(parser, args.profile, args.tp)
     s = named_trace_spec(parser, args.data, args.workload)
-    spec = Spec(**{**s.__dict__, "scale": SCALES[s.name] * args.load_factor, "seed": args.seed,
+    engine = {} if args.profile is None else {"profile": args.profile, "tp": args.tp}
+    scale = SCALES[s.name] if args.scale is None else args.scale
+    spec = Spec(**{**s.__dict__, **engine, "scale": scale * args.load_factor, "seed": args.seed,
                      "shift": args.rate_scale_shift})
     cfg, setup = make_setup(spec, sla, {**LOOPS["throughput"], "load_predictor": "arima", **overrides})
     workload = build_workload(spec)

@@ -179,6 +179,24 @@ def on_day(spec: Spec, day: int, warm_days: int) -> Spec:
     return replace(spec, name=name, start_day=day, warm_days=warm_days)
 
 
+def held_out_engine(parser: argparse.ArgumentParser, profile: str | None, tp: int | None) -> str | None:
+    """The suffix of the traces' workloads on ``--profile`` (``-tpN`` with ``--tp``), or None without it;
+    a TP the profile does not hold is refused here, naming the ones it does, before any run."""
+    from fleetplan.sim.profiles import ProfileError, load_profile
+
+    if profile is None:
+        if tp is not None:
+            parser.error("--tp: picks one of --profile's parallel configs; give --profile too")
+        return None
+    if tp is None:
+        return profile
+    try:
+        load_profile(profile, tp=tp)
+    except ProfileError as err:
+        parser.error(f"--tp {tp}: {err}")
+    return f"{profile}-tp{tp}"
+
+
 def make_setup(spec: Spec, sla, overrides=None):
     from fleetplan.models.config import config_from_dict
     from fleetplan.sim.profiles import load_profile

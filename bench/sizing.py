@@ -35,6 +35,7 @@ from quality import (
     _row,
     build_workload,
     choose_scale,
+    held_out_engine,
     make_setup,
     on_day,
     only_workloads,
@@ -193,24 +194,6 @@ VARIANTS["fleetplan (ensemble) tokens decode-window"] = {**VARIANTS["fleetplan (
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,
           "mooncake-conv-30min-spread": 6.0, "servegen-m-large-24h": 0.1714, "servegen-m-mid-24h": 0.0667}
-
-
-def held_out_engine(parser: argparse.ArgumentParser, profile: str | None, tp: int | None) -> str | None:
-    """The suffix of the traces' workloads on ``--profile`` (``-tpN`` with ``--tp``), or None without it;
-    a TP the profile does not hold is refused here, naming the ones it does, before any run."""
-    from fleetplan.sim.profiles import ProfileError, load_profile
-
-    if profile is None:
-        if tp is not None:
-            parser.error("--tp: picks one of --profile's parallel configs; give --profile too")
-        return None
-    if tp is None:
-        return profile
-    try:
-        load_profile(profile, tp=tp)
-    except ProfileError as err:
-        parser.error(f"--tp {tp}: {err}")
-    return f"{profile}-tp{tp}"
 
 
 def run_variant(spec: Spec, sla, name: str) -> dict:

@@ -321,6 +321,21 @@ def test_sizing_refuses_a_tp_the_profile_does_not_hold(argv, message):
     assert re.search(message, line), line
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--profile", "h100-llama3.3-70b"], "--profile: give --scale too, the rate scale the row ran at on that engine"),
+    (["--tp", "4", "--scale", "12"], "--tp: picks one of --profile's parallel configs; give --profile too"),
+    (["--profile", "h100-llama3.3-70b", "--tp", "3", "--scale", "12"], "--tp 3: .*no config with tp=3"),
+    (["--scale", "0"], "--scale: a positive number, got 0.0"),
+])
+def test_per_minute_refuses_an_engine_it_cannot_run_a_held_out_row_on(argv, message):
+    """bench/per_minute.py --profile P [--tp N] --scale S: a row of bench/results/other-engine, per tick;
+    the recorded scales are the 8B's, so --profile wants the row's own scale."""
+    import re
+
+    line = _refused(_bench("per_minute.py", "--data", "/nonexistent", "--workload", "azure-conv-30min", *argv))
+    assert re.search(message, line), line
+
+
 def test_sizing_refuses_a_profile_it_does_not_bundle():
     line = _refused(_bench("sizing.py", "--data", "/nonexistent", "--profile", "a100-opt-13b"))
     assert "--profile: invalid choice: 'a100-opt-13b'" in line

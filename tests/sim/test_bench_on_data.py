@@ -56,3 +56,17 @@ def test_the_rate_decode_sizes_for_on_mooncake_at_seed_1_is_the_range_sizing_md_
     assert (f"the busiest minute's P90, is {min(sized):.1f}–{max(sized):.1f} requests a second from the "
             f"second tick on, under four engines' rate (4 × {min(per_engine):.1f}–{max(per_engine):.1f})") in text
     assert max(sized) < 4 * min(per_engine)
+
+
+def test_the_tp4_conv_row_sizes_decode_as_forecasting_md_states():
+    """docs/forecasting.md (the 70B at TP4): decode's rate per engine at the batch limit, and the busiest
+    minute's P90 it sizes for from the second tick on, as bench/per_minute.py prints them for conv x12."""
+    ticks = _table("per_minute.py", "--workload", "azure-conv-30min", "--profile", "h100-llama3.3-70b", "--tp", "4",
+                   "--scale", "12", "--set", "load_predictor=ensemble")
+    per_engine = [float(row[7]) for row in ticks]
+    sized = [float(row[4]) for row in ticks[1:]]
+    text = " ".join((ROOT / "docs" / "forecasting.md").read_text().split())
+    assert (f"It rates a decode engine at {min(per_engine):.1f}–{max(per_engine):.1f} requests a second at the "
+            f"batch limit and sizes for the busiest minute's P90, {min(sized):.0f}–{max(sized):.0f} requests a "
+            "second") in text
+    assert all(row[1].endswith("'decode': 5}") for row in ticks[1:])  # the slot count's 5 from the second tick

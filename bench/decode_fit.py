@@ -12,6 +12,7 @@ model would decide:
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/decode_fit.py --data /work/shared/data \\
         --only conv --scale 35.7 --exact        # ~1.5 min
+        # [--profile h100-llama3.3-70b [--tp 4]]: a held-out engine (bench/sizing.py --profile)
 
 (docs/forecasting.md, "Decode's slot count on the window's P90").
 """
@@ -19,19 +20,21 @@ model would decide:
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import build_workload, make_setup, one_workload, one_workload_parser  # noqa: E402
+from quality import build_workload, held_out_engine, make_setup, one_workload, one_workload_parser  # noqa: E402
 from sizing import VARIANTS  # noqa: E402
 
 from fleetplan.models.perf.capacity import decode_capacity  # noqa: E402
 from fleetplan.models.perf.decode import DecodePerfModel  # noqa: E402
 from fleetplan.models.planner import Planner  # noqa: E402
 from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload  # noqa: E402
+from fleetplan.sim.profiles import BUNDLED_PROFILES  # noqa: E402
 from fleetplan.sim.timing import engine_timing  # noqa: E402
 
 
@@ -70,8 +73,14 @@ def run(spec, cfg, setup, workload, on_tick=None):
 def main() -> None:
     parser = one_workload_parser(__doc__, default="conv")
     parser.add_argument("--exact", action="store_true", help="also run with the engine's own decode capacity")
+    parser.add_argument("--profile", choices=sorted(BUNDLED_PROFILES), default=None,
+                        help="run on this bundled engine profile (bench/sizing.py --profile), at --scale")
+    parser.add_argument("--tp", type=int, default=None, help="with --profile: its parallel config (bench/sizing.py --tp)")
     args = parser.parse_args()
+    held_out_engine(parser, args.profile, args.tp)
     spec, sla = one_workload(parser, args)
+    if args.profile is not None:
+        spec = replace(spec, profile=args.profile, tp=args.tp)
     workload = build_workload(spec)
     cfg, setup = make_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
     times = EngineTimes(engine_timing(setup.profile, "interp"))

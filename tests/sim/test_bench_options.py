@@ -336,6 +336,11 @@ def test_per_minute_refuses_an_engine_it_cannot_run_a_held_out_row_on(argv, mess
     assert re.search(message, line), line
 
 
+def test_decode_fit_refuses_a_tp_without_a_profile():
+    line = _refused(_bench("decode_fit.py", "--data", "/nonexistent", "--scale", "12", "--tp", "4"))
+    assert "--tp: picks one of --profile's parallel configs; give --profile too" in line
+
+
 def test_sizing_refuses_a_profile_it_does_not_bundle():
     line = _refused(_bench("sizing.py", "--data", "/nonexistent", "--profile", "a100-opt-13b"))
     assert "--profile: invalid choice: 'a100-opt-13b'" in line

@@ -27,14 +27,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import build_workload, held_out_engine, make_setup, one_workload, one_workload_parser  # noqa: E402
+from quality import (  # noqa: E402
+    add_engine_options,
+    build_workload,
+    held_out_engine,
+    make_setup,
+    one_workload,
+    one_workload_parser,
+)
 from sizing import VARIANTS  # noqa: E402
 
 from fleetplan.models.perf.capacity import decode_capacity  # noqa: E402
 from fleetplan.models.perf.decode import DecodePerfModel  # noqa: E402
 from fleetplan.models.planner import Planner  # noqa: E402
 from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload  # noqa: E402
-from fleetplan.sim.profiles import BUNDLED_PROFILES  # noqa: E402
 from fleetplan.sim.timing import engine_timing  # noqa: E402
 
 
@@ -73,9 +79,7 @@ def run(spec, cfg, setup, workload, on_tick=None):
 def main() -> None:
     parser = one_workload_parser(__doc__, default="conv")
     parser.add_argument("--exact", action="store_true", help="also run with the engine's own decode capacity")
-    parser.add_argument("--profile", choices=sorted(BUNDLED_PROFILES), default=None,
-                        help="run on this bundled engine profile (bench/sizing.py --profile), at --scale")
-    parser.add_argument("--tp", type=int, default=None, help="with --profile: its parallel config (bench/sizing.py --tp)")
+    add_engine_options(parser, "run on this bundled engine profile (bench/sizing.py --profile), at --scale")
     args = parser.parse_args()
     held_out_engine(parser, args.profile, args.tp)
     spec, sla = one_workload(parser, args)

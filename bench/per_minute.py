@@ -34,6 +34,7 @@ from overrides import add_set_option, parse_sets
 from quality import (
     LOOPS,
     Spec,
+    add_engine_options,
     build_workload,
     draw_seed,
     held_out_engine,
@@ -45,7 +46,6 @@ from sizing import SCALES
 
 from fleetplan.models.planner import Planner
 from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload
-from fleetplan.sim.profiles import BUNDLED_PROFILES
 
 
 def main() -> None:
@@ -63,10 +63,8 @@ def main() -> None:
                         help="the draw of the workload (bench/sizing.py --seeds, fleetplan simulate --seed)")
     parser.add_argument("--load-factor", type=float, default=1.0,
                         help="multiple of the workload's recorded rate scale (bench/sizing.py --load-factors)")
-    parser.add_argument("--profile", choices=sorted(BUNDLED_PROFILES), default=None,
-                        help="run on this bundled engine profile (bench/sizing.py --profile); give --scale, "
-                             "the rate scale its row ran at, since the recorded ones are the H200 8B's")
-    parser.add_argument("--tp", type=int, default=None, help="with --profile: its parallel config (bench/sizing.py --tp)")
+    add_engine_options(parser, "run on this bundled engine profile (bench/sizing.py --profile); give --scale, "
+                               "the rate scale its row ran at, since the recorded ones are the H200 8B's")
     parser.add_argument("--scale", type=float, default=None,
                         help="the rate scale itself, in place of the recorded one (times --load-factor)")
     add_set_option(parser)

@@ -179,6 +179,17 @@ def on_day(spec: Spec, day: int, warm_days: int) -> Spec:
     return replace(spec, name=name, start_day=day, warm_days=warm_days)
 
 
+def add_engine_options(parser: argparse.ArgumentParser, profile_help: str) -> None:
+    """``--profile`` (a bundled engine profile, ``profile_help`` saying what the script does with it) and
+    ``--tp`` (one of its parallel configs), which :func:`held_out_engine` checks."""
+    from fleetplan.sim.profiles import BUNDLED_PROFILES
+
+    parser.add_argument("--profile", choices=sorted(BUNDLED_PROFILES), default=None, help=profile_help)
+    parser.add_argument("--tp", type=int, default=None,
+                        help="with --profile: of its parallel configs, the one at this tensor parallelism "
+                             "(the 70B holds TP2, TP4 and TP8; without it the fewest GPUs an engine)")
+
+
 def held_out_engine(parser: argparse.ArgumentParser, profile: str | None, tp: int | None) -> str | None:
     """The suffix of the traces' workloads on ``--profile`` (``-tpN`` with ``--tp``), or None without it;
     a TP the profile does not hold is refused here, naming the ones it does, before any run."""

@@ -33,6 +33,7 @@ from quality import (
     WORKLOADS,
     Spec,
     _row,
+    add_engine_options,
     build_workload,
     choose_scale,
     held_out_engine,
@@ -46,7 +47,6 @@ from quality import (
 )
 
 from fleetplan.models.config import REFERENCE_SIZING
-from fleetplan.sim.profiles import BUNDLED_PROFILES
 
 Q = {"throughput_sizing": "startup_quantile"}
 B = {"capacity_mix": "buckets"}
@@ -269,15 +269,10 @@ def main() -> None:
                              "copies' shifts, spread arrivals, ServeGen's requests and startup times, as "
                              "fleetplan simulate --seed); a workload drawn at a seed other than 0 is named "
                              "with -seedN. Is a verdict a property of the policy or of one draw?")
-    parser.add_argument("--profile", default=None, choices=sorted(BUNDLED_PROFILES),
-                        help="traces: run on this bundled engine profile instead of the H200 Llama-3.1-8B "
-                             "the recorded scales and defaults were measured on (a profile held out of the "
-                             "tuning); the scale is chosen for it as --choose-scale does, and the workload "
-                             "is named with -PROFILE")
-    parser.add_argument("--tp", type=int, default=None,
-                        help="with --profile: of its parallel configs, the one at this tensor parallelism "
-                             "(the 70B holds TP2, TP4 and TP8; without it the fewest GPUs an engine); the "
-                             "workload is named with -PROFILE-tpN")
+    add_engine_options(parser, "traces: run on this bundled engine profile instead of the H200 Llama-3.1-8B "
+                               "the recorded scales and defaults were measured on (a profile held out of the "
+                               "tuning); the scale is chosen for it as --choose-scale does, and the workload "
+                               "is named with -PROFILE (-PROFILE-tpN with --tp)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rate_scale_shift(parser, args.rate_scale_shift)

@@ -7,6 +7,7 @@ so no data folder is needed.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -315,8 +316,6 @@ def test_tp_runs_the_traces_on_one_parallel_config_of_the_profile(monkeypatch):
     (["--profile", "h200-llama3.1-8b", "--tp", "4"], "--tp 4: .*file is tp=1, asked for tp=4"),
 ])
 def test_sizing_refuses_a_tp_the_profile_does_not_hold(argv, message):
-    import re
-
     line = _refused(_bench("sizing.py", "--data", "/nonexistent", *argv))
     assert re.search(message, line), line
 
@@ -330,8 +329,6 @@ def test_sizing_refuses_a_tp_the_profile_does_not_hold(argv, message):
 def test_per_minute_refuses_an_engine_it_cannot_run_a_held_out_row_on(argv, message):
     """bench/per_minute.py --profile P [--tp N] --scale S: a row of bench/results/other-engine, per tick;
     the recorded scales are the 8B's, so --profile wants the row's own scale."""
-    import re
-
     line = _refused(_bench("per_minute.py", "--data", "/nonexistent", "--workload", "azure-conv-30min", *argv))
     assert re.search(message, line), line
 

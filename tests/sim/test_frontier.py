@@ -366,6 +366,12 @@ def test_the_hold_moved_seven_trace_rows_for_a_decode_engine_at_most():
         assert att >= att0 and gpu - gpu0 < 0.05, key
 
 
+def workload_tallies(groups: dict[tuple, dict]) -> dict[tuple, tuple[int, int, int]]:
+    """Each (workload, SLA)'s verdicts over its levels and draws, (won, tie, lost), as
+    bench/frontier.py --by-draw counts them."""
+    return {key: (c["won"], c["tie"], c["lost"]) for key, c in tally(by_draw(groups, TIE_POINTS, TIE_COST)).items()}
+
+
 def trace_tally(groups: dict[tuple, dict]) -> dict[str, int]:
     """The 30-minute traces' verdicts over every level and draw: {won, tie, lost} summed."""
     traces = [counts for (workload, _), counts in tally(by_draw(groups, TIE_POINTS, TIE_COST)).items()
@@ -956,8 +962,7 @@ def test_on_the_engine_the_defaults_were_not_tuned_on_conv_at_the_loose_ttft_is_
     rows = [row for path in OTHER_ENGINE for row in json.loads(path.read_text())["rows"]]
     assert {row["profile"] for row in rows} == {"h100-llama3.3-70b"}
     groups = read_runs(OTHER_ENGINE, "fleetplan (ensemble)") if default == "today's" else decode_held(OTHER_ENGINE)
-    counts = tally(by_draw(groups, TIE_POINTS, TIE_COST))
-    assert {key: (c["won"], c["tie"], c["lost"]) for key, c in counts.items()} == expected
+    assert workload_tallies(groups) == expected
     assert tuple(map(sum, zip(*expected.values(), strict=True))) == totals
 
 
@@ -1014,8 +1019,7 @@ def test_on_the_70b_at_tp4_conv_is_lost_at_both_slas_with_either_hold(default):
     held moved 25 of the 36 rows and no conv row."""
     rows = [row for path in ON_TP4 for row in json.loads(path.read_text())["rows"]]
     assert {(row["profile"], row["tp"]) for row in rows} == {("h100-llama3.3-70b", 4)}
-    counts = tally(by_draw(read_runs(ON_TP4, default), TIE_POINTS, TIE_COST))
-    assert {key: (c["won"], c["tie"], c["lost"]) for key, c in counts.items()} == TP4_TALLY
+    assert workload_tallies(read_runs(ON_TP4, default)) == TP4_TALLY
     assert tuple(map(sum, zip(*TP4_TALLY.values(), strict=True))) == (21, 0, 15)
     now, decode = read_runs(ON_TP4, "fleetplan (ensemble)"), read_runs(ON_TP4, HOLD_DECODE)
     moved = moved_rows(decode, now, now)

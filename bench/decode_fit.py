@@ -41,7 +41,6 @@ from fleetplan.models.perf.capacity import decode_capacity  # noqa: E402
 from fleetplan.models.perf.decode import DecodePerfModel  # noqa: E402
 from fleetplan.models.planner import Planner  # noqa: E402
 from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload  # noqa: E402
-from fleetplan.sim.timing import engine_timing  # noqa: E402
 
 
 class EngineTimes:
@@ -83,11 +82,12 @@ def main() -> None:
     args = parser.parse_args()
     held_out_engine(parser, args.profile, args.tp)
     spec, sla = one_workload(parser, args)
+    spec = replace(spec, timing=args.engine_timing)
     if args.profile is not None:
         spec = replace(spec, profile=args.profile, tp=args.tp)
     workload = build_workload(spec)
     cfg, setup = make_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
-    times = EngineTimes(engine_timing(setup.profile, "interp"))
+    times = EngineTimes(setup.timing)
 
     print("tick_s  decode_ready  fit_tok_s  engine_tok_s  fit_error_%  decode_target")
 

@@ -81,7 +81,7 @@ def main() -> None:
         parser.error("--profile: give --scale too, the rate scale the row ran at on that engine")
     held_out_engine(parser, args.profile, args.tp)
     s = named_trace_spec(parser, args.data, args.workload)
-    engine = {} if args.profile is None else {"profile": args.profile, "tp": args.tp}
+    engine = {"timing": args.engine_timing, **({} if args.profile is None else {"profile": args.profile, "tp": args.tp})}
     scale = SCALES[s.name] if args.scale is None else args.scale
     spec = Spec(**{**s.__dict__, **engine, "scale": scale * args.load_factor, "seed": args.seed,
                      "shift": args.rate_scale_shift})

@@ -80,6 +80,7 @@ class Spec:
     shift: float | None = None  # traces: rate-scale copies shifted within this many seconds (None: anywhere)
     seed: int = 0  # the draw: rate-scale copies' shifts, spread arrivals, ServeGen's requests, startup times
     tp: int | None = None  # of a profile stacked over parallel configs, this one (None: the profile's default)
+    timing: str = "interp"  # the simulated engine's pass times (sim/timing.py's TIMING_MODES)
 
 
 PREDICTORS = ("constant", "arima_frozen", "arima", "kalman", "ensemble", "prophet")
@@ -188,6 +189,10 @@ def add_engine_options(parser: argparse.ArgumentParser, profile_help: str) -> No
     parser.add_argument("--tp", type=int, default=None,
                         help="with --profile: of its parallel configs, the one at this tensor parallelism "
                              "(the 70B holds TP2, TP4 and TP8; without it the fewest GPUs an engine)")
+    parser.add_argument("--engine-timing", choices=("interp", "interp-extend"), default="interp",
+                        help="the simulated engine's pass times (fleetplan simulate --engine-timing); "
+                             "interp-extend carries each decode level on past its measured usage, and "
+                             "names the workloads with -extend")
 
 
 def held_out_engine(parser: argparse.ArgumentParser, profile: str | None, tp: int | None) -> str | None:
@@ -216,7 +221,8 @@ def make_setup(spec: Spec, sla, overrides=None):
 
     cfg = config_from_dict({"ttft_ms": sla[0], "itl_ms": sla[1], "max_gpu_budget": 4096, **(overrides or {})})
     profile = load_profile(spec.profile, tp=spec.tp)
-    return cfg, setup_of(cfg, profile, SimOptions(router=spec.router, window_s=60.0, seed=spec.seed))
+    options = SimOptions(router=spec.router, window_s=60.0, seed=spec.seed, timing=spec.timing)
+    return cfg, setup_of(cfg, profile, options)
 
 
 def peak_need(spec: Spec, sla=SLAS[0]) -> tuple[int, dict]:
@@ -291,6 +297,7 @@ def _row(spec, sla, policy, result, wall, rounds=None, setup=None) -> dict:
         "sim_revision": REVISION,
         "workload": spec.name, "scale": spec.scale, "profile": spec.profile, "sla": list(sla),
         **({} if spec.tp is None else {"tp": spec.tp}),
+        **({} if spec.timing == "interp" else {"timing": spec.timing}),
         "policy": policy, "attainment": s.sla_attainment, "gpu_hours": s.gpu_hours,
         "ttft_p90_ms": s.ttft_p90_ms, "itl_p90_ms": s.itl_p90_ms, "requests": s.requests,
         "peak": s.peak_replicas, "mean_ready": s.mean_replicas, "decisions": s.decisions,

@@ -6,6 +6,7 @@ Usage:
         [--only conv,code,mooncake,m-large] [--sla 500,50] [--variants A,B] \
         [--jobs 1] [--no-oracle] [--load-factors 0.9,1,1.1] [--day 4 --warm-days 4] [--json out.json] \
         [--profile h100-llama3.3-70b [--tp 4]]   # the traces on an engine the defaults were not tuned on
+        [--engine-timing interp-extend]           # decode levels carried on past their measured usage
         # --variants frontier: Dynamo's sizing swept; forecast-frontier: the reference's forecasting swept;
         # departures: today's defaults, each departure from Dynamo's sizing taken away
 
@@ -294,10 +295,13 @@ def main() -> None:
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
         if engine is not None and s.kind == "trace" and (args.profile, args.tp) != (s.profile, s.tp):
             s = replace(s, profile=args.profile, tp=args.tp, name=f"{s.name}-{engine}")
+        s = replace(s, timing=args.engine_timing)
         base = SCALES.get(s.name, s.scale)
         if (args.choose_scale or s.name not in SCALES) and s.kind == "trace":
             base = choose_scale(replace(s, shift=args.rate_scale_shift), 10, integer=True).scale
             print(f"{s.name}: rate scale {base:g} by the busiest window", flush=True)
+        if s.timing != "interp":  # after the recorded scales, which are the interp engine's, are looked up
+            s = replace(s, name=f"{s.name}-extend")
         scaled = [replace(s, scale=base * f) for f in factors]
         if args.rate_scale_shift is not None and s.kind == "trace":
             scaled = [replace(x, shift=args.rate_scale_shift, name=f"{x.name}-shift{args.rate_scale_shift:g}")

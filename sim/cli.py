@@ -77,7 +77,7 @@ def simulate(
     startup: Annotated[str, typer.Option("--startup", help="worker startup seconds, or uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA")] = "120",
     initial: Annotated[str, typer.Option("--initial", help="initial fleet: warm (sized for the traffic until the first decision takes effect), min, or e.g. prefill=2,decode=3")] = "warm",
     fpm_interval: Annotated[float, typer.Option("--fpm-interval", help="seconds between sampled FPMs per engine")] = 1.0,
-    engine_timing: Annotated[str, typer.Option("--engine-timing", help="interp (profile measurements) | fit (the planner's own linear fit)")] = "interp",
+    engine_timing: Annotated[str, typer.Option("--engine-timing", help="interp (profile measurements) | interp-extend (decode levels carry on past their measured usage) | fit (the planner's own linear fit)")] = "interp",
     inventory: Annotated[bool, typer.Option("--inventory/--no-inventory", help="send the planner inventory events (engine starting, ready, draining, gone), as an orchestrator that writes them; --no-inventory: none, as in fleetplan's live stack, where engines are known from their FPMs and startups are timed by acks")] = True,
     baselines: Annotated[bool | None, typer.Option("--baselines/--no-baselines", help="also run static-peak, static-mean and oracle on the same fleet (default: yes, unless --publish or --realtime)")] = None,
     oracle_rounds: Annotated[int, typer.Option("--oracle-rounds", help="replays the oracle may use to raise windows that missed the goal")] = 4,

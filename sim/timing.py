@@ -39,6 +39,14 @@ never be wrong about it.
   the prefill pass plus what the decode batch adds over the cheapest
   measured decode pass (the fixed per-pass cost is paid once).
 
+``interp-extend``: as ``interp``, except past a decode level's last
+measured usage its last segment carries on where it rises, as prefill's
+does. A level's rows stop where its profiler stopped (the 70B profile's
+350-token level at 58 % of the cache), and whether the engine's pass time
+stops growing there (``interp``) or keeps the last slope is a guess either
+way; benchmarks that run engines there are run under both
+(docs/calibration.md, "Past the measured usage").
+
 ``fit``: the planner's profile-seeded linear fits (:func:`seeded_perf_model`),
 for experiments where the engine should behave exactly as the planner
 believes.
@@ -54,7 +62,7 @@ from dataclasses import dataclass
 
 from fleetplan.models.perf import EngineLimits, ProfileData, seeded_perf_model
 
-TIMING_MODES = ("interp", "fit")
+TIMING_MODES = ("interp", "interp-extend", "fit")
 
 
 class _Piecewise:
@@ -115,14 +123,14 @@ class EngineTiming:
 
 
 def engine_timing(profile: ProfileData, mode: str = "interp", limits: EngineLimits | None = None) -> EngineTiming:
-    if mode == "interp":
-        return _interp_timing(profile)
+    if mode in ("interp", "interp-extend"):
+        return _interp_timing(profile, extend_decode=mode == "interp-extend")
     if mode == "fit":
         return _fit_timing(profile, limits)
     raise ValueError(f"unknown engine timing {mode!r}; valid: {', '.join(TIMING_MODES)}")
 
 
-def _interp_timing(profile: ProfileData) -> EngineTiming:
+def _interp_timing(profile: ProfileData, extend_decode: bool = False) -> EngineTiming:
     if not profile.has_prefill or not profile.has_decode:
         raise ValueError("the interp engine timing needs both prefill and decode rows in the profile")
     floor = min(profile.z_itl_ms.tolist()) / 1000.0
@@ -138,7 +146,9 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
         # timing is linear in 1/context, where it was a bare ZeroDivisionError
         raise ValueError("y_context_length: the interp engine timing needs decode rows at a context > 0 "
                          f"tokens, got {ctxs[0]:g} (--engine-timing fit reads such a profile)")
-    curves = [_Piecewise(usage.tolist(), (itl_ms / 1000.0).tolist(), extend=False) for usage, itl_ms in levels.values()]
+    curves = [
+        _Piecewise(usage.tolist(), (itl_ms / 1000.0).tolist(), extend=extend_decode) for usage, itl_ms in levels.values()
+    ]
     inverse = [1.0 / c for c in ctxs]  # interpolation between levels is linear in 1/context
 
     def decode(seqs: int, kv: float) -> float:
@@ -175,7 +185,7 @@ def _interp_timing(profile: ProfileData) -> EngineTiming:
             return decode(seqs, kv)
         return prefill(prefill_tokens) + max(0.0, decode(seqs, kv) - floor)
 
-    return EngineTiming("interp", prefill, decode, mixed, floor)
+    return EngineTiming("interp-extend" if extend_decode else "interp", prefill, decode, mixed, floor)
 
 
 def _fit_timing(profile: ProfileData, limits: EngineLimits | None) -> EngineTiming:

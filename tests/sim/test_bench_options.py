@@ -310,6 +310,29 @@ def test_tp_runs_the_traces_on_one_parallel_config_of_the_profile(monkeypatch):
         (conv, "h100-llama3.3-70b", 4, 5.0), ("servegen-m-mid-24h", "h100-llama3.3-70b", None, 0.0667)]
 
 
+def test_engine_timing_runs_every_workload_on_that_engine_named_extend(monkeypatch):
+    """bench/sizing.py --engine-timing interp-extend: every workload runs on the engine whose decode
+    levels carry on past their measured usage, named -extend after the engine's suffix, at the scale
+    the workload runs at on interp: chosen on that engine for a held-out one, a ServeGen day's recorded."""
+    from dataclasses import replace
+
+    asked = []
+
+    def choose(spec, target, integer):
+        asked.append((spec.name, spec.timing))
+        return replace(spec, scale=5.0)
+
+    tasks = _sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
+                          "--profile", "h100-llama3.3-70b", "--tp", "4", "--engine-timing", "interp-extend",
+                          choose=choose)
+    conv = "azure-conv-30min-h100-llama3.3-70b-tp4"
+    assert asked == [(conv, "interp-extend")]
+    assert [(s.name, s.timing, s.scale) for s, _, _ in tasks] == [
+        (f"{conv}-extend", "interp-extend", 5.0), ("servegen-m-mid-24h-extend", "interp-extend", 0.0667)]
+    _, setup = sys.modules["quality"].make_setup(tasks[0][0], (500.0, 50.0))
+    assert setup.timing.mode == "interp-extend"
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tp", "4"], "--tp: picks one of --profile's parallel configs; give --profile too"),
     (["--profile", "h100-llama3.3-70b", "--tp", "3"], "--tp 3: .*no config with tp=3 \\(have \\[8, 4, 2\\]\\)"),

@@ -405,3 +405,18 @@ def test_a_token_basis_runs_report_says_its_sized_line_is_of_tokens(tmp_path):
     assert result.exit_code == 0, result.output
     html = (out / "report.html").read_text()
     assert "sized-for rps (planner; tokens, the most any role's)" in html.replace("\\u0027", "'")
+
+
+def test_interp_extend_runs_and_agrees_where_no_pass_goes_past_the_measured_rows(tmp_path):
+    """--engine-timing interp-extend differs from interp only past a decode level's last measured usage
+    (docs/calibration.md); a light code trace on the 8B decodes well inside them, so the two runs agree."""
+    runs = {}
+    for timing in ("interp", "interp-extend"):
+        result = simulate("--trace", CODE, "--profile", "h200-llama3.1-8b", "--config", QUICKSTART,
+                          "--duration", 180, "--rate-scale", 4, "--out", tmp_path / timing, "--json",
+                          "--no-baselines", "--engine-timing", timing)
+        assert result.exit_code == 0, result.output
+        planner = orjson.loads(result.stdout)["results"]["planner"]
+        runs[timing] = {k: v for k, v in planner.items() if k not in ("wall_s", "sim_per_wall")}
+    assert runs["interp"]["requests"] > 0
+    assert runs["interp-extend"] == runs["interp"]

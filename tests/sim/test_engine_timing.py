@@ -167,3 +167,37 @@ def test_past_the_last_prefill_point_a_falling_segment_does_not_carry_on_below_i
     assert timing.prefill_s(32_768) * 1000 == pytest.approx(360.8)
     assert timing.prefill_s(40_000) * 1000 == pytest.approx(360.8)
     assert timing.prefill_s(24_576) * 1000 == pytest.approx((2394.4 + 360.8) / 2)  # measured points kept
+
+
+@pytest.mark.parametrize(("name", "tp"), [("h200-llama3.1-8b", None), ("h100-llama3.3-70b", 4)])
+def test_extended_decode_levels_keep_every_measured_pass_time(name, tp):
+    """interp-extend changes nothing where a level was measured: on the level's own context, at every
+    usage up to its last row, a pass takes what interp says."""
+    from fleetplan.sim.profiles import load_profile
+
+    profile = load_profile(name, tp=tp)
+    interp, extend = engine_timing(profile), engine_timing(profile, "interp-extend")
+    assert extend.mode == "interp-extend"
+    checked = 0
+    for ctx, (usage, _) in profile.decode_levels().items():
+        for seqs in range(1, int(usage[-1] * profile.max_kv_tokens // ctx) + 1, 7):
+            assert extend.decode_s(seqs, seqs * ctx) == interp.decode_s(seqs, seqs * ctx)
+            checked += 1
+    assert checked > 50
+
+
+def test_past_a_levels_measured_usage_its_last_rise_carries_on():
+    """The 70B TP4 profile's 350-token level stops at 58 % of the cache. interp holds its last time
+    from there to a full cache; interp-extend carries its last segment on, as prefill's does."""
+    from fleetplan.sim.profiles import load_profile
+
+    profile = load_profile("h100-llama3.3-70b", tp=4)
+    interp, extend = engine_timing(profile), engine_timing(profile, "interp-extend")
+    ctx, (usage, itl) = min(profile.decode_levels().items())
+    assert ctx == 350 and usage[-1] < 0.6 and itl[-1] > itl[-2]
+    seqs = int(0.8 * profile.max_kv_tokens // ctx)
+    past = seqs * ctx / profile.max_kv_tokens
+    slope = (itl[-1] - itl[-2]) / (usage[-1] - usage[-2])
+    assert interp.decode_s(seqs, seqs * ctx) * 1000 == pytest.approx(itl[-1])
+    assert extend.decode_s(seqs, seqs * ctx) * 1000 == pytest.approx(itl[-1] + slope * (past - usage[-1]))
+    assert extend.decode_s(seqs, seqs * ctx) > interp.decode_s(seqs, seqs * ctx)

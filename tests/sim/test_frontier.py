@@ -1024,3 +1024,20 @@ def test_on_the_70b_at_tp4_conv_is_lost_at_both_slas_with_either_hold(default):
     now, decode = read_runs(ON_TP4, "fleetplan (ensemble)"), read_runs(ON_TP4, HOLD_DECODE)
     moved = moved_rows(decode, now, now)
     assert len(moved) == 25 and not any(workload.startswith("azure-conv") for workload, _, _ in moved)
+
+
+# docs/calibration.md's "Past the measured usage": the TP4 conv rows again, the engine's decode levels
+# carried on past the profile's rows (bench/sizing.py --engine-timing interp-extend)
+EXTEND_TP4 = [VERDICTS.parent / "engine-timing" / f"h100-70b-tp4-{sla}.json" for sla in ("1200-50", "500-50")]
+
+
+def test_on_the_70b_at_tp4_conv_is_lost_whichever_guess_the_engine_makes_past_its_rows():
+    """docs/forecasting.md: with the other guess past the profile's rows the ten conv verdicts are lost
+    as with the simulator's own, at the same rate scales."""
+    rows = [row for path in EXTEND_TP4 for row in json.loads(path.read_text())["rows"]]
+    assert {(row["profile"], row["tp"], row["timing"]) for row in rows} == {("h100-llama3.3-70b", 4, "interp-extend")}
+    conv = "azure-conv-30min-h100-llama3.3-70b-tp4"
+    held = [row for path in ON_TP4 for row in json.loads(path.read_text())["rows"] if row["workload"].startswith(conv)]
+    assert {(r["workload"].replace("-extend", ""), r["scale"]) for r in rows} == {(r["workload"], r["scale"]) for r in held}
+    assert workload_tallies(read_runs(EXTEND_TP4, "fleetplan (ensemble)")) == {
+        (f"{conv}-extend", sla): (0, 0, 5) for sla in (SLA, TP4_LOOSE)}

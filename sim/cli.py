@@ -643,7 +643,7 @@ def _summary_json(run, sizing, results, out) -> dict:
         "duration_s": run["workload"].duration_s, "requests": main.summary.requests,
         "sla": {"ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms},
         "startup": setup.startup().describe(), "router": setup.options.router,
-        "inventory": setup.options.inventory,
+        "inventory": setup.options.inventory, "engine_timing": setup.timing.mode,
         "gpus_per_engine": setup.gpus,
         "policy": main.policy,
         "results": {r.policy: {**r.summary.to_dict(), "wall_s": r.wall_s, "sim_per_wall": r.end_s / r.wall_s if r.wall_s else None} for r in results},

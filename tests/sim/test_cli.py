@@ -416,7 +416,9 @@ def test_interp_extend_runs_and_agrees_where_no_pass_goes_past_the_measured_rows
                           "--duration", 180, "--rate-scale", 4, "--out", tmp_path / timing, "--json",
                           "--no-baselines", "--engine-timing", timing)
         assert result.exit_code == 0, result.output
-        planner = orjson.loads(result.stdout)["results"]["planner"]
+        summary = orjson.loads(result.stdout)
+        assert summary["engine_timing"] == timing  # which engine measured it, beside sim_revision
+        planner = summary["results"]["planner"]
         runs[timing] = {k: v for k, v in planner.items() if k not in ("wall_s", "sim_per_wall")}
     assert runs["interp"]["requests"] > 0
     assert runs["interp-extend"] == runs["interp"]

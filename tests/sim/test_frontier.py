@@ -1041,3 +1041,24 @@ def test_on_the_70b_at_tp4_conv_is_lost_whichever_guess_the_engine_makes_past_it
     assert {(r["workload"].replace("-extend", ""), r["scale"]) for r in rows} == {(r["workload"], r["scale"]) for r in held}
     assert workload_tallies(read_runs(EXTEND_TP4, "fleetplan (ensemble)")) == {
         (f"{conv}-extend", sla): (0, 0, 5) for sla in (SLA, TP4_LOOSE)}
+
+
+def _without_extend(tallies: dict[tuple, tuple[int, int, int]]) -> dict[tuple, tuple[int, int, int]]:
+    return {(workload.replace("-extend", ""), sla): counts for (workload, sla), counts in tallies.items()}
+
+
+@pytest.mark.parametrize(("extended", "interp"), [
+    (["h100-70b-500-50.json"], [VERDICTS.parent / "other-engine" / "h100-70b-500-50.json"]),
+    (["h200-8b-mooncake-500-50.json"], [VERDICTS / "mooncake-500-50.json", VERDICTS.parent / "draws" / "mooncake-500-50.json",
+                                        VERDICTS.parent / "engine-timing" / "h200-8b-mooncake-spread-interp-500-50.json"]),
+])
+def test_no_verdict_rests_on_how_the_engine_is_timed_past_its_profiles_rows(extended, interp):
+    """docs/calibration.md's "Past the measured usage": the 70B TP2's conv and code rows and the 8B's
+    Mooncake rows, on interp-extend, give each workload the verdicts they have on interp."""
+    paths = [VERDICTS.parent / "engine-timing" / name for name in extended]
+    rows = [row for path in paths for row in json.loads(path.read_text())["rows"]]
+    assert {row["timing"] for row in rows} == {"interp-extend"}
+    now = _without_extend(workload_tallies(read_runs(paths, "fleetplan (ensemble)")))
+    before = workload_tallies(read_runs(interp, "fleetplan (ensemble)"))
+    assert now == {key: before[key] for key in now}
+    assert sum(map(sum, now.values())) == 10

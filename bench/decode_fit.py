@@ -13,6 +13,7 @@ model would decide:
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/decode_fit.py --data /work/shared/data \\
         --only conv --scale 35.7 --exact        # ~1.5 min
         # [--profile h100-llama3.3-70b [--tp 4]]: a held-out engine (bench/sizing.py --profile)
+        # [--engine-timing interp-extend]: past the profile's rows, the other guess (docs/calibration.md)
 
 (docs/forecasting.md, "Decode's slot count on the window's P90").
 """

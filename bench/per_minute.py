@@ -5,6 +5,7 @@ Usage:
     .venv/bin/python bench/per_minute.py --data /work/shared/data --workload azure-code-30min \\
         [--sla 500,50] [--warm replayed|capacity] [--load-factor 1] [--set key=value ...] \\
         [--profile h100-llama3.3-70b [--tp 4] --scale 12]   # a row of bench/results/other-engine
+        [--engine-timing interp-extend]                     # a row of bench/results/engine-timing
 
 Runs fleetplan's default config with the throughput loop and ARIMA (the
 default predictor until 2026-12-01, which the docs' per-minute figures were

@@ -12,7 +12,11 @@ one of those runs is stale at once; this re-runs each row (the same
 workload, rate scale, SLA and variant, through ``bench/sizing.py``'s
 ``run_variant``) and writes the file back with the new figures, in the same
 order, so the verdicts can be read again with nothing else changed. It
-prints each row's attainment and GPU-hours before and after.
+prints each row's attainment and GPU-hours before and after. Any row
+bench/sizing.py writes can be run again: a ServeGen day of the week, a
+trace with its shape kept (-shiftS), another draw (-seedN), a trace on a
+held-out engine (-PROFILE[-tpN]) or timed past its profile's rows the other
+way (-extend); the row's profile, tp and timing say which engine.
 
 Without ``--out`` the file is rewritten in place. It is written again after each row, so a run
 stopped partway keeps the rows it finished.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -31,26 +36,49 @@ from pathlib import Path
 from quality import EVERY_WORKLOAD, Spec, on_day, specs
 from sizing import VARIANTS, run_variant
 
+SEED = re.compile(r"(?P<rest>.+)-seed(?P<seed>\d+)")
+SHIFT = re.compile(r"(?P<rest>.+)-shift(?P<shift>\d+(?:\.\d+)?)")
 
-def _workloads(data: Path, names=()) -> dict[str, Spec]:
-    """Every workload bench/sizing.py knows, by the name its rows carry (at scale 1), with
-    each ServeGen day of the week, cold or warmed on the days before (``--day``, ``--warm-days``),
-    and each trace of ``names`` named ``TRACE-shiftS``: its copies shifted within S seconds
-    (``--rate-scale-shift S``, the shape-kept rows of bench/results/shape-kept/)."""
+
+def _known(data: Path) -> dict[str, Spec]:
+    """Every workload bench/sizing.py knows, by its name at scale 1 on its own engine, with each
+    ServeGen day of the week, cold or warmed on the days before (``--day``, ``--warm-days``)."""
     base = {s.name: s for s in specs(data, EVERY_WORKLOAD, 10, 24, 24.0, choose=False)}
     moved = [on_day(s, day, warm) for s in base.values() if s.kind == "servegen"
              for day in range(WEEK_DAYS) for warm in range(day + 1)]
-    shifted = []
-    for name in names:
-        trace, sep, shift = name.rpartition("-shift")
-        spec = base.get(trace)
-        if sep and spec is not None and spec.kind == "trace":
-            try:
-                seconds = float(shift)
-            except ValueError:
-                continue
-            shifted.append(replace(spec, shift=seconds, name=name))
-    return {**base, **{s.name: s for s in moved}, **{s.name: s for s in shifted}}
+    return {**base, **{s.name: s for s in moved}}
+
+
+def workload_spec(row: dict, known: dict[str, Spec]) -> Spec | None:
+    """The workload bench/sizing.py ran ``row`` on (at scale 1), or None if it names none.
+
+    sizing.py names a run ``NAME[-PROFILE[-tpN]][-extend][-shiftS][-seedN]``: a trace on a held-out
+    engine (``--profile``, ``--tp``), an engine timed past its profile's rows the other way
+    (``--engine-timing interp-extend``), its rate-scale copies shifted within S seconds
+    (``--rate-scale-shift``), drawn at seed N (``--seeds``). The row records its profile, tp and
+    timing, so those suffixes are checked against them; the shift and the draw are in the name only.
+    """
+    name, seed, shift = row["workload"], 0, None
+    if m := SEED.fullmatch(name):
+        name, seed = m["rest"], int(m["seed"])
+    if m := SHIFT.fullmatch(name):
+        name, shift = m["rest"], float(m["shift"])
+    timing = row.get("timing", "interp")
+    if timing != "interp":
+        if not name.endswith("-extend"):
+            return None
+        name = name.removesuffix("-extend")
+    spec = known.get(name)
+    profile, tp = row.get("profile"), row.get("tp")
+    if spec is None and profile is not None:  # a trace run on a held-out engine
+        engine = f"-{profile}" + ("" if tp is None else f"-tp{tp}")
+        spec = known.get(name.removesuffix(engine)) if name.endswith(engine) else None
+        if spec is None or spec.kind != "trace":
+            return None
+    if spec is None or (shift is not None and spec.kind != "trace"):
+        return None
+    return replace(spec, name=row["workload"], profile=profile or spec.profile, tp=tp, timing=timing,
+                   shift=shift, seed=seed)
 
 
 WEEK_DAYS = 7  # the ServeGen curves are one week
@@ -88,7 +116,7 @@ def main() -> None:
     only = _named(parser, args.file, "--only-policies", args.only_policies, {row["policy"] for row in rows}, "policies")
     only_workloads = _named(parser, args.file, "--only-workloads", args.only_workloads,
                             {row["workload"] for row in rows}, "workloads")
-    workloads = _workloads(args.data, {row["workload"] for row in rows})
+    known = _known(args.data)
     tasks = []
     copies: dict[tuple, list[int]] = {}  # a run is deterministic: a row repeated in the file runs once
     for i, row in enumerate(rows):
@@ -99,11 +127,11 @@ def main() -> None:
             copies[key].append(i)
             continue
         copies[key] = [i]
-        if row["workload"] not in workloads:
+        spec = workload_spec(row, known)
+        if spec is None:
             parser.error(f"{args.file}: row {i}: workload {row['workload']!r} is not one bench/sizing.py runs")
         if row["policy"] != "oracle" and row["policy"] not in VARIANTS:
             parser.error(f"{args.file}: row {i}: policy {row['policy']!r} is not a bench/sizing.py variant")
-        spec = workloads[row["workload"]]
         tasks.append((i, replace(spec, scale=row["scale"]), sla, row["policy"]))
     started = time.time()
     new_rows = list(rows)

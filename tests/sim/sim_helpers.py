@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from fleetplan.sim.clock import VirtualClock
@@ -46,6 +47,29 @@ class InlinePool:
 
     def __exit__(self, *exc) -> bool:
         return False
+
+
+def sizing_tasks(monkeypatch, *argv: str, choose=None) -> list[tuple]:
+    """The (spec, sla, variant) runs bench/sizing.py would make with ``argv`` (none is made);
+    ``choose`` stands in for its choose_scale, which would read the trace."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import sizing
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    tasks = []
+
+    class Pool(InlinePool):
+        def map(self, fn, work):
+            tasks.extend(work)
+            return []
+
+    if choose is not None:
+        monkeypatch.setattr(sizing, "choose_scale", choose)
+    monkeypatch.setattr(sizing, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(sys, "argv", ["sizing.py", "--data", "/nonexistent", *argv])
+    sizing.main()
+    return tasks
 
 
 def run_all(clock: VirtualClock) -> None:

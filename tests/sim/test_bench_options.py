@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.sim_helpers import InlinePool
+from tests.sim.sim_helpers import sizing_tasks
 
 ROOT = Path(__file__).parents[2]
 
@@ -212,28 +212,6 @@ def test_a_shape_kept_trace_is_scaled_for_its_own_busiest_window():
     assert peak_need(kept)[0] >= 10 > peak_need(Spec(**{**kept.__dict__, "scale": kept.scale - 1}))[0]
 
 
-def _sizing_tasks(monkeypatch, *argv: str, choose=None) -> list[tuple]:
-    """The (spec, sla, variant) runs bench/sizing.py would make with ``argv`` (none is made)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import sizing
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    tasks = []
-
-    class Pool(InlinePool):
-        def map(self, fn, work):
-            tasks.extend(work)
-            return []
-
-    if choose is not None:
-        monkeypatch.setattr(sizing, "choose_scale", choose)
-    monkeypatch.setattr(sizing, "ProcessPoolExecutor", Pool)
-    monkeypatch.setattr(sys, "argv", ["sizing.py", "--data", "/nonexistent", *argv])
-    sizing.main()
-    return tasks
-
-
 @pytest.mark.parametrize("chosen", [False, True])
 def test_choose_scale_runs_the_shape_kept_trace_at_its_own_scale_times_the_load_factors(monkeypatch, chosen):
     """bench/sizing.py --choose-scale --rate-scale-shift S: the scale is chosen on the trace as it
@@ -249,7 +227,7 @@ def test_choose_scale_runs_the_shape_kept_trace_at_its_own_scale_times_the_load_
         return replace(spec, scale=7.0)
 
     variant = "fleetplan (ensemble) tokens"
-    tasks = _sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", variant,
+    tasks = sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", variant,
                           "--load-factors", "1,2", "--rate-scale-shift", "30",
                           *(["--choose-scale"] if chosen else []), choose=choose)
     assert asked == ([("azure-conv-30min", 30.0, 10, True)] if chosen else [])
@@ -263,7 +241,7 @@ def test_choose_scale_runs_the_shape_kept_trace_at_its_own_scale_times_the_load_
 def test_seeds_run_each_workload_at_each_draw_named_by_it(monkeypatch):
     """bench/sizing.py --seeds: every workload and load level at every draw; seed 0 keeps the
     name the committed rows have, another is named -seedN, after the other suffixes."""
-    tasks = _sizing_tasks(monkeypatch, "--only", "conv", "--no-oracle", "--variants", "fleetplan (ensemble)",
+    tasks = sizing_tasks(monkeypatch, "--only", "conv", "--no-oracle", "--variants", "fleetplan (ensemble)",
                           "--load-factors", "1,1.05", "--rate-scale-shift", "30", "--seeds", "0,3")
     assert [(s.name, s.scale, s.seed) for s, _, _ in tasks] == [
         ("azure-conv-30min-shift30", 34.0, 0), ("azure-conv-30min-shift30-seed3", 34.0, 3),
@@ -282,7 +260,7 @@ def test_profile_runs_the_traces_on_another_engine_at_a_scale_chosen_for_it(monk
         asked.append((spec.name, spec.profile, target, integer))
         return replace(spec, scale=7.0)
 
-    tasks = _sizing_tasks(monkeypatch, "--only", "code,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
+    tasks = sizing_tasks(monkeypatch, "--only", "code,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
                           "--load-factors", "1,1.1", "--profile", "h100-llama3.3-70b", choose=choose)
     code = "azure-code-30min-h100-llama3.3-70b"
     assert asked == [(code, "h100-llama3.3-70b", 10, True)]
@@ -302,7 +280,7 @@ def test_tp_runs_the_traces_on_one_parallel_config_of_the_profile(monkeypatch):
         asked.append((spec.name, spec.profile, spec.tp))
         return replace(spec, scale=5.0)
 
-    tasks = _sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
+    tasks = sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
                           "--profile", "h100-llama3.3-70b", "--tp", "4", choose=choose)
     conv = "azure-conv-30min-h100-llama3.3-70b-tp4"
     assert asked == [(conv, "h100-llama3.3-70b", 4)]
@@ -322,7 +300,7 @@ def test_engine_timing_runs_every_workload_on_that_engine_named_extend(monkeypat
         asked.append((spec.name, spec.timing))
         return replace(spec, scale=5.0)
 
-    tasks = _sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
+    tasks = sizing_tasks(monkeypatch, "--only", "conv,m-mid", "--no-oracle", "--variants", "fleetplan (ensemble)",
                           "--profile", "h100-llama3.3-70b", "--tp", "4", "--engine-timing", "interp-extend",
                           choose=choose)
     conv = "azure-conv-30min-h100-llama3.3-70b-tp4"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleetplan.sim import REVISION
-from tests.sim.sim_helpers import InlinePool
+from tests.sim.sim_helpers import InlinePool, sizing_tasks
 
 ROOT = Path(__file__).parents[2]
 CODE_HEAD = ROOT / "tests" / "data" / "traces" / "azure2023_code_head30.csv"
@@ -63,6 +63,19 @@ def test_the_policies_asked_for_are_run_again_and_the_rest_kept(data, tmp_path):
     assert 0.0 < new[0]["gpu_hours"] < 99.0
 
 
+def test_a_row_on_a_held_out_engine_at_another_draw_runs_again_on_that_engine(data, tmp_path):
+    runs = tmp_path / "runs.json"
+    row = _row("fleetplan (ensemble)", workload="azure-code-30min-h100-llama3.3-70b-tp4-extend-seed1",
+               profile="h100-llama3.3-70b", tp=4, timing="interp-extend")
+    runs.write_text(json.dumps({"sla": [500.0, 50.0], "rows": [row]}))
+    done = _remeasure(data, runs)
+    assert done.returncode == 0, done.stderr
+    (new,) = json.loads(runs.read_text())["rows"]
+    engine = ("workload", "profile", "tp", "timing")
+    assert {k: new[k] for k in engine} == {k: row[k] for k in engine}
+    assert new["requests"] == 30 and new["gpu_hours"] < 99.0
+
+
 def test_a_row_it_cannot_run_is_named_before_anything_runs(data, tmp_path):
     runs = tmp_path / "runs.json"
     runs.write_text(json.dumps({"sla": [500.0, 50.0], "rows": [
@@ -73,30 +86,80 @@ def test_a_row_it_cannot_run_is_named_before_anything_runs(data, tmp_path):
     assert json.loads(runs.read_text())["rows"][0]["attainment"] == 0.5  # nothing was rewritten
 
 
-def test_a_servegen_day_of_the_week_warmed_or_not_is_a_workload_it_knows(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import remeasure
+def _spec_of(data: Path, workload: str, **fields):
+    """The workload bench/remeasure.py would run a row of ``workload`` on, with ``data`` its --data
+    (None: it refuses the row)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import remeasure
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return remeasure.workload_spec({"workload": workload, **fields}, remeasure._known(data))
 
-    known = remeasure._workloads(tmp_path)
-    warm = known["servegen-m-large-24h-day4-warm4d"]
+
+def test_a_servegen_day_of_the_week_warmed_or_not_is_a_workload_it_knows(tmp_path):
+    warm = _spec_of(tmp_path, "servegen-m-large-24h-day4-warm4d")
     assert (warm.model, warm.start_day, warm.warm_days) == ("m-large", 4, 4)
-    assert known["servegen-m-mid-24h-day6"].start_day == 6
-    assert "servegen-m-mid-24h-day2-warm3d" not in known  # more days of warm-up than the week has before it
-    assert known["azure-code-30min"].kind == "trace"
+    assert _spec_of(tmp_path, "servegen-m-mid-24h-day6").start_day == 6
+    assert _spec_of(tmp_path, "servegen-m-mid-24h-day2-warm3d") is None  # more warm days than the week has before it
+    assert _spec_of(tmp_path, "azure-code-30min").kind == "trace"
 
 
-def test_a_shape_kept_trace_is_a_workload_it_knows(monkeypatch, tmp_path):
+def test_a_shape_kept_trace_is_a_workload_it_knows(tmp_path):
     """bench/sizing.py --rate-scale-shift S names its rows TRACE-shiftS; they were refused as
     'not one bench/sizing.py runs', so bench/results/shape-kept/ could not be re-measured."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import remeasure
+    kept = _spec_of(tmp_path, "azure-conv-30min-shift30")
+    assert (kept.kind, kept.shift, kept.path) == ("trace", 30.0, _spec_of(tmp_path, "azure-conv-30min").path)
+    assert _spec_of(tmp_path, "mooncake-conv-30min-spread-shift7.5").shift == 7.5
+    assert _spec_of(tmp_path, "servegen-m-large-24h-shift30") is None
+    assert _spec_of(tmp_path, "azure-conv-30min-shiftx") is None
 
-    known = remeasure._workloads(tmp_path, {"azure-conv-30min-shift30", "mooncake-conv-30min-spread-shift7.5",
-                                            "servegen-m-large-24h-shift30", "azure-conv-30min-shiftx"})
-    kept = known["azure-conv-30min-shift30"]
-    assert (kept.kind, kept.shift, kept.path) == ("trace", 30.0, known["azure-conv-30min"].path)
-    assert known["mooncake-conv-30min-spread-shift7.5"].shift == 7.5
-    assert "servegen-m-large-24h-shift30" not in known and "azure-conv-30min-shiftx" not in known
+
+def test_a_draw_a_held_out_engine_and_the_other_engine_timing_are_workloads_it_knows(tmp_path):
+    """Rows at another seed (-seedN), on a held-out engine (-PROFILE[-tpN]) or timed past the profile's
+    rows the other way (-extend) were refused too: bench/results/draws/, other-engine/ and engine-timing/
+    could not be re-measured. The engine is the one the row records, and its suffix has to say so."""
+    tp4 = {"profile": "h100-llama3.3-70b", "tp": 4, "timing": "interp-extend"}
+    spec = _spec_of(tmp_path, "azure-conv-30min-h100-llama3.3-70b-tp4-extend-shift30-seed2", **tp4)
+    assert (spec.name, spec.profile, spec.tp, spec.timing, spec.shift, spec.seed) == (
+        "azure-conv-30min-h100-llama3.3-70b-tp4-extend-shift30-seed2", "h100-llama3.3-70b", 4, "interp-extend",
+        30.0, 2)
+    assert spec.path == _spec_of(tmp_path, "azure-conv-30min").path
+    day = _spec_of(tmp_path, "servegen-m-mid-24h-day5-warm5d-seed1", profile="h100-llama3.3-70b")
+    assert (day.start_day, day.warm_days, day.seed) == (5, 5, 1)
+    assert _spec_of(tmp_path, "azure-conv-30min-h100-llama3.3-70b-tp4-seed2", profile="h100-llama3.3-70b") is None
+    assert _spec_of(tmp_path, "azure-conv-30min-h100-llama3.3-70b-tp4-extend", profile="h100-llama3.3-70b", tp=4) is None
+    assert _spec_of(tmp_path, "servegen-m-mid-24h-h100-llama3.3-70b", profile="h100-llama3.3-70b") is None
+
+
+@pytest.mark.parametrize("argv", [
+    ("--only", "conv,m-mid", "--seeds", "0,2", "--rate-scale-shift", "30"),
+    ("--only", "conv,code", "--profile", "h100-llama3.3-70b", "--tp", "4", "--engine-timing", "interp-extend",
+     "--seeds", "1"),
+    ("--only", "m-mid", "--day", "5", "--warm-days", "5", "--seeds", "0,1"),
+])
+def test_a_row_is_run_again_on_the_workload_sizing_ran_it_on(monkeypatch, argv):
+    """What bench/sizing.py ran each row on, bench/remeasure.py rebuilds from the row alone."""
+    from dataclasses import replace
+
+    tasks = sizing_tasks(monkeypatch, "--no-oracle", "--variants", "fleetplan (ensemble)", *argv,
+                         choose=lambda spec, target, integer: replace(spec, scale=5.0))
+    assert tasks
+    for spec, _, _ in tasks:
+        row = {"profile": spec.profile, **({} if spec.tp is None else {"tp": spec.tp}),
+               **({} if spec.timing == "interp" else {"timing": spec.timing})}
+        assert replace(_spec_of(Path("/nonexistent"), spec.name, **row), scale=spec.scale) == spec  # sizing's --data
+
+
+def test_every_committed_row_is_one_it_can_run_again(tmp_path):
+    """So that a change of the simulator can bring every file of bench/results/ up to it."""
+    paths = sorted((ROOT / "bench" / "results").rglob("*.json"))
+    rows = [row for path in paths for row in json.loads(path.read_text())["rows"]]
+    assert len(rows) > 4000
+    for row in rows:
+        spec = _spec_of(tmp_path, row["workload"], **{k: row[k] for k in ("profile", "tp", "timing") if k in row})
+        assert spec is not None, row["workload"]
+        assert (spec.name, spec.tp, spec.timing) == (row["workload"], row.get("tp"), row.get("timing", "interp"))
 
 
 def test_a_run_stopped_partway_keeps_the_rows_it_finished(monkeypatch, tmp_path):

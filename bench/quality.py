@@ -189,14 +189,24 @@ def add_engine_options(parser: argparse.ArgumentParser, profile_help: str) -> No
     parser.add_argument("--tp", type=int, default=None,
                         help="with --profile: of its parallel configs, the one at this tensor parallelism "
                              "(the 70B holds TP2, TP4 and TP8; without it the fewest GPUs an engine)")
-    parser.add_argument("--engine-timing", choices=("interp", "interp-extend"), default="interp",
+    parser.add_argument("--engine-timing", choices=tuple(TIMING_SUFFIX), default="interp",
                         help="the simulated engine's pass times (fleetplan simulate --engine-timing); "
                              "interp-extend carries each decode level on past its measured usage, and "
                              "names the workloads with -extend")
 
 
+def engine_suffix(profile: str, tp: int | None) -> str:
+    """How bench/sizing.py names a trace run on a held-out engine: ``-PROFILE``, or ``-PROFILE-tpN``
+    (bench/remeasure.py reads it back)."""
+    return f"-{profile}" + ("" if tp is None else f"-tp{tp}")
+
+
+TIMING_SUFFIX = {"interp": "", "interp-extend": "-extend"}
+"""How bench/sizing.py names a workload run on each engine timing (``--engine-timing``)."""
+
+
 def held_out_engine(parser: argparse.ArgumentParser, profile: str | None, tp: int | None) -> str | None:
-    """The suffix of the traces' workloads on ``--profile`` (``-tpN`` with ``--tp``), or None without it;
+    """The suffix of the traces' workloads on ``--profile`` (:func:`engine_suffix`), or None without it;
     a TP the profile does not hold is refused here, naming the ones it does, before any run."""
     from fleetplan.sim.profiles import ProfileError, load_profile
 
@@ -204,13 +214,12 @@ def held_out_engine(parser: argparse.ArgumentParser, profile: str | None, tp: in
         if tp is not None:
             parser.error("--tp: picks one of --profile's parallel configs; give --profile too")
         return None
-    if tp is None:
-        return profile
-    try:
-        load_profile(profile, tp=tp)
-    except ProfileError as err:
-        parser.error(f"--tp {tp}: {err}")
-    return f"{profile}-tp{tp}"
+    if tp is not None:
+        try:
+            load_profile(profile, tp=tp)
+        except ProfileError as err:
+            parser.error(f"--tp {tp}: {err}")
+    return engine_suffix(profile, tp)
 
 
 def make_setup(spec: Spec, sla, overrides=None):

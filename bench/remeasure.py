@@ -33,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from quality import EVERY_WORKLOAD, Spec, on_day, specs
+from quality import EVERY_WORKLOAD, TIMING_SUFFIX, Spec, engine_suffix, on_day, specs
 from sizing import VARIANTS, run_variant
 
 SEED = re.compile(r"(?P<rest>.+)-seed(?P<seed>\d+)")
@@ -64,14 +64,13 @@ def workload_spec(row: dict, known: dict[str, Spec]) -> Spec | None:
     if m := SHIFT.fullmatch(name):
         name, shift = m["rest"], float(m["shift"])
     timing = row.get("timing", "interp")
-    if timing != "interp":
-        if not name.endswith("-extend"):
-            return None
-        name = name.removesuffix("-extend")
+    if timing not in TIMING_SUFFIX or not name.endswith(TIMING_SUFFIX[timing]):
+        return None
+    name = name.removesuffix(TIMING_SUFFIX[timing])
     spec = known.get(name)
     profile, tp = row.get("profile"), row.get("tp")
     if spec is None and profile is not None:  # a trace run on a held-out engine
-        engine = f"-{profile}" + ("" if tp is None else f"-tp{tp}")
+        engine = engine_suffix(profile, tp)
         spec = known.get(name.removesuffix(engine)) if name.endswith(engine) else None
         if spec is None or spec.kind != "trace":
             return None

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from quality import (
     REFERENCE_FORECAST,
+    TIMING_SUFFIX,
     WORKLOADS,
     Spec,
     _row,
@@ -294,14 +295,14 @@ def main() -> None:
     chosen = []
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):
         if engine is not None and s.kind == "trace" and (args.profile, args.tp) != (s.profile, s.tp):
-            s = replace(s, profile=args.profile, tp=args.tp, name=f"{s.name}-{engine}")
+            s = replace(s, profile=args.profile, tp=args.tp, name=s.name + engine)
         s = replace(s, timing=args.engine_timing)
         base = SCALES.get(s.name, s.scale)
         if (args.choose_scale or s.name not in SCALES) and s.kind == "trace":
             base = choose_scale(replace(s, shift=args.rate_scale_shift), 10, integer=True).scale
             print(f"{s.name}: rate scale {base:g} by the busiest window", flush=True)
-        if s.timing != "interp":  # after the recorded scales, which are the interp engine's, are looked up
-            s = replace(s, name=f"{s.name}-extend")
+        # named after the recorded scales, which are the interp engine's, are looked up
+        s = replace(s, name=s.name + TIMING_SUFFIX[s.timing])
         scaled = [replace(s, scale=base * f) for f in factors]
         if args.rate_scale_shift is not None and s.kind == "trace":
             scaled = [replace(x, shift=args.rate_scale_shift, name=f"{x.name}-shift{args.rate_scale_shift:g}")

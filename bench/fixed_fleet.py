@@ -3,7 +3,8 @@
 Usage:
 
     .venv/bin/python bench/fixed_fleet.py --data /work/shared/data --workload mooncake-conv-30min \\
-        --scales 6,6.6,7.2 --fleet prefill=24 --vary decode=3,4 [--seed 1] [--sla 500,50]
+        --scales 6,6.6,7.2 --fleet prefill=24 --vary decode=3,4 [--seed 1] [--sla 500,50] \\
+        [--profile h100-llama3.3-70b [--tp 4]] [--engine-timing interp-extend]
 
 The planner's queueing models (the prefill floor, decode's slot-wait count)
 are stationary: they say what share of requests a fleet of ``n`` engines
@@ -23,7 +24,15 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from quality import Spec, build_workload, draw_seed, make_setup, named_trace_spec
+from quality import (
+    Spec,
+    add_engine_options,
+    build_workload,
+    draw_seed,
+    held_out_engine,
+    make_setup,
+    named_trace_spec,
+)
 
 from fleetplan.sim.baselines import StaticPolicy
 from fleetplan.sim.experiment import run_policy
@@ -67,8 +76,12 @@ def main() -> None:
     parser.add_argument("--vary", required=True, help="one role and its counts, e.g. decode=3,4")
     parser.add_argument("--seed", type=int, default=0, help="the draw of the workload (bench/sizing.py --seeds)")
     parser.add_argument("--sla", default="500,50", help="TTFT,ITL in ms")
+    add_engine_options(parser, "run on this bundled engine profile (bench/sizing.py --profile); --scales are "
+                               "that engine's rate scales")
     args = parser.parse_args()
     draw_seed(parser, args.seed)
+    held_out_engine(parser, args.profile, args.tp)
+    engine = {"timing": args.engine_timing, **({} if args.profile is None else {"profile": args.profile, "tp": args.tp})}
     scales = _positive_numbers(args.scales)
     if not scales:
         parser.error(f"--scales: positive numbers separated by commas, got {args.scales!r}")
@@ -85,14 +98,14 @@ def main() -> None:
     ttft_ms, itl_ms = sla
     base = named_trace_spec(parser, args.data, args.workload)
     fixed = {r: v[0] for r, v in fleet.items()} | {role: 0}
-    roles = make_setup(base, (ttft_ms, itl_ms))[1].roles  # the roles do not depend on the scale
+    roles = make_setup(Spec(**{**base.__dict__, **engine}), (ttft_ms, itl_ms))[1].roles  # the roles do not depend on the scale
     if set(fixed) != set(roles):
         parser.error(f"--fleet and --vary: a count for each of {', '.join(roles)}, got {', '.join(fixed)}")
     print("| scale | requests/s | fleet | both met | TTFT met | ITL met | short answers: share, ITL met "
           "| ITL p50 / p90 / p99 ms |")
     print("|---:|---:|---|---:|---:|---:|---:|---|")
     for scale in scales:
-        spec = Spec(**{**base.__dict__, "scale": scale, "seed": args.seed})
+        spec = Spec(**{**base.__dict__, **engine, "scale": scale, "seed": args.seed})
         _, setup = make_setup(spec, (ttft_ms, itl_ms))
         workload = build_workload(spec)
         for n in counts:

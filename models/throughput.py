@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 from fleetplan.models.config import PlannerConfig
@@ -104,11 +104,20 @@ def engine_capacity(
     model, config: PlannerConfig, isl: float, osl: float, kv_hit_rate: float | None = None,
     accept_length: float | None = None,
 ):
-    """One engine's SLA-bound operating point at whole-token ``isl``/``osl`` (None if unknown)."""
-    return model.capacity_rps(
-        isl=max(round(isl), 1), osl=max(round(osl), 1), ttft_ms=config.ttft_ms,
+    """One engine's SLA-bound operating point at whole-token ``isl``/``osl`` (None if unknown).
+
+    With ``prefill_capacity: backlog`` a prefill engine's rate is at most
+    what it sustains with a queue; its batch and TTFT stay the best batch's.
+    """
+    whole_isl = max(round(isl), 1)
+    cap = model.capacity_rps(
+        isl=whole_isl, osl=max(round(osl), 1), ttft_ms=config.ttft_ms,
         itl_ms=config.itl_ms, kv_hit_rate=kv_hit_rate, accept_length=accept_length,
     )
+    if cap is None or config.prefill_capacity != "backlog" or model.role != "prefill":
+        return cap
+    backlog = model.backlog_rps(whole_isl, kv_hit_rate)
+    return cap if backlog is None or backlog >= cap.rps else replace(cap, rps=backlog)
 
 
 def bucket_budgets(config: PlannerConfig, mix: LengthMix, capacity_of) -> list[tuple[float, float]]:

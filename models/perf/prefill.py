@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fleetplan.models.perf.base import RolePerfModel, per_request
-from fleetplan.models.perf.capacity import Capacity, prefill_capacity
+from fleetplan.models.perf.capacity import Capacity, backlog_prefill_rps, prefill_capacity
 from fleetplan.models.perf.chunking import chunked_time, chunked_time_many
 from fleetplan.models.perf.columns import FpmColumns
 from fleetplan.models.perf.regression import OnlineRegression
@@ -102,3 +102,8 @@ class PrefillPerfModel(RolePerfModel):
         if fit is None:
             return None
         return prefill_capacity(fit, self.limits, isl, ttft_ms, kv_hit_rate)
+
+    def backlog_rps(self, isl: int, kv_hit_rate: float | None = None) -> float | None:
+        """The rate one engine sustains with a queue (:func:`backlog_prefill_rps`); None before a fit."""
+        fit = self.fit()
+        return None if fit is None else backlog_prefill_rps(fit, self.limits, isl, kv_hit_rate)

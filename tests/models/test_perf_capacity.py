@@ -12,11 +12,13 @@ from fleetplan.models.perf import (
     EngineLimits,
     LinearFit,
     agg_capacity,
+    backlog_prefill_rps,
     batch_candidates,
     decode_capacity,
     effective_isl,
     prefill_capacity,
 )
+from fleetplan.models.perf.fit import QuadraticFit
 
 PREFILL = LinearFit(0.01, (1e-5,), floor=0.01)  # t = 10 ms + 10 µs/token
 DECODE = LinearFit(0.005, (1e-4, 1e-8), floor=0.005)  # 5 ms + 0.1 ms/request + 10 ns/KV token
@@ -236,3 +238,34 @@ def test_vectorised_search_matches_a_plain_loop(
         return
     assert (got.batch, got.meets_sla) == (want[2], want[1])
     assert got.rps == pytest.approx(want[0], rel=1e-12)
+
+
+# t = 20 ms + 10 µs/token + 1e-9 s/token²: tokens a second peak at 4,472 tokens (sqrt(0.02 / 1e-9)),
+# below the 8,192-token pass a backlogged chunked-prefill engine packs
+PEAKED = QuadraticFit(0.02, (1e-5, 1e-9), floor=0.02)
+
+
+def test_a_backlogged_engine_is_rated_at_its_packed_pass_where_tokens_a_second_peak_below_it():
+    """docs/sizing.md (prefill's rate under a backlog): the best batch's rate is one no engine with a
+    queue runs at, since it packs every pass to max_num_batched_tokens."""
+    limits = EngineLimits(max_num_batched_tokens=8192)
+    best = prefill_capacity(PEAKED, limits, 1000, None, None)
+    packed_s = 0.02 + 1e-5 * 8192 + 1e-9 * 8192**2
+    assert backlog_prefill_rps(PEAKED, limits, 1000, None) == pytest.approx(8.192 / packed_s)
+    assert (best.batch, best.rps) == (4, pytest.approx(4 / 0.076))  # 4,000 tokens, near the peak
+    assert backlog_prefill_rps(PEAKED, limits, 1000, None) == pytest.approx(0.921 * best.rps, abs=0.01)
+    # a line's tokens a second only rise with the pass: the packed pass (8,192 tokens, part of a
+    # ninth prompt) serves a little more than the best whole batch (8), and the cap leaves that be
+    assert backlog_prefill_rps(PREFILL, limits, 1000, None) == pytest.approx(8.192 / (0.01 + 0.08192))
+    assert prefill_capacity(PREFILL, limits, 1000, None, None).rps == pytest.approx(8 / 0.09)
+
+
+def test_the_packed_pass_counts_computed_tokens_and_at_most_max_num_seqs_prompts():
+    half = backlog_prefill_rps(PEAKED, EngineLimits(max_num_batched_tokens=8192), 2000, 0.5)
+    assert half == pytest.approx(backlog_prefill_rps(PEAKED, EngineLimits(max_num_batched_tokens=8192), 1000, None))
+    few = EngineLimits(max_num_batched_tokens=8192, max_num_seqs=2)  # 2 prompts of 1,000: a 2,000-token pass
+    assert backlog_prefill_rps(PEAKED, few, 1000, None) == pytest.approx(2 / (0.02 + 0.02 + 4e-3))
+    # a prompt longer than the budget: every pass is full, its tail shared with the next prompt
+    long = backlog_prefill_rps(PEAKED, EngineLimits(max_num_batched_tokens=8192), 20_000, None)
+    assert long == pytest.approx(8192 / (0.02 + 1e-5 * 8192 + 1e-9 * 8192**2) / 20_000)
+    assert backlog_prefill_rps(PEAKED, EngineLimits(), 0, None) is None

@@ -45,6 +45,18 @@ def test_fixed_fleet_says_so_where_a_scale_leaves_no_request():
     assert [row[:4] for row in rows] == [["1e-09", "0", "{'prefill': 1, 'decode': 1}", "no requests at this scale"]]
 
 
+def test_five_prefill_engines_at_tp4_miss_the_rate_the_best_batch_rates_them_for():
+    """docs/sizing.md (prefill's rate under a backlog): on the 70B at TP4, conv ×10.8 at 1200/50 on a
+    fixed fleet; the planner rates five engines at 73.5 prompts a second (14.7 each), and 60.65 is
+    more than they serve."""
+    rows = _table("fixed_fleet.py", "--workload", "azure-conv-30min", "--profile", "h100-llama3.3-70b", "--tp", "4",
+                  "--sla", "1200,50", "--scales", "10.8", "--fleet", "decode=8", "--vary", "prefill=5,6")
+    assert [row[:5] for row in rows] == [
+        ["10.8", "60.65", "{'decode': 8, 'prefill': 5}", "74.75%", "74.75%"],
+        ["10.8", "60.65", "{'decode': 8, 'prefill': 6}", "100.00%", "100.00%"],
+    ]
+
+
 def test_the_rate_decode_sizes_for_on_mooncake_at_seed_1_is_the_range_sizing_md_states():
     """docs/sizing.md (decode sized for the burst's backlog): the busiest minute's P90 from the
     second tick on, and decode's rate per engine, as bench/per_minute.py prints them."""

@@ -121,6 +121,8 @@ def test_held_scale_down_refuses_a_shift_that_is_not_seconds(shift):
     (["--sla", "500,-50"], "--sla: TTFT,ITL in ms, two numbers > 0, got '500,-50'"),
     # run: random.Random(-1) is random.Random(1), so the table was seed 1's draw
     (["--seed", "-1"], "--seed: a whole number >= 0, got -1"),
+    (["--tp", "4"], "--tp: picks one of --profile's parallel configs; give --profile too"),
+    (["--profile", "h100-llama3.3-70b", "--tp", "3"], "--tp 3:"),
 ])
 def test_fixed_fleet_refuses_before_running_anything(args, message):
     """Each refusal names its option and what was expected, before a workload is read and before

@@ -1062,3 +1062,32 @@ def test_no_verdict_rests_on_how_the_engine_is_timed_past_its_profiles_rows(exte
     before = workload_tallies(read_runs(interp, "fleetplan (ensemble)"))
     assert now == {key: before[key] for key in now}
     assert sum(map(sum, now.values())) == 10
+
+
+# docs/sizing.md's "Prefill's rate under a backlog": the default with prefill_capacity: backlog, its rows
+# read against the committed reference sweeps (bench/results/prefill-capacity)
+BACKLOG = "fleetplan (ensemble) backlog"
+PREFILL_CAPACITY = VERDICTS.parent / "prefill-capacity"
+BACKLOG_TALLIES = [
+    ([PREFILL_CAPACITY / "h100-70b-tp4-1200-50.json", *ON_TP4], ("azure-conv-30min-h100-llama3.3-70b-tp4", TP4_LOOSE),
+     (0, 0, 5), (0, 1, 4)),
+    ([PREFILL_CAPACITY / "h100-70b-tp4-500-50.json", *ON_TP4], ("azure-conv-30min-h100-llama3.3-70b-tp4", SLA),
+     (0, 0, 5), (0, 0, 5)),
+    ([PREFILL_CAPACITY / "h200-8b-500-50.json", VERDICTS / "azure-conv-500-50.json"], ("azure-conv-30min", SLA),
+     (1, 2, 2), (1, 2, 2)),
+    ([PREFILL_CAPACITY / "h200-8b-500-50.json", VERDICTS / "azure-code-500-50.json", VERDICTS.parent / "draws" /
+      "code-500-50.json"], ("azure-code-30min", SLA), (2, 1, 6), (1, 2, 6)),
+]
+
+
+@pytest.mark.parametrize(("files", "key", "best", "backlog"), BACKLOG_TALLIES)
+def test_the_backlog_rate_meets_more_on_a_loose_ttft_and_spends_more_elsewhere(files, key, best, backlog):
+    """The verdicts docs/sizing.md gives, each row's default run both ways, and no row meeting less."""
+    for default, counts in (("fleetplan (ensemble)", best), (BACKLOG, backlog)):
+        assert workload_tallies(read_runs(files, default))[key] == counts
+    now, before = read_runs(files, BACKLOG), read_runs(files, "fleetplan (ensemble)")
+    rows = [k for k in now if (k[0].replace("-seed1", "").replace("-seed2", ""), k[2]) == key]
+    assert len(rows) == (9 if key[0] == "azure-code-30min" else 5)  # code at three levels and three draws
+    for k in rows:
+        (gpu0, att0), (gpu, att) = before[k]["default"], now[k]["default"]
+        assert att >= att0 and gpu >= gpu0 - 0.005, k

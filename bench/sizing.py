@@ -192,9 +192,10 @@ VARIANTS["fleetplan (ensemble) decode-weighted"] = {**VARIANTS["fleetplan (ensem
 VARIANTS["fleetplan (ensemble) decode-burst"] = {**VARIANTS["fleetplan (ensemble) requests-basis"], "decode_demand": "burst"}
 # both: each role on its own tokens' quantile, decode on the window's rather than the busiest minute's
 VARIANTS["fleetplan (ensemble) tokens decode-window"] = {**VARIANTS["fleetplan (ensemble) tokens"], "decode_demand": "window"}
-# prefill rated at what an engine with a queue sustains, its passes packed to max_num_batched_tokens
-# (docs/sizing.md; bench/results/prefill-capacity)
+# prefill's rate count at what an engine with a queue sustains, its passes packed to max_num_batched_tokens,
+# and the same for every use of prefill's rate, the queueing floor's too (docs/sizing.md; bench/results/prefill-capacity)
 VARIANTS["fleetplan (ensemble) backlog"] = {"load_predictor": "ensemble", "prefill_capacity": "backlog"}
+VARIANTS["fleetplan (ensemble) backlog-all"] = {"load_predictor": "ensemble", "prefill_capacity": "backlog_all"}
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,

@@ -221,10 +221,11 @@ class PlannerConfig(BaseModel):
     capacity_mix: Literal["mean", "buckets"] = "buckets"
     prefill_sizing: Literal["rate", "queueing"] = "queueing"
     # the per-engine prefill rate sizing divides by: "best" (Dynamo's) is the batch with the highest
-    # rate within the TTFT; "backlog" is no more than an engine with a queue serves, which packs
-    # every pass to max_num_batched_tokens, so on engines whose tokens per second peak below that
-    # it is lower (4 % at conv's prompts on the H100 70B at TP4; docs/sizing.md)
-    prefill_capacity: Literal["best", "backlog"] = "best"
+    # rate within the TTFT; "backlog", for the rate count, no more than an engine with a queue
+    # serves, which packs every pass to max_num_batched_tokens, so on engines whose tokens per
+    # second peak below that it is lower (4 % at conv's prompts on the H100 70B at TP4);
+    # "backlog_all" everywhere, the queueing floor too (docs/sizing.md)
+    prefill_capacity: Literal["best", "backlog", "backlog_all"] = "best"
     prefill_time_model: Literal["linear", "quadratic"] = "quadratic"
     queueing_sla_share: float = Field(0.99, gt=0, lt=1, allow_inf_nan=False)
     queueing_arrivals: Literal["poisson", "measured", "timescales"] = "timescales"

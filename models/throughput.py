@@ -106,18 +106,39 @@ def engine_capacity(
 ):
     """One engine's SLA-bound operating point at whole-token ``isl``/``osl`` (None if unknown).
 
-    With ``prefill_capacity: backlog`` a prefill engine's rate is at most
-    what it sustains with a queue; its batch and TTFT stay the best batch's.
+    With ``prefill_capacity: backlog_all`` a prefill engine's rate is at
+    most what it sustains with a queue (:func:`backlog_capped`) wherever
+    it is read, the queueing floor and the mix's buckets too; its batch
+    and TTFT stay the best batch's.
     """
-    whole_isl = max(round(isl), 1)
     cap = model.capacity_rps(
-        isl=whole_isl, osl=max(round(osl), 1), ttft_ms=config.ttft_ms,
+        isl=max(round(isl), 1), osl=max(round(osl), 1), ttft_ms=config.ttft_ms,
         itl_ms=config.itl_ms, kv_hit_rate=kv_hit_rate, accept_length=accept_length,
     )
-    if cap is None or config.prefill_capacity != "backlog" or model.role != "prefill":
+    if cap is None or config.prefill_capacity != "backlog_all" or model.role != "prefill":
         return cap
-    backlog = model.backlog_rps(whole_isl, kv_hit_rate)
-    return cap if backlog is None or backlog >= cap.rps else replace(cap, rps=backlog)
+    return replace(cap, rps=backlog_capped(model, cap.rps, isl, kv_hit_rate))
+
+
+def backlog_capped(model, rps: float, isl: float, kv_hit_rate: float | None) -> float:
+    """``rps``, or the rate a prefill engine with a queue sustains at whole-token ``isl`` if lower."""
+    backlog = model.backlog_rps(max(round(isl), 1), kv_hit_rate)
+    return rps if backlog is None or backlog >= rps else backlog
+
+
+def rate_count_capacity(config: PlannerConfig, role: Role, model, rps: float, mix_factor: float,
+                        isl: float, kv_hit_rate: float | None) -> float:
+    """The per-engine rate a role's rate count divides by: ``rps`` (the capacity search's) times the mix's factor.
+
+    With ``prefill_capacity: backlog`` prefill's rate count alone takes
+    what an engine with a queue sustains, if lower: it sizes for a window's
+    work, which a loaded engine serves in full passes. The queueing floor
+    keeps the best batch's rate, whose exponential service times already
+    overstate a pass's spread.
+    """
+    if role == "prefill" and config.prefill_capacity == "backlog":
+        rps = backlog_capped(model, rps, isl, kv_hit_rate)
+    return rps * mix_factor
 
 
 def bucket_budgets(config: PlannerConfig, mix: LengthMix, capacity_of) -> list[tuple[float, float]]:
@@ -301,7 +322,8 @@ def propose_throughput(
             by_window = waiting is not None and window_num_req is not None
             window_rate = window_rate or by_window
             rate_rps = window_num_req / interval if by_window else demand_rps
-            desired = by_rate[role] = replicas_for(rate_rps, capacity[role] * shares[role], minimums[role])
+            rate_cap = rate_count_capacity(config, role, model, cap.rps, factors.get(role, 1.0), isl, kv_hit_rate)
+            desired = by_rate[role] = replicas_for(rate_rps, rate_cap * shares[role], minimums[role])
             if waiting is not None:
                 desired = max(desired, waiting)
             elif role == "decode" and config.decode_sizing == "queueing":

@@ -1064,28 +1064,81 @@ def test_no_verdict_rests_on_how_the_engine_is_timed_past_its_profiles_rows(exte
     assert sum(map(sum, now.values())) == 10
 
 
-# docs/sizing.md's "Prefill's rate under a backlog": the default with prefill_capacity: backlog, its rows
-# read against the committed reference sweeps (bench/results/prefill-capacity)
-BACKLOG = "fleetplan (ensemble) backlog"
+# docs/sizing.md's "Prefill's rate under a backlog": the default with prefill_capacity: backlog (the rate
+# count) and backlog_all (the queueing floor too), their rows read against the committed reference sweeps
+# (bench/results/prefill-capacity)
 PREFILL_CAPACITY = VERDICTS.parent / "prefill-capacity"
-BACKLOG_TALLIES = [
-    ([PREFILL_CAPACITY / "h100-70b-tp4-1200-50.json", *ON_TP4], ("azure-conv-30min-h100-llama3.3-70b-tp4", TP4_LOOSE),
-     (0, 0, 5), (0, 1, 4)),
-    ([PREFILL_CAPACITY / "h100-70b-tp4-500-50.json", *ON_TP4], ("azure-conv-30min-h100-llama3.3-70b-tp4", SLA),
-     (0, 0, 5), (0, 0, 5)),
-    ([PREFILL_CAPACITY / "h200-8b-500-50.json", VERDICTS / "azure-conv-500-50.json"], ("azure-conv-30min", SLA),
-     (1, 2, 2), (1, 2, 2)),
-    ([PREFILL_CAPACITY / "h200-8b-500-50.json", VERDICTS / "azure-code-500-50.json", VERDICTS.parent / "draws" /
-      "code-500-50.json"], ("azure-code-30min", SLA), (2, 1, 6), (1, 2, 6)),
+BACKLOG, BACKLOG_ALL = "fleetplan (ensemble) backlog", "fleetplan (ensemble) backlog-all"
+BACKLOG_ENGINES = [  # each engine's trace verdict rows, the default's tally (won, tie, lost) and backlog's
+    ([*RECORDED, *SHAPE_KEPT, *DRAWS], "h200-8b-*.json", (22, 10, 12), (22, 9, 13)),
+    (OTHER_ENGINE, "h100-70b-[0-9]*.json", (31, 1, 4), (31, 1, 4)),
+    (ON_TP4, "h100-70b-tp4-*.json", (21, 0, 15), (22, 0, 14)),
+]
+BACKLOG_MOVED = {  # (workload, scale, SLA): the verdict before and with backlog
+    ("azure-conv-30min-seed1", 35.7, SLA): ("lost", "lost"),
+    ("azure-conv-30min-seed2", 35.7, SLA): ("tie", "lost"),
+    ("azure-conv-30min-h100-llama3.3-70b-seed1", 7.0, LOOSE): ("lost", "lost"),
+    ("azure-conv-30min-h100-llama3.3-70b-seed2", 7.0, LOOSE): ("lost", "lost"),
+    ("azure-conv-30min-h100-llama3.3-70b-tp4", 10.8, TP4_LOOSE): ("lost", "lost"),
+    ("azure-conv-30min-h100-llama3.3-70b-tp4", 13.2, TP4_LOOSE): ("lost", "won"),
+    ("azure-conv-30min-h100-llama3.3-70b-tp4-seed1", 12.0, TP4_LOOSE): ("lost", "lost"),
+}
+
+
+def _backlog_runs(files: list[Path], pattern: str, default: str) -> dict[tuple, dict]:
+    """The engine's trace rows (not the ServeGen days, which the backlog rows do not cover) with ``default``'s row."""
+    runs = read_runs([*files, *sorted((PREFILL_CAPACITY / "backlog").glob(pattern))], default)
+    return {key: group for key, group in runs.items() if not key[0].startswith("servegen")}
+
+
+def _tally(groups: dict[tuple, dict]) -> tuple[int, int, int]:
+    return tuple(sum(counts[i] for counts in workload_tallies(groups).values()) for i in range(3))
+
+
+def _verdict(group: dict) -> str:
+    return verdict(group["default"], group["refs"], TIE_POINTS, TIE_COST)[0]
+
+
+@pytest.mark.parametrize(("files", "pattern", "best", "backlog"), BACKLOG_ENGINES)
+def test_the_backlog_rate_count_tallies_the_docs_state_on_every_engine(files, pattern, best, backlog):
+    """Every trace verdict row of the engine, run with the rate count at the backlogged rate."""
+    before, now = (_backlog_runs(files, pattern, default) for default in ("fleetplan (ensemble)", BACKLOG))
+    assert (_tally(before), _tally(now)) == (best, backlog)
+    assert len(now) == sum(best) and all(group["default"] for group in now.values())  # a row for every verdict
+
+
+def test_the_backlog_rate_count_moves_seven_rows_of_116_and_none_meets_less():
+    before, now = {}, {}
+    for files, pattern, _, _ in BACKLOG_ENGINES:
+        before |= _backlog_runs(files, pattern, "fleetplan (ensemble)")
+        now |= _backlog_runs(files, pattern, BACKLOG)
+    assert len(now) == 116
+    moved = {key: (_verdict(before[key]), _verdict(group)) for key, group in now.items()
+             if group["default"] != before[key]["default"]}
+    assert {(w, round(scale, 6), sla): v for (w, scale, sla), v in moved.items()} == BACKLOG_MOVED
+    for key in moved:
+        (gpu0, att0), (gpu, att) = before[key]["default"], now[key]["default"]
+        assert att >= att0 and gpu > gpu0, key
+
+
+BACKLOG_ALL_TALLIES = [
+    ([PREFILL_CAPACITY / "backlog-all" / "h100-70b-tp4-1200-50.json", *ON_TP4],
+     ("azure-conv-30min-h100-llama3.3-70b-tp4", TP4_LOOSE), (0, 0, 5), (0, 1, 4)),
+    ([PREFILL_CAPACITY / "backlog-all" / "h100-70b-tp4-500-50.json", *ON_TP4],
+     ("azure-conv-30min-h100-llama3.3-70b-tp4", SLA), (0, 0, 5), (0, 0, 5)),
+    ([PREFILL_CAPACITY / "backlog-all" / "h200-8b-500-50.json", VERDICTS / "azure-conv-500-50.json"],
+     ("azure-conv-30min", SLA), (1, 2, 2), (1, 2, 2)),
+    ([PREFILL_CAPACITY / "backlog-all" / "h200-8b-500-50.json", VERDICTS / "azure-code-500-50.json",
+      VERDICTS.parent / "draws" / "code-500-50.json"], ("azure-code-30min", SLA), (2, 1, 6), (1, 2, 6)),
 ]
 
 
-@pytest.mark.parametrize(("files", "key", "best", "backlog"), BACKLOG_TALLIES)
-def test_the_backlog_rate_meets_more_on_a_loose_ttft_and_spends_more_elsewhere(files, key, best, backlog):
+@pytest.mark.parametrize(("files", "key", "best", "backlog_all"), BACKLOG_ALL_TALLIES)
+def test_the_backlog_rate_everywhere_meets_more_on_a_loose_ttft_and_spends_more_elsewhere(files, key, best, backlog_all):
     """The verdicts docs/sizing.md gives, each row's default run both ways, and no row meeting less."""
-    for default, counts in (("fleetplan (ensemble)", best), (BACKLOG, backlog)):
+    for default, counts in (("fleetplan (ensemble)", best), (BACKLOG_ALL, backlog_all)):
         assert workload_tallies(read_runs(files, default))[key] == counts
-    now, before = read_runs(files, BACKLOG), read_runs(files, "fleetplan (ensemble)")
+    now, before = read_runs(files, BACKLOG_ALL), read_runs(files, "fleetplan (ensemble)")
     rows = [k for k in now if (k[0].replace("-seed1", "").replace("-seed2", ""), k[2]) == key]
     assert len(rows) == (9 if key[0] == "azure-code-30min" else 5)  # code at three levels and three draws
     for k in rows:

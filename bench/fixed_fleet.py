@@ -32,6 +32,7 @@ from quality import (
     held_out_engine,
     make_setup,
     named_trace_spec,
+    sla_pair,
 )
 
 from fleetplan.sim.baselines import StaticPolicy
@@ -92,10 +93,7 @@ def main() -> None:
     if len(vary) != 1:
         parser.error(f"--vary {args.vary!r}: one role and its counts, e.g. decode=3,4")
     (role, counts), = vary.items()
-    sla = _positive_numbers(args.sla)
-    if len(sla) != 2:
-        parser.error(f"--sla: TTFT,ITL in ms, two numbers > 0, got {args.sla!r}")
-    ttft_ms, itl_ms = sla
+    ttft_ms, itl_ms = sla_pair(parser, args.sla)
     base = named_trace_spec(parser, args.data, args.workload)
     fixed = {r: v[0] for r, v in fleet.items()} | {role: 0}
     roles = make_setup(Spec(**{**base.__dict__, **engine}), (ttft_ms, itl_ms))[1].roles  # the roles do not depend on the scale

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality import TRACES, build_workload, make_setup, rate_scale_shift, specs  # noqa: E402
+from quality import TRACES, build_workload, make_setup, rate_scale_shift, sla_pair, specs  # noqa: E402
 from sizing import VARIANTS  # noqa: E402
 
 from fleetplan.models.planner import Planner  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
                              "shape (as bench/sizing.py's option). Default: anywhere in the window")
     args = parser.parse_args()
     rate_scale_shift(parser, args.rate_scale_shift)
-    sla = tuple(float(x) for x in args.sla.split(","))
+    sla = sla_pair(parser, args.sla)
     (base,) = [s for s in specs(args.data, {args.only}, 10, 10, 24.0, choose=False)]
     print("scale  policy    attainment_%  gpu_hours")
     for scale in (float(x) for x in args.scales.split(",")):

@@ -42,6 +42,7 @@ from quality import (
     make_setup,
     named_trace_spec,
     rate_scale_shift,
+    sla_pair,
 )
 from sizing import SCALES
 
@@ -74,7 +75,7 @@ def main() -> None:
         parser.error(f"--load-factor: a positive number, got {args.load_factor!r}")
     rate_scale_shift(parser, args.rate_scale_shift)
     draw_seed(parser, args.seed)
-    sla = tuple(float(v) for v in args.sla.split(","))
+    sla = sla_pair(parser, args.sla)
     overrides = parse_sets(parser, args.overrides)
     if args.scale is not None and not args.scale > 0:
         parser.error(f"--scale: a positive number, got {args.scale!r}")

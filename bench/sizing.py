@@ -44,6 +44,7 @@ from quality import (
     only_workloads,
     predictors,
     rate_scale_shift,
+    sla_pair,
     specs,
     warm_history,
 )
@@ -294,7 +295,7 @@ def main() -> None:
         seeds = []
     if not seeds or min(seeds) < 0 or len(set(seeds)) < len(seeds):
         parser.error(f"--seeds: distinct whole numbers >= 0, comma-separated, got {args.seeds!r}")
-    sla = tuple(float(x) for x in args.sla.split(","))
+    sla = sla_pair(parser, args.sla)
     engine = held_out_engine(parser, args.profile, args.tp)
     chosen = []
     for s in specs(args.data, only_workloads(parser, args.only), 10, 24, 24.0, choose=False):

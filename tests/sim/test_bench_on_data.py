@@ -50,8 +50,12 @@ def test_five_prefill_engines_at_tp4_miss_the_rate_the_best_batch_rates_them_for
     fixed fleet; the planner rates five engines at 73.5 prompts a second (14.7 each), and 60.65 is
     more than they serve."""
     rows = _table("fixed_fleet.py", "--workload", "azure-conv-30min", "--profile", "h100-llama3.3-70b", "--tp", "4",
-                  "--sla", "1200,50", "--scales", "10.8", "--fleet", "decode=8", "--vary", "prefill=5,6")
+                  "--sla", "1200,50", "--scales", "9.5,10,10.8", "--fleet", "decode=8", "--vary", "prefill=5,6")
     assert [row[:5] for row in rows] == [
+        ["9.5", "53.33", "{'decode': 8, 'prefill': 5}", "99.94%", "99.94%"],
+        ["9.5", "53.33", "{'decode': 8, 'prefill': 6}", "100.00%", "100.00%"],
+        ["10", "56.16", "{'decode': 8, 'prefill': 5}", "99.00%", "99.00%"],
+        ["10", "56.16", "{'decode': 8, 'prefill': 6}", "100.00%", "100.00%"],
         ["10.8", "60.65", "{'decode': 8, 'prefill': 5}", "74.75%", "74.75%"],
         ["10.8", "60.65", "{'decode': 8, 'prefill': 6}", "100.00%", "100.00%"],
     ]

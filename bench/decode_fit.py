@@ -21,7 +21,6 @@ model would decide:
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from quality import (  # noqa: E402
     build_workload,
     held_out_engine,
     make_setup,
+    on_engine,
     one_workload,
     one_workload_parser,
 )
@@ -83,9 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     held_out_engine(parser, args.profile, args.tp)
     spec, sla = one_workload(parser, args)
-    spec = replace(spec, timing=args.engine_timing)
-    if args.profile is not None:
-        spec = replace(spec, profile=args.profile, tp=args.tp)
+    spec = on_engine(spec, args)
     workload = build_workload(spec)
     cfg, setup = make_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
     times = EngineTimes(setup.timing)

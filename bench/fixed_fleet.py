@@ -21,17 +21,18 @@ smallest) too, and the ITL percentiles. A role held far above its need
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from quality import (
-    Spec,
     add_engine_options,
     build_workload,
     draw_seed,
     held_out_engine,
     make_setup,
     named_trace_spec,
+    on_engine,
     sla_pair,
 )
 
@@ -82,7 +83,6 @@ def main() -> None:
     args = parser.parse_args()
     draw_seed(parser, args.seed)
     held_out_engine(parser, args.profile, args.tp)
-    engine = {"timing": args.engine_timing, **({} if args.profile is None else {"profile": args.profile, "tp": args.tp})}
     scales = _positive_numbers(args.scales)
     if not scales:
         parser.error(f"--scales: positive numbers separated by commas, got {args.scales!r}")
@@ -94,16 +94,16 @@ def main() -> None:
         parser.error(f"--vary {args.vary!r}: one role and its counts, e.g. decode=3,4")
     (role, counts), = vary.items()
     ttft_ms, itl_ms = sla_pair(parser, args.sla)
-    base = named_trace_spec(parser, args.data, args.workload)
+    base = on_engine(named_trace_spec(parser, args.data, args.workload), args)
     fixed = {r: v[0] for r, v in fleet.items()} | {role: 0}
-    roles = make_setup(Spec(**{**base.__dict__, **engine}), (ttft_ms, itl_ms))[1].roles  # the roles do not depend on the scale
+    roles = make_setup(base, (ttft_ms, itl_ms))[1].roles  # the roles do not depend on the scale
     if set(fixed) != set(roles):
         parser.error(f"--fleet and --vary: a count for each of {', '.join(roles)}, got {', '.join(fixed)}")
     print("| scale | requests/s | fleet | both met | TTFT met | ITL met | short answers: share, ITL met "
           "| ITL p50 / p90 / p99 ms |")
     print("|---:|---:|---|---:|---:|---:|---:|---|")
     for scale in scales:
-        spec = Spec(**{**base.__dict__, **engine, "scale": scale, "seed": args.seed})
+        spec = replace(base, scale=scale, seed=args.seed)
         _, setup = make_setup(spec, (ttft_ms, itl_ms))
         workload = build_workload(spec)
         for n in counts:

@@ -28,19 +28,20 @@ traffic sets per role).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from overrides import add_set_option, parse_sets
 from quality import (
     LOOPS,
-    Spec,
     add_engine_options,
     build_workload,
     draw_seed,
     held_out_engine,
     make_setup,
     named_trace_spec,
+    on_engine,
     rate_scale_shift,
     sla_pair,
 )
@@ -83,10 +84,8 @@ def main() -> None:
         parser.error("--profile: give --scale too, the rate scale the row ran at on that engine")
     held_out_engine(parser, args.profile, args.tp)
     s = named_trace_spec(parser, args.data, args.workload)
-    engine = {"timing": args.engine_timing, **({} if args.profile is None else {"profile": args.profile, "tp": args.tp})}
     scale = SCALES[s.name] if args.scale is None else args.scale
-    spec = Spec(**{**s.__dict__, **engine, "scale": scale * args.load_factor, "seed": args.seed,
-                     "shift": args.rate_scale_shift})
+    spec = replace(on_engine(s, args), scale=scale * args.load_factor, seed=args.seed, shift=args.rate_scale_shift)
     cfg, setup = make_setup(spec, sla, {**LOOPS["throughput"], "load_predictor": "arima", **overrides})
     workload = build_workload(spec)
     replay = workload if args.warm == "replayed" else None

@@ -195,6 +195,12 @@ def add_engine_options(parser: argparse.ArgumentParser, profile_help: str) -> No
                              "names the workloads with -extend")
 
 
+def on_engine(spec: Spec, args: argparse.Namespace) -> Spec:
+    """``spec`` on the engine :func:`add_engine_options` named: its timing, and its profile and TP if given."""
+    spec = replace(spec, timing=args.engine_timing)
+    return spec if args.profile is None else replace(spec, profile=args.profile, tp=args.tp)
+
+
 def engine_suffix(profile: str, tp: int | None) -> str:
     """How bench/sizing.py names a trace run on a held-out engine: ``-PROFILE``, or ``-PROFILE-tpN``
     (bench/remeasure.py reads it back)."""

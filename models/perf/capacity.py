@@ -106,9 +106,8 @@ def backlog_prefill_rps(fit: LinearFit, limits: EngineLimits, isl: int, kv_hit_r
     if isl <= 0:
         return None
     eff = effective_isl(isl, kv_hit_rate)
-    tokens = float(min(limits.max_num_batched_tokens, limits.max_num_seqs * eff))
-    seconds = chunked_time_many(np.array([tokens]), limits.max_num_batched_tokens, fit.predict_many)
-    return tokens / float(seconds[0]) / eff
+    tokens = float(min(limits.max_num_batched_tokens, limits.max_num_seqs * eff))  # one pass, never chunked
+    return tokens / float(fit.predict_many(np.array([tokens]))[0]) / eff
 
 
 def decode_capacity(

@@ -6,7 +6,11 @@ tokens, as Dynamo's) extrapolates from the batches it has seen. This runs
 the default on one rate-scaled trace and prints, at every throughput
 tick, that rate from the fit and from the simulated engine's own pass
 times (``sim/timing.py``) in the same capacity search, as decode tokens
-per second per engine. ``--exact`` then runs the default again with the
+per second per engine, with where that rate is read: the batch it is
+taken at and the share of the KV cache that batch fills, against the
+most sequences and KV tokens any engine's forward pass carried so far
+(the profile's seed rows left out). A batch past what the engines ran is
+a rate no live sample measured. ``--exact`` then runs the default again with the
 engine's own capacity in place of the fit's, to see what an exact decode
 model would decide:
 
@@ -38,7 +42,7 @@ from quality import (  # noqa: E402
 )
 from sizing import VARIANTS  # noqa: E402
 
-from fleetplan.models.perf.capacity import decode_capacity  # noqa: E402
+from fleetplan.models.perf.capacity import decode_capacity, decode_context_length  # noqa: E402
 from fleetplan.models.perf.decode import DecodePerfModel  # noqa: E402
 from fleetplan.models.planner import Planner  # noqa: E402
 from fleetplan.sim.experiment import initial_fleet, run_planner, size_workload  # noqa: E402
@@ -58,8 +62,46 @@ def engine_capacity(model: DecodePerfModel, times: EngineTimes, isl: int, osl: i
     return decode_capacity(times, model.limits, isl, osl, itl_ms, None, kv_fallback=model.max_observed_kv)
 
 
-def run(spec, cfg, setup, workload, on_tick=None):
+class LiveReach:
+    """The most sequences and KV tokens a live decode forward pass carried, seed rows left out.
+
+    The perf model is seeded with the profile's rows through the same
+    ``observe_batch`` as live FPMs, so those calls are told apart here.
+    """
+
+    def __init__(self) -> None:
+        self.seqs = 0
+        self.kv = 0.0
+        self._seeding = False
+
+    def seed(self, seed):
+        def seeding(model, columns):
+            self._seeding = True
+            try:
+                seed(model, columns)
+            finally:
+                self._seeding = False
+        return seeding
+
+    def batch(self, observe_batch):
+        def observed(model, columns):
+            if not self._seeding and len(columns):
+                self.seqs = max(self.seqs, int(columns.num_decode_requests.max()))
+                self.kv = max(self.kv, float(columns.sum_decode_kv_tokens.max()))
+            observe_batch(model, columns)
+        return observed
+
+    def one(self, observe):
+        def observed(model, fpm):
+            self.seqs = max(self.seqs, int(fpm.scheduled.num_decode_requests))
+            self.kv = max(self.kv, float(fpm.scheduled.sum_decode_kv_tokens))
+            observe(model, fpm)
+        return observed
+
+
+def run(spec, cfg, setup, workload, on_tick=None, reach: LiveReach | None = None):
     tick = Planner.tick
+    model_methods = {name: getattr(DecodePerfModel, name) for name in ("seed", "observe_batch", "observe")}
 
     def observed_tick(self, state, now):
         report = tick(self, state, now)
@@ -68,12 +110,18 @@ def run(spec, cfg, setup, workload, on_tick=None):
         return report
 
     Planner.tick = observed_tick
+    if reach is not None:
+        DecodePerfModel.seed = reach.seed(model_methods["seed"])
+        DecodePerfModel.observe_batch = reach.batch(model_methods["observe_batch"])
+        DecodePerfModel.observe = reach.one(model_methods["observe"])
     try:
         sizing = size_workload(workload, setup)
         return run_planner(workload, setup, Planner(cfg, profile=setup.profile),
                            initial_fleet("warm", setup, sizing, workload))
     finally:
         Planner.tick = tick
+        for name, method in model_methods.items():
+            setattr(DecodePerfModel, name, method)
 
 
 def main() -> None:
@@ -88,7 +136,9 @@ def main() -> None:
     cfg, setup = make_setup(spec, sla, dict(VARIANTS["fleetplan (ensemble)"]))
     times = EngineTimes(setup.timing)
 
-    print("tick_s  decode_ready  fit_tok_s  engine_tok_s  fit_error_%  decode_target")
+    print("tick_s  decode_ready  fit_tok_s  engine_tok_s  fit_error_%  batch  batch_kv_%  "
+          "live_seqs  live_kv_%  decode_target")
+    reach = LiveReach()
 
     def on_tick(state, report):
         model = state.perf["decode"]
@@ -96,10 +146,13 @@ def main() -> None:
         fit = model.capacity_rps(isl, osl, itl_ms=cfg.itl_ms)
         own = engine_capacity(model, times, isl, osl, cfg.itl_ms)
         ready = sum(1 for w in state.workers.values() if w.role == "decode" and w.state == "ready")
+        cache = model.limits.max_kv_tokens or model.max_observed_kv
+        batch_kv = 100 * fit.batch * decode_context_length(isl, osl) / cache
         print(f"{report.time:6.0f}  {ready:12d}  {fit.rps * osl:9.0f}  {own.rps * osl:12.0f}  "
-              f"{100 * (fit.rps / own.rps - 1):+11.1f}  {report.targets.get('decode'):13d}")
+              f"{100 * (fit.rps / own.rps - 1):+11.1f}  {fit.batch:5d}  {batch_kv:10.1f}  "
+              f"{reach.seqs:9d}  {100 * reach.kv / cache:9.1f}  {report.targets.get('decode'):13d}")
 
-    result = run(spec, cfg, setup, workload, on_tick)
+    result = run(spec, cfg, setup, workload, on_tick, reach)
     print(f"default: {100 * result.summary.sla_attainment:.2f} % met, {result.summary.gpu_hours:.3f} GPU-hours, "
           f"decode decisions {[d.targets.get('decode') for d in result.decisions]}")
     if args.exact:

@@ -25,6 +25,7 @@ model would decide:
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -66,42 +67,53 @@ class LiveReach:
     """The most sequences and KV tokens a live decode forward pass carried, seed rows left out.
 
     The perf model is seeded with the profile's rows through the same
-    ``observe_batch`` as live FPMs, so those calls are told apart here.
+    ``observe_batch`` as live FPMs, so :meth:`watching` tells the two apart
+    by wrapping ``seed`` as well.
     """
+
+    OBSERVERS = ("seed", "observe_batch", "observe")
 
     def __init__(self) -> None:
         self.seqs = 0
         self.kv = 0.0
         self._seeding = False
 
-    def seed(self, seed):
-        def seeding(model, columns):
+    @contextmanager
+    def watching(self):
+        """Count every decode model's live passes while the block runs; the methods restored after."""
+        originals = {name: getattr(DecodePerfModel, name) for name in self.OBSERVERS}
+
+        def seed(model, columns):
             self._seeding = True
             try:
-                seed(model, columns)
+                originals["seed"](model, columns)
             finally:
                 self._seeding = False
-        return seeding
 
-    def batch(self, observe_batch):
-        def observed(model, columns):
+        def observe_batch(model, columns):
             if not self._seeding and len(columns):
-                self.seqs = max(self.seqs, int(columns.num_decode_requests.max()))
-                self.kv = max(self.kv, float(columns.sum_decode_kv_tokens.max()))
-            observe_batch(model, columns)
-        return observed
+                self._reach(int(columns.num_decode_requests.max()), float(columns.sum_decode_kv_tokens.max()))
+            originals["observe_batch"](model, columns)
 
-    def one(self, observe):
-        def observed(model, fpm):
-            self.seqs = max(self.seqs, int(fpm.scheduled.num_decode_requests))
-            self.kv = max(self.kv, float(fpm.scheduled.sum_decode_kv_tokens))
-            observe(model, fpm)
-        return observed
+        def observe(model, fpm):
+            if not self._seeding:
+                self._reach(int(fpm.scheduled.num_decode_requests), float(fpm.scheduled.sum_decode_kv_tokens))
+            originals["observe"](model, fpm)
+
+        DecodePerfModel.seed, DecodePerfModel.observe_batch, DecodePerfModel.observe = seed, observe_batch, observe
+        try:
+            yield self
+        finally:
+            for name, method in originals.items():
+                setattr(DecodePerfModel, name, method)
+
+    def _reach(self, seqs: int, kv: float) -> None:
+        self.seqs = max(self.seqs, seqs)
+        self.kv = max(self.kv, kv)
 
 
 def run(spec, cfg, setup, workload, on_tick=None, reach: LiveReach | None = None):
     tick = Planner.tick
-    model_methods = {name: getattr(DecodePerfModel, name) for name in ("seed", "observe_batch", "observe")}
 
     def observed_tick(self, state, now):
         report = tick(self, state, now)
@@ -110,18 +122,13 @@ def run(spec, cfg, setup, workload, on_tick=None, reach: LiveReach | None = None
         return report
 
     Planner.tick = observed_tick
-    if reach is not None:
-        DecodePerfModel.seed = reach.seed(model_methods["seed"])
-        DecodePerfModel.observe_batch = reach.batch(model_methods["observe_batch"])
-        DecodePerfModel.observe = reach.one(model_methods["observe"])
     try:
-        sizing = size_workload(workload, setup)
-        return run_planner(workload, setup, Planner(cfg, profile=setup.profile),
-                           initial_fleet("warm", setup, sizing, workload))
+        with reach.watching() if reach is not None else nullcontext():
+            sizing = size_workload(workload, setup)
+            return run_planner(workload, setup, Planner(cfg, profile=setup.profile),
+                               initial_fleet("warm", setup, sizing, workload))
     finally:
         Planner.tick = tick
-        for name, method in model_methods.items():
-            setattr(DecodePerfModel, name, method)
 
 
 def main() -> None:

@@ -42,13 +42,16 @@ def _decode_fpm(seqs: int, kv: int) -> ForwardPassMetrics:
     )
 
 
-def test_the_live_reach_leaves_the_seed_rows_out(h200, monkeypatch):
+def test_the_live_reach_leaves_the_seed_rows_out(h200):
     reach = LiveReach()
-    for name, wrap in (("seed", reach.seed), ("observe_batch", reach.batch), ("observe", reach.one)):
-        monkeypatch.setattr(DecodePerfModel, name, wrap(getattr(DecodePerfModel, name)))
-    model = seeded_perf_model(h200, "decode")
-    assert model.max_observed_kv > 0 and (reach.seqs, reach.kv) == (0, 0.0)
-    model.observe_batch(FpmColumns.from_fpms([_decode_fpm(40, 50_000), _decode_fpm(120, 30_000)]))
-    assert (reach.seqs, reach.kv) == (120, 50_000.0)
-    model.observe(_decode_fpm(130, 10_000))
+    observers = {name: getattr(DecodePerfModel, name) for name in LiveReach.OBSERVERS}
+    with reach.watching():
+        model = seeded_perf_model(h200, "decode")
+        assert model.max_observed_kv > 0 and (reach.seqs, reach.kv) == (0, 0.0)
+        model.observe_batch(FpmColumns.from_fpms([_decode_fpm(40, 50_000), _decode_fpm(120, 30_000)]))
+        assert (reach.seqs, reach.kv) == (120, 50_000.0)
+        model.observe(_decode_fpm(130, 10_000))
+        assert (reach.seqs, reach.kv) == (130, 50_000.0)
+    assert {name: getattr(DecodePerfModel, name) for name in LiveReach.OBSERVERS} == observers
+    model.observe(_decode_fpm(200, 90_000))  # after the block: not counted
     assert (reach.seqs, reach.kv) == (130, 50_000.0)

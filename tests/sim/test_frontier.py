@@ -1074,9 +1074,11 @@ BACKLOG_ENGINES = [  # each engine's trace verdict rows, the default's tally (wo
     (OTHER_ENGINE, "h100-70b-[0-9]*.json", (31, 1, 4), (31, 1, 4)),
     (ON_TP4, "h100-70b-tp4-*.json", (21, 0, 15), (22, 0, 14)),
 ]
-# the ServeGen days' day-0 rows (on the 70B at TP2), their warm days not run
+# the ServeGen days' day-0 rows (on the 70B at TP2), and their warm days (days 4-6 at seeds 0 and 1)
 BACKLOG_DAY0 = [VERDICTS / "servegen-500-50.json", VERDICTS.parent / "draws" / "servegen-500-50.json",
                 PREFILL_CAPACITY / "backlog" / "servegen-500-50.json"]
+BACKLOG_WARM = [VERDICTS / "servegen-warm-500-50.json", VERDICTS.parent / "draws" / "servegen-500-50.json",
+                PREFILL_CAPACITY / "backlog" / "servegen-warm-500-50.json"]
 BACKLOG_MOVED = {  # (workload, scale, SLA): the verdict before and with backlog
     ("azure-conv-30min-seed1", 35.7, SLA): ("lost", "lost"),
     ("azure-conv-30min-seed2", 35.7, SLA): ("tie", "lost"),
@@ -1127,6 +1129,22 @@ def test_the_backlog_rate_count_moves_eight_rows_of_122_and_none_meets_less():
     for key in moved:
         (gpu0, att0), (gpu, att) = before[key]["default"], now[key]["default"]
         assert att >= att0 and gpu > gpu0, key
+
+
+def _warm_decisions(policy: str) -> dict[tuple, list]:
+    return {(row["workload"], row["scale"]): row["decisions"] for path in BACKLOG_WARM
+            for row in json.loads(path.read_text())["rows"] if row["policy"] == policy and "warm" in row["workload"]}
+
+
+def test_the_backlog_rate_count_leaves_the_warm_servegen_days_to_the_bit():
+    """The 12 warm-day verdicts (run after the 122): every row the default's, attainment, spend and decisions."""
+    now = {key: group for key, group in read_runs(BACKLOG_WARM, BACKLOG).items() if group["default"]}
+    before = read_runs(BACKLOG_WARM, "fleetplan (ensemble)")
+    assert len(now) == 12 and all("warm" in key[0] for key in now)
+    assert all(group["default"] == before[key]["default"] for key, group in now.items())
+    assert _tally(now) == (10, 1, 1)
+    backlog = _warm_decisions(BACKLOG)
+    assert len(backlog) == 12 and backlog == {key: _warm_decisions("fleetplan (ensemble)")[key] for key in backlog}
 
 
 BACKLOG_ALL_TALLIES = [

@@ -1143,8 +1143,8 @@ def test_the_backlog_rate_count_leaves_the_warm_servegen_days_to_the_bit():
     assert len(now) == 12 and all("warm" in key[0] for key in now)
     assert all(group["default"] == before[key]["default"] for key, group in now.items())
     assert _tally(now) == (10, 1, 1)
-    backlog = _warm_decisions(BACKLOG)
-    assert len(backlog) == 12 and backlog == {key: _warm_decisions("fleetplan (ensemble)")[key] for key in backlog}
+    backlog, default = _warm_decisions(BACKLOG), _warm_decisions("fleetplan (ensemble)")
+    assert len(backlog) == 12 and backlog == {key: default[key] for key in backlog}
 
 
 BACKLOG_ALL_TALLIES = [

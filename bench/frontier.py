@@ -3,7 +3,7 @@
 Usage:
 
     .venv/bin/python bench/frontier.py RUN.json [RUN.json ...] [--default "fleetplan (ensemble)"] \\
-        [--tie-points 0.15] [--tie-cost 0.03] [--pool | --by-draw]
+        [--reference-sizing backlog] [--tie-points 0.15] [--tie-cost 0.03] [--pool | --by-draw]
 
 The runs behind docs/forecasting.md's tables are committed:
 ``bench/frontier.py bench/results/verdicts/*.json`` prints their verdicts.
@@ -41,6 +41,9 @@ verdicts, each row's verdict at every draw of its workload the runs hold
 (``bench/sizing.py --seeds``: a workload drawn at seed N is named -seedN,
 seed 0 keeps its name): whether a verdict is the policy's or one draw's; and then
 each workload's verdicts counted over its levels and draws, and over every row.
+``--reference-sizing backlog`` reads the sweep run with prefill at the default's
+backlogged rate (``--variants forecast-frontier-backlog``): the committed sweeps
+rate it at its best batch, the default before 2026-12-07.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import re
 from pathlib import Path
 
 DRAW = re.compile(r"^(?P<workload>.+?)(?:-seed(?P<seed>[0-9]+))?$")
-REFERENCE = re.compile(r"reference forecast \((?P<predictor>[^)]+)\) util(?P<util>[0-9.]+)$")
+REFERENCE = re.compile(r"reference forecast \((?P<predictor>[^)]+)\) util(?P<util>[0-9.]+)(?: (?P<sizing>\S+))?$")
 FULL_SWEEP = 0.5
 MATCH = 1e-4
 """An attainment within this share (0.01 points, the tables' precision) of another reaches it."""
@@ -125,10 +128,12 @@ def verdict(default: tuple[float, float], sweeps: dict[str, list[tuple[float, fl
     return "tie", readings
 
 
-def read_runs(paths: list[Path], default: str) -> dict[tuple, dict]:
+def read_runs(paths: list[Path], default: str, reference_sizing: str | None = None) -> dict[tuple, dict]:
     """Per (workload, rate scale, SLA): the default's (GPU-hours, attainment) and the reference sweeps.
 
     ``{"default": point or None, "refs": {predictor: [(GPU-hours, attainment, utilisation), ...]}}``.
+    The sweeps are the ``reference forecast (P) utilU`` rows, or with ``reference_sizing`` S the
+    ``reference forecast (P) utilU S`` ones (``backlog``: ``--variants forecast-frontier-backlog``).
     A file or row it cannot read is a ValueError naming the file, the row and what was expected.
     """
     groups: dict[tuple, dict] = {}
@@ -136,7 +141,7 @@ def read_runs(paths: list[Path], default: str) -> dict[tuple, dict]:
         group = groups.setdefault(key, {"default": None, "refs": {}})
         if policy == default:
             group["default"] = point
-        elif match := REFERENCE.match(policy):
+        elif (match := REFERENCE.match(policy)) and match["sizing"] == reference_sizing:
             group["refs"].setdefault(match["predictor"], []).append((*point, float(match["util"])))
     return groups
 
@@ -227,6 +232,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="bench/sizing.py --json files")
     parser.add_argument("--default", default="fleetplan (ensemble)", help="the policy judged")
+    parser.add_argument("--reference-sizing", metavar="S", default=None,
+                        help="read the sweeps named 'reference forecast (P) utilU S' (e.g. backlog) instead")
     parser.add_argument("--tie-points", type=float, default=TIE_POINTS,
                         help="attainment points within which the two are even")
     parser.add_argument("--tie-cost", type=float, default=TIE_COST,
@@ -245,7 +252,7 @@ def main() -> None:
         if args.pool:
             print_pooled(pooled(args.runs, args.default))
             return
-        groups = read_runs(args.runs, args.default)
+        groups = read_runs(args.runs, args.default, args.reference_sizing)
     except ValueError as exc:
         parser.error(str(exc))
     print("| workload | SLA | default | reference at the default's GPU-hours | "

@@ -89,7 +89,12 @@ PREDICTORS = ("constant", "arima_frozen", "arima", "kalman", "ensemble", "prophe
 SIZINGS = ("dynamo", "fleetplan")
 EXTRA_SIZINGS = ("reference-forecast",)
 """Run only when asked (``--sizings``): fleetplan's sizing, the reference's forecasting."""
-REFERENCE_FORECAST = {"throughput_sizing": "point"}
+REFERENCE_FORECAST = {"throughput_sizing": "point", "prefill_capacity": "best"}
+"""fleetplan's sizing with the reference's forecasting: a point forecast of the next window.
+
+Prefill stays rated at its best batch, as when the committed sweeps were run (the default
+until 2026-12-07); ``bench/sizing.py``'s ``forecast-frontier-backlog`` sweeps it with the
+default's backlogged rate (bench/results/prefill-capacity/reference-backlog)."""
 
 
 def sizing_overrides(sizing: str) -> dict:

@@ -193,10 +193,26 @@ VARIANTS["fleetplan (ensemble) decode-weighted"] = {**VARIANTS["fleetplan (ensem
 VARIANTS["fleetplan (ensemble) decode-burst"] = {**VARIANTS["fleetplan (ensemble) requests-basis"], "decode_demand": "burst"}
 # both: each role on its own tokens' quantile, decode on the window's rather than the busiest minute's
 VARIANTS["fleetplan (ensemble) tokens decode-window"] = {**VARIANTS["fleetplan (ensemble) tokens"], "decode_demand": "window"}
-# prefill's rate count at what an engine with a queue sustains, its passes packed to max_num_batched_tokens,
-# and the same for every use of prefill's rate, the queueing floor's too (docs/sizing.md; bench/results/prefill-capacity)
+# Every variant above was run with prefill rated at its best batch (prefill_capacity: best, the default
+# until 2026-12-07) and keeps it, so it runs again to its committed rows; the defaults and the departures
+# from them follow today's
+LIVE = {"fleetplan (ensemble)", *DEPARTURES}
+for _name, _overrides in VARIANTS.items():
+    if _name not in LIVE:
+        _overrides.setdefault("prefill_capacity", "best")
+# prefill's rate count at what an engine with a queue sustains, its passes packed to max_num_batched_tokens
+# (the default since 2026-12-07: its rows keep the name they were run under), and the same for every use
+# of prefill's rate, the queueing floor's too (docs/sizing.md; bench/results/prefill-capacity); and the
+# default before, prefill at its best batch everywhere
 VARIANTS["fleetplan (ensemble) backlog"] = {"load_predictor": "ensemble", "prefill_capacity": "backlog"}
 VARIANTS["fleetplan (ensemble) backlog-all"] = {"load_predictor": "ensemble", "prefill_capacity": "backlog_all"}
+VARIANTS["fleetplan (ensemble) best"] = {"load_predictor": "ensemble", "prefill_capacity": "best"}
+# the reference's forecasting swept with the default's backlogged prefill rate, as the default runs
+# (`--variants forecast-frontier-backlog`; bench/frontier.py --reference-sizing backlog reads it)
+FORECAST_FRONTIER_BACKLOG = {f"{name} backlog": {**overrides, "prefill_capacity": "backlog"}
+                             for name, overrides in FORECAST_FRONTIER.items()}
+VARIANTS.update(FORECAST_FRONTIER_BACKLOG)
+GROUPS["forecast-frontier-backlog"] = FORECAST_FRONTIER_BACKLOG
 
 # Scales chosen by bench/quality.py (busiest minute >= 10 engines at 500/50).
 SCALES = {"azure-conv-30min": 34.0, "azure-code-30min": 50.0, "mooncake-conv-30min": 6.0,
@@ -248,7 +264,8 @@ def main() -> None:
     parser.add_argument("--sla", default="500,50")
     parser.add_argument("--variants", default=",".join(ABLATION),
                         help="variant names, comma-separated; 'frontier' adds the reference sweep, "
-                             "'forecast-frontier' the reference forecasting's, 'departures' today's defaults "
+                             "'forecast-frontier' the reference forecasting's ('forecast-frontier-backlog' with "
+                             "prefill at the default's backlogged rate), 'departures' today's defaults "
                              "with each departure from Dynamo's sizing taken away")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--no-oracle", dest="oracle", action="store_false",

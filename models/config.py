@@ -126,6 +126,7 @@ REFERENCE_SIZING: dict[str, object] = {
     "prefill_sizing": "rate",
     "decode_sizing": "rate",
     "prefill_time_model": "linear",
+    "prefill_capacity": "best",
     "decode_scale_down": "absolute",
     "load_max_scale_up_step": 1,
     "load_scale_down_stabilization_seconds": 0.0,
@@ -220,12 +221,13 @@ class PlannerConfig(BaseModel):
     burst_sizing: Literal["both", "queueing"] = "queueing"
     capacity_mix: Literal["mean", "buckets"] = "buckets"
     prefill_sizing: Literal["rate", "queueing"] = "queueing"
-    # the per-engine prefill rate sizing divides by: "best" (Dynamo's) is the batch with the highest
-    # rate within the TTFT; "backlog", for the rate count, no more than an engine with a queue
-    # serves, which packs every pass to max_num_batched_tokens, so on engines whose tokens per
-    # second peak below that it is lower (4 % at conv's prompts on the H100 70B at TP4);
-    # "backlog_all" everywhere, the queueing floor too (docs/sizing.md)
-    prefill_capacity: Literal["best", "backlog", "backlog_all"] = "best"
+    # the per-engine prefill rate sizing divides by: "best" (Dynamo's, the default until
+    # 2026-12-07) is the batch with the highest rate within the TTFT; "backlog" (the default), for
+    # the rate count, no more than an engine with a queue serves, which packs every pass to
+    # max_num_batched_tokens, so on engines whose tokens per second peak below that it is lower
+    # (4 % at conv's prompts on the H100 70B at TP4); "backlog_all" everywhere, the queueing
+    # floor too (docs/sizing.md)
+    prefill_capacity: Literal["best", "backlog", "backlog_all"] = "backlog"
     prefill_time_model: Literal["linear", "quadratic"] = "quadratic"
     queueing_sla_share: float = Field(0.99, gt=0, lt=1, allow_inf_nan=False)
     queueing_arrivals: Literal["poisson", "measured", "timescales"] = "timescales"

@@ -190,7 +190,7 @@ DEFAULTS_BEFORE = {
     "load_predictor": "arima", "queueing_arrivals": "measured", "decode_sizing": "rate", "load_floor": "none",
     "calibrated_utilization": "null", "uncalibrated_headroom": "full", "burst_sizing": "both",
     "discovered_engine_ttl_seconds": "0", "decode_demand": "burst", "quantile_basis": "requests",
-    "hold_until_scored": "none", "floor_headroom": "none",
+    "hold_until_scored": "none", "floor_headroom": "none", "prefill_capacity": "best",
 }
 """Each field whose default changed (or that arrived with a default that changed the fold) since the
 first recorded log (2026-11-30, examples/events/), with the value that gives the behaviour before

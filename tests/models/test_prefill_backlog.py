@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetplan.models.config import config_from_dict
+from fleetplan.models.config import REFERENCE_SIZING, config_from_dict
 from fleetplan.models.perf_models import make_perf_models
 from fleetplan.models.throughput import engine_capacity, rate_count_capacity
 from fleetplan.sim.profiles import load_profile
@@ -41,7 +41,8 @@ def test_backlog_lowers_the_rate_count_alone_and_backlog_all_every_use(name, tp,
     assert best_rate["decode"] == rate_only_rate["decode"] == everywhere_rate["decode"]
 
 
-def test_the_default_keeps_dynamos_best_batch_and_an_unknown_value_is_refused():
-    assert config_from_dict({}).prefill_capacity == "best"
+def test_the_default_backlogs_the_rate_count_dynamos_keeps_its_best_batch_and_an_unknown_value_is_refused():
+    assert config_from_dict({}).prefill_capacity == "backlog"
+    assert config_from_dict(REFERENCE_SIZING).prefill_capacity == "best"
     with pytest.raises(ValueError, match="prefill_capacity"):
         config_from_dict({"prefill_capacity": "packed"})

@@ -15,9 +15,22 @@ import pytest
 from fleetplan.models.config import config_from_dict
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))  # bench scripts import each other by name
-from sizing import ABLATION, DEPARTURES, VARIANTS  # noqa: E402
+from sizing import (  # noqa: E402
+    ABLATION,
+    DEPARTURES,
+    FORECAST_FRONTIER,
+    FORECAST_FRONTIER_BACKLOG,
+    LIVE,
+    VARIANTS,
+)
 
 SLA = {"ttft_ms": 500.0, "itl_ms": 50.0}
+BEST = {"prefill_capacity": "best"}  # the default until 2026-12-07, that every row before it ran with
+
+
+def _before_backlog() -> object:
+    """The default as the variants measured before 2026-12-07 ran against it: prefill at its best batch."""
+    return config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"], **BEST})
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -42,7 +55,7 @@ def test_the_tokens_row_is_the_default_with_the_token_basis_asked_for_by_name():
     ``quantile_basis: tokens``, releasing on the first tick as they were run (``hold_until_scored:
     none``, the default until 2026-12-06), run when named, not with the ablation's list."""
     tokens = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) tokens"]})
-    default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
+    default = _before_backlog()
     assert tokens.quantile_basis == "tokens" and default.quantile_basis == "floor_tokens"
     assert tokens.model_copy(update={"quantile_basis": "floor_tokens", "hold_until_scored": "all"}) == default
     assert "fleetplan (ensemble) tokens" not in ABLATION
@@ -51,7 +64,7 @@ def test_the_tokens_row_is_the_default_with_the_token_basis_asked_for_by_name():
 def test_the_rows_measured_on_the_request_basis_keep_it():
     """``requests-basis`` is the default until 2026-12-06 (bench/results/floor-tokens), and decode's
     demand variants were measured on it, so they keep it: run again, they give their committed rows."""
-    default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
+    default = _before_backlog()
     before = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) requests-basis"]})
     assert before == default.model_copy(update={"quantile_basis": "requests", "hold_until_scored": "none"})
     for demand in ("window", "weighted", "burst"):
@@ -68,8 +81,31 @@ def test_the_hold_rows_are_the_default_with_another_hold(name, hold, floor):
     first tick) and every role held, as they ran before the floor's margin (none.json, all.json); the
     default until 2026-12-07, decode alone held (decode.json), and that default without the floor's
     margin (floor-headroom/none.json); nothing else changed, so each runs again to its rows."""
-    default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
+    default = _before_backlog()
     variant = config_from_dict({**SLA, **VARIANTS[f"fleetplan (ensemble) {name}"]})
     assert (default.hold_until_scored, default.floor_headroom) == ("all", "coverage")
     assert variant == default.model_copy(update={"hold_until_scored": hold, "floor_headroom": floor})
     assert f"fleetplan (ensemble) {name}" not in ABLATION
+
+
+def test_every_variant_run_before_the_backlogged_rate_keeps_the_best_batch():
+    """prefill_capacity: backlog is the default since 2026-12-07; every variant with rows run before
+    it keeps prefill at its best batch, so it runs again to them. The defaults and the departures
+    from them follow today's; ``best`` is today's default with the best batch, Dynamo's sizing has it."""
+    default = config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble)"]})
+    assert default.prefill_capacity == "backlog"
+    for name in VARIANTS:
+        capacity = config_from_dict({**SLA, **VARIANTS[name]}).prefill_capacity
+        if name in LIVE or name in FORECAST_FRONTIER_BACKLOG or name == "fleetplan (ensemble) backlog":
+            assert capacity == "backlog", name
+        elif name != "fleetplan (ensemble) backlog-all":
+            assert capacity == "best", name
+    assert config_from_dict({**SLA, **VARIANTS["fleetplan (ensemble) best"]}) == _before_backlog()
+    assert config_from_dict({**SLA, **VARIANTS["dynamo"]}).prefill_capacity == "best"
+
+
+def test_the_backlogged_frontier_is_the_reference_sweep_with_the_defaults_prefill_rate():
+    assert len(FORECAST_FRONTIER_BACKLOG) == len(FORECAST_FRONTIER)
+    for name, overrides in FORECAST_FRONTIER.items():
+        assert FORECAST_FRONTIER_BACKLOG[f"{name} backlog"] == {**overrides, "prefill_capacity": "backlog"}
+        assert overrides["prefill_capacity"] == "best"

@@ -1147,15 +1147,15 @@ def test_the_backlog_rate_count_moves_eight_rows_of_122_and_none_meets_less():
 
 
 # The reference's forecasting swept again with the backlogged rate too (bench/results/prefill-capacity/
-# reference-backlog): every conv verdict row backlog moves but the ServeGen day's, and TP4's conv at
-# 500/50, which it does not. Per file: the engine's committed files, and the tally (won, tie, lost) of
+# reference-backlog): every conv verdict row backlog moves but the ServeGen day's; TP4's conv at
+# 500/50 and the 8B's at x34 and x35.7 at seed 0, which it does not. Per file: the engine's committed files, and the tally (won, tie, lost) of
 # the rows with prefill at its best batch on both sides, the default with the backlogged rate against
 # the reference at its best batch, and both at the backlogged rate
 REFERENCE_BACKLOG = PREFILL_CAPACITY / "reference-backlog"
 EQUAL_SIZING = [
     ("h100-70b-tp4-1200-50.json", ON_TP4, (0, 0, 5), (1, 0, 4), (0, 0, 5)),
     ("h100-70b-tp4-500-50.json", ON_TP4, (0, 0, 5), (0, 0, 5), (0, 0, 5)),
-    ("h200-8b-500-50.json", DRAWS, (0, 1, 1), (0, 0, 2), (0, 0, 2)),
+    ("h200-8b-500-50.json", [*DRAWS, VERDICTS / "azure-conv-500-50.json"], (0, 1, 3), (0, 0, 4), (0, 0, 4)),
     ("h100-70b-2000-50.json", OTHER_ENGINE, (0, 0, 2), (0, 0, 2), (0, 0, 2)),
 ]
 
@@ -1177,22 +1177,22 @@ def test_with_the_backlogged_rate_on_both_sides_no_verdict_is_won_that_the_best_
         tallies.append(tuple(verdicts.count(v) for v in ("won", "tie", "lost")))
     assert tallies == [best, against_best, equal]
     assert all(len(readings[2][key]["refs"]) == 4 for key in rerun)  # every predictor swept again
-    gains = _reference_gains(name, files)
-    assert len(gains) == 24 * len(rerun) and min(gains) > -3e-5  # no setting meets 0.003 points less
+    assert min(_reference_gains(name, files)) > -3e-5  # no setting meets 0.003 points less
 
 
 def _reference_gains(name: str, files: list[Path]) -> list[float]:
-    """Each reference setting's attainment with the backlogged rate less its attainment at the best batch."""
+    """Each reference setting's attainment with the backlogged rate less its attainment at the best batch
+    (where the committed sweep ran that setting: at the 8B's conv ×35.7 seed 0 it ran 0.9 and 0.8 only)."""
     def key(row: dict) -> tuple:
         return row["workload"], row["scale"], tuple(row["sla"]), row["policy"].removesuffix(" backlog")
     best_batch = {key(row): row["attainment"] for path in files for row in json.loads(path.read_text())["rows"]}
     return [row["attainment"] - best_batch[key(row)]
-            for row in json.loads((REFERENCE_BACKLOG / name).read_text())["rows"]]
+            for row in json.loads((REFERENCE_BACKLOG / name).read_text())["rows"] if key(row) in best_batch]
 
 
 def test_the_backlogged_reference_meets_up_to_27_points_more():
     gains = [gain for name, files, *_ in EQUAL_SIZING for gain in _reference_gains(name, files)]
-    assert len(gains) == 336 and round(max(gains) * 100, 1) == 27.6
+    assert len(gains) == 366 and round(max(gains) * 100, 1) == 27.6
 
 
 def _warm_decisions(policy: str) -> dict[tuple, list]:

@@ -1148,9 +1148,10 @@ def test_the_backlog_rate_count_moves_eight_rows_of_122_and_none_meets_less():
 
 # The reference's forecasting swept again with the backlogged rate too (bench/results/prefill-capacity/
 # reference-backlog): every conv verdict row backlog moves but the ServeGen day's; TP4's conv at
-# 500/50 and the 8B's at x34 and x35.7 at seed 0, which it does not. Per file: the engine's committed files, and the tally (won, tie, lost) of
-# the rows with prefill at its best batch on both sides, the default with the backlogged rate against
-# the reference at its best batch, and both at the backlogged rate
+# 500/50 and the 8B's at x34 and x35.7 at seed 0, which it does not. Per file: the engine's
+# committed files, and the tally (won, tie, lost) of the rows with prefill at its best batch on
+# both sides, the default with the backlogged rate against the reference at its best batch, and
+# both at the backlogged rate
 REFERENCE_BACKLOG = PREFILL_CAPACITY / "reference-backlog"
 EQUAL_SIZING = [
     ("h100-70b-tp4-1200-50.json", ON_TP4, (0, 0, 5), (1, 0, 4), (0, 0, 5)),
@@ -1167,7 +1168,8 @@ def test_with_the_backlogged_rate_on_both_sides_no_verdict_is_won_that_the_best_
     (TP4's conv ×10.8 at 1200/50: 99.98 % for 20.35 GPU-hours at 0.8, where at its best batch 0.8 met
     89.26 %), so ×13.2's win was the rate's, not the forecast's; and the 8B's conv ×35.7 seed 2 stays lost."""
     swept = REFERENCE_BACKLOG / name
-    rerun = {(row["workload"], round(row["scale"], 4), tuple(row["sla"])) for row in json.loads(swept.read_text())["rows"]}
+    rerun = {(row["workload"], round(row["scale"], 4), tuple(row["sla"]))
+             for row in json.loads(swept.read_text())["rows"]}
     runs = [*files, PREFILL_CAPACITY / "backlog" / name, swept]
     readings = [read_runs(runs, default, sizing) for default, sizing in
                 (("fleetplan (ensemble)", None), (BACKLOG, None), (BACKLOG, "backlog"))]

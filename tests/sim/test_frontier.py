@@ -1147,17 +1147,19 @@ def test_the_backlog_rate_count_moves_eight_rows_of_122_and_none_meets_less():
 
 
 # The reference's forecasting swept again with the backlogged rate too (bench/results/prefill-capacity/
-# reference-backlog): every conv verdict row backlog moves but the ServeGen day's; TP4's conv at
-# 500/50 and the 8B's at x34 and x35.7 at seed 0, which it does not. Per file: the engine's
-# committed files, and the tally (won, tie, lost) of the rows with prefill at its best batch on
-# both sides, the default with the backlogged rate against the reference at its best batch, and
-# both at the backlogged rate
+# reference-backlog): every conv verdict row backlog moves but the ServeGen day's; 28 of the 8B's 36
+# trace rows at 500/50 (not conv x30.6, x32.3, x34 at seeds 1 and 2, shape-kept conv x27 and x34 at
+# three draws); all 36 of the 70B's at TP2, and TP4's ten conv rows. Per file: the engine's
+# committed files, and the tally (won, tie, lost) of the rows
+# with prefill at its best batch on both sides, the default with the backlogged rate against the
+# reference at its best batch, and both at the backlogged rate
 REFERENCE_BACKLOG = PREFILL_CAPACITY / "reference-backlog"
 EQUAL_SIZING = [
     ("h100-70b-tp4-1200-50.json", ON_TP4, (0, 0, 5), (1, 0, 4), (0, 0, 5)),
     ("h100-70b-tp4-500-50.json", ON_TP4, (0, 0, 5), (0, 0, 5), (0, 0, 5)),
-    ("h200-8b-500-50.json", [*DRAWS, VERDICTS / "azure-conv-500-50.json"], (0, 1, 3), (0, 0, 4), (0, 0, 4)),
-    ("h100-70b-2000-50.json", OTHER_ENGINE, (0, 0, 2), (0, 0, 2), (0, 0, 2)),
+    ("h200-8b-500-50.json", [*RECORDED, *SHAPE_KEPT, *DRAWS], (15, 3, 10), (15, 2, 11), (14, 3, 11)),
+    ("h100-70b-2000-50.json", OTHER_ENGINE, (13, 1, 4), (13, 1, 4), (13, 0, 5)),
+    ("h100-70b-500-50.json", OTHER_ENGINE, (18, 0, 0), (18, 0, 0), (18, 0, 0)),
 ]
 
 
@@ -1166,7 +1168,8 @@ def test_with_the_backlogged_rate_on_both_sides_no_verdict_is_won_that_the_best_
         name, files, best, against_best, equal):
     """docs/sizing.md: the reference's forecasting gains from the backlogged rate as much as the default
     (TP4's conv ×10.8 at 1200/50: 99.98 % for 20.35 GPU-hours at 0.8, where at its best batch 0.8 met
-    89.26 %), so ×13.2's win was the rate's, not the forecast's; and the 8B's conv ×35.7 seed 2 stays lost."""
+    89.26 %), so ×13.2's win was the rate's, not the forecast's; the 8B's conv ×35.7 seed 2 stays lost,
+    its code ×50 is a tie, not won, and the 70B's conv ×7.7 at 2000/50 lost, not tied."""
     swept = REFERENCE_BACKLOG / name
     rerun = {(row["workload"], round(row["scale"], 4), tuple(row["sla"]))
              for row in json.loads(swept.read_text())["rows"]}
@@ -1179,7 +1182,6 @@ def test_with_the_backlogged_rate_on_both_sides_no_verdict_is_won_that_the_best_
         tallies.append(tuple(verdicts.count(v) for v in ("won", "tie", "lost")))
     assert tallies == [best, against_best, equal]
     assert all(len(readings[2][key]["refs"]) == 4 for key in rerun)  # every predictor swept again
-    assert min(_reference_gains(name, files)) > -3e-5  # no setting meets 0.003 points less
 
 
 def _reference_gains(name: str, files: list[Path]) -> list[float]:
@@ -1192,9 +1194,11 @@ def _reference_gains(name: str, files: list[Path]) -> list[float]:
             for row in json.loads((REFERENCE_BACKLOG / name).read_text())["rows"] if key(row) in best_batch]
 
 
-def test_the_backlogged_reference_meets_up_to_27_points_more():
+def test_the_backlogged_reference_meets_up_to_27_points_more_and_at_most_a_sixth_of_one_less():
+    """At every setting both sweeps ran; the most it loses is spread Mooncake on the 70B at 0.9× and
+    2000/50 (the constant at 0.55), for 0.10 GPU-hours more."""
     gains = [gain for name, files, *_ in EQUAL_SIZING for gain in _reference_gains(name, files)]
-    assert len(gains) == 366 and round(max(gains) * 100, 1) == 27.6
+    assert len(gains) == 1692 and round(max(gains) * 100, 1) == 27.6 and round(min(gains) * 100, 2) == -0.16
 
 
 def _warm_decisions(policy: str) -> dict[tuple, list]:

@@ -1150,9 +1150,9 @@ def test_the_backlog_rate_count_moves_eight_rows_of_122_and_none_meets_less():
 # reference-backlog): every conv verdict row backlog moves but the ServeGen day's; 28 of the 8B's 36
 # trace rows at 500/50 (not conv x30.6, x32.3, x34 at seeds 1 and 2, shape-kept conv x27 and x34 at
 # three draws); all 36 of the 70B's at TP2, and TP4's ten conv rows. Per file: the engine's
-# committed files, and the tally (won, tie, lost) of the rows
-# with prefill at its best batch on both sides, the default with the backlogged rate against the
-# reference at its best batch, and both at the backlogged rate
+# committed files, and the tally (won, tie, lost) of the rows with prefill at its best batch on both
+# sides, the default with the backlogged rate against the reference at its best batch, and both at
+# the backlogged rate
 REFERENCE_BACKLOG = PREFILL_CAPACITY / "reference-backlog"
 EQUAL_SIZING = [
     ("h100-70b-tp4-1200-50.json", ON_TP4, (0, 0, 5), (1, 0, 4), (0, 0, 5)),
